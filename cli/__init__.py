@@ -1,0 +1,1 @@
+"""The `trimtab` command line."""

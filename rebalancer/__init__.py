@@ -1,0 +1,1 @@
+"""Decides: balance verdicts from thresholds (data, not code) and, later, the closed-loop controller."""

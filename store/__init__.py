@@ -1,0 +1,1 @@
+"""Keeps: SQLAlchemy tables, engine set-up, migrations, batched ingest, rollups, retention and queries."""
