@@ -1,0 +1,122 @@
+"""Wires an agent together: sources → sampler → writer (→ spool) → sink, with a readable status line.
+
+Used by `trimtab agent`, `trimtab check --live` and (later) `trimtab up`, so all three sample the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from trimtab.agent.readings import Batch
+from trimtab.agent.sampler import Sampler
+from trimtab.agent.sinks import Sink
+from trimtab.agent.source import Source, SourceUnavailable
+from trimtab.agent.spool import Spool
+from trimtab.agent.writer import Writer
+
+log = logging.getLogger(__name__)
+
+
+def make_sources(
+    simulate: Optional[int] = None,
+    scenario: str = "balanced",
+    seed: int = 0,
+    gpu_indices: Optional[Sequence[int]] = None,
+    fallback_gpus: Optional[int] = None,
+) -> list[Source]:
+    """NVML + host on a GPU node; a simulated node + host with ``simulate``. With ``fallback_gpus`` a machine
+    without a driver falls back to a simulated node of that many GPUs (what `trimtab up` does) and says so."""
+    from trimtab.agent.host import HostSource
+    from trimtab.agent.simulated import SimulatedNode
+
+    if simulate:
+        return [SimulatedNode(simulate, scenario=scenario, seed=seed), HostSource()]
+    from trimtab.agent.nvml import NvmlSource
+
+    try:
+        return [NvmlSource(indices=gpu_indices), HostSource()]
+    except SourceUnavailable as exc:
+        if not fallback_gpus:
+            raise
+        log.warning("%s — starting a SIMULATED node of %d GPUs (scenario %s) instead", exc, fallback_gpus, scenario)
+        return [SimulatedNode(fallback_gpus, scenario=scenario, seed=seed), HostSource()]
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class Agent:
+    """One node's sampling pipeline. ``run`` blocks until stopped, then flushes (queued batches are written,
+    or spooled if the sink is down)."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        sink: Sink,
+        spool_dir: Path,
+        *,
+        interval_s: float = 1.0,
+        hostname: Optional[str] = None,
+        status_every_s: float = 10.0,
+        spool_max_bytes: int = 256 * 1024 * 1024,
+        on_batch: Optional[Callable[[Batch], None]] = None,
+    ):
+        self.sources = list(sources)
+        self.sink = sink
+        self.spool = Spool(spool_dir, max_bytes=spool_max_bytes)
+        self.writer = Writer(sink, self.spool)
+        self._extra_on_batch = on_batch
+        self.sampler = Sampler(self.sources, self._on_batch, interval_s=interval_s, hostname=hostname,
+                               status_every_s=status_every_s, status_line=lambda s: self.status_line())
+
+    def _on_batch(self, batch: Batch) -> None:
+        self.writer.submit(batch)
+        if self._extra_on_batch is not None:
+            self._extra_on_batch(batch)
+
+    @property
+    def node(self):
+        return self.sampler.node
+
+    def banner(self) -> str:
+        node = self.node
+        kind = f"SIMULATED node (scenario {node.scenario})" if node.simulated else f"driver {node.driver_version}"
+        return (f"trimtab agent on {node.hostname}: {len(self.sampler.gpus)} GPUs, {kind}, every "
+                f"{self.sampler.interval_s:g} s into {self.sink.description}; spool {self.spool.directory}")
+
+    def status_line(self) -> str:
+        st, ws = self.sampler.stats, self.writer.status
+        sim = " [SIMULATED]" if self.node.simulated else ""
+        store = "ok" if ws.sink_ok else f"DOWN ({ws.last_error})"
+        util = "-"
+        if st.last_batch is not None and st.last_batch.gpu_samples:
+            util = " ".join("-" if s.util_pct is None else f"{s.util_pct:.0f}" for s in st.last_batch.gpu_samples) + " %"
+        dropped = f", DROPPED {ws.rows_dropped} rows" if ws.rows_dropped else ""
+        return (f"{self.node.hostname}{sim}: {st.ticks} ticks ({st.ticks_skipped} skipped, last {st.last_tick_cost_s * 1e3:.1f} ms)"
+                f" | store {store}: {ws.rows_written} rows written, spool {_fmt_bytes(ws.spool_bytes)}{dropped}"
+                f" | util {util}")
+
+    def run(self, stop: threading.Event, duration_s: Optional[float] = None,
+            on_tick: Optional[Callable[[], None]] = None) -> None:
+        self.writer.start()
+        try:
+            self.sampler.run(stop, duration_s=duration_s, on_tick=on_tick)
+        finally:
+            self.writer.stop()
+            for src in self.sources:
+                try:
+                    src.close()
+                except Exception as exc:  # closing must not hide the real exit reason
+                    log.warning("closing source %s: %s", src.kind, exc)
+            log.info("stopped: %s", self.status_line())
+
+
+__all__ = ["Agent", "make_sources", "SourceUnavailable"]

@@ -1,0 +1,75 @@
+"""What the simulated node shows, as data: per scenario, a profile of ranges for each GPU role.
+
+Roles follow the seed's device map (§3.2): GPU 0 and 1 hold the actor and the reference model, GPU 2 the
+critic, GPU 3 the reward model; extra GPUs hold more actor shards. Each range is (low, high); the simulated node
+keeps every reading inside its range (see ``trimtab.agent.simulated``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Mapping
+
+Range = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class RoleProfile:
+    """Ranges for one GPU role. Fractions are of the GPU's own capacity (memory total, link peak)."""
+
+    util_pct: Range = (62.0, 75.0)  # NVML kernel-busy utilization
+    sm_ratio: Range = (0.84, 0.93)  # GPM SM activity as a share of util: a bit lower than kernel-busy
+    tensor_ratio: Range = (0.45, 0.70)  # tensor activity as a share of SM activity
+    occupancy_ratio: Range = (0.35, 0.60)  # SM occupancy as a share of SM activity
+    dram_ratio: Range = (0.30, 0.60)  # DRAM bandwidth use as a share of util
+    mem_frac: Range = (0.55, 0.70)  # used / total; 1.0 = full (used == total − reserved)
+    pcie_frac: Range = (0.05, 0.25)  # TX and RX, each of the per-direction link peak
+    nvlink_frac: Range = (0.10, 0.30)  # TX and RX, each of the per-direction NVLink peak
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    roles: Mapping[str, RoleProfile]  # "actor", "critic", "reward"; a role not named gets NORMAL
+
+
+NORMAL = RoleProfile()
+ROLES = ("actor", "critic", "reward")
+# Device maps by GPU count; from 4 GPUs on, the seed's map, extra GPUs being actor shards.
+_SMALL_MAPS: dict[int, tuple[str, ...]] = {1: ("actor",), 2: ("actor", "reward"), 3: ("actor", "critic", "reward")}
+_SEED_MAP = ("actor", "actor", "critic", "reward")
+
+
+def device_roles(n_gpus: int) -> tuple[str, ...]:
+    """The role of each GPU index: seed §3.2 for 4+ GPUs (0,1 actor+ref; 2 critic; 3 reward; rest actor)."""
+    if n_gpus < 4:
+        return _SMALL_MAPS[n_gpus]
+    return _SEED_MAP + ("actor",) * (n_gpus - 4)
+
+
+_SCENARIOS = (
+    Scenario("balanced", "In trim: every GPU 62–75 % busy, memory 55–70 %, PCIe under 30 % of peak.",
+             {"actor": replace(NORMAL, mem_frac=(0.62, 0.70), nvlink_frac=(0.20, 0.35)),
+              "critic": replace(NORMAL, mem_frac=(0.55, 0.63)),
+              "reward": replace(NORMAL, mem_frac=(0.55, 0.62))}),
+    Scenario("actor-hot", "Seed scenario 1: actor generation slow (GPU 0/1 90–99 %), critic idling under 30 %.",
+             {"actor": replace(NORMAL, util_pct=(90.0, 99.0), mem_frac=(0.72, 0.85), nvlink_frac=(0.30, 0.50)),
+              "critic": replace(NORMAL, util_pct=(12.0, 28.0), mem_frac=(0.40, 0.50), pcie_frac=(0.02, 0.08)),
+              "reward": replace(NORMAL, util_pct=(45.0, 60.0))}),
+    Scenario("reward-memory", "Seed scenario 2: the reward model fills its GPU's memory and runs hot.",
+             {"reward": replace(NORMAL, util_pct=(85.0, 96.0), mem_frac=(1.0, 1.0), dram_ratio=(0.55, 0.80))}),
+    Scenario("pcie-saturated", "The reward GPU's PCIe link above 90 % of peak both ways, sustained.",
+             {"reward": replace(NORMAL, pcie_frac=(0.92, 0.985))}),
+)
+
+SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in _SCENARIOS})
+
+
+def get_scenario(name: str) -> Scenario:
+    """The scenario called ``name``; ``ValueError`` naming the valid ones otherwise."""
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; valid: {', '.join(SCENARIOS)}") from None

@@ -1,0 +1,55 @@
+"""The latest reading of every GPU and host, kept in memory for scrapes and status lines.
+
+Fed with every batch the local agent produces (`trimtab up`) or the server ingests (`trimtab server`), so
+`/metrics` renders the newest numbers without touching NVML or the store.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from trimtab.agent.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
+
+
+@dataclass
+class NodeSnapshot:
+    node: NodeInfo
+    gpus: dict[str, GpuInfo] = field(default_factory=dict)  # by uuid
+    samples: dict[str, GpuSample] = field(default_factory=dict)  # latest per GPU uuid
+    host: Optional[HostSample] = None
+    received_ms: int = 0
+
+
+class LatestSnapshot:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeSnapshot] = {}
+
+    def update(self, batch: Batch) -> None:
+        with self._lock:
+            snap = self._nodes.get(batch.node.hostname)
+            if snap is None or snap.node != batch.node:
+                old = snap
+                snap = NodeSnapshot(node=batch.node)
+                if old is not None:
+                    snap.samples, snap.host, snap.gpus = old.samples, old.host, old.gpus
+                self._nodes[batch.node.hostname] = snap
+            for g in batch.gpus:
+                snap.gpus[g.uuid] = g
+            for s in batch.gpu_samples:
+                prev = snap.samples.get(s.gpu_uuid)
+                if prev is None or s.ts_ms >= prev.ts_ms:
+                    snap.samples[s.gpu_uuid] = s
+            for h in batch.host_samples:
+                if snap.host is None or h.ts_ms >= snap.host.ts_ms:
+                    snap.host = h
+            snap.received_ms = int(time.time() * 1000)
+
+    def nodes(self) -> list[NodeSnapshot]:
+        """A consistent copy (safe to read while agents keep updating)."""
+        with self._lock:
+            return [NodeSnapshot(node=s.node, gpus=dict(s.gpus), samples=dict(s.samples), host=s.host,
+                                 received_ms=s.received_ms) for s in self._nodes.values()]

@@ -1,0 +1,228 @@
+"""The writer thread: takes batches from the sampler and gets each into the sink exactly once.
+
+The sampler never waits on I/O: it hands a batch to :meth:`Writer.submit` and goes back to its tick. The writer
+merges what has queued up into one write, and when the sink is down it appends to the on-disk spool, retries
+with backoff, and on recovery replays the spool in order *before* newer data. Overflow of the spool and batches
+the sink refuses are logged, kept or recorded as health events — never dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from trimtab.agent.readings import EVENT_SPOOL_DROPPED, Batch, HealthEvent
+from trimtab.agent.sinks import Sink, SinkUnavailable
+from trimtab.agent.spool import Dropped, Spool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WriterStatus:
+    rows_written: int = 0
+    batches_written: int = 0
+    batches_spooled: int = 0
+    batches_replayed: int = 0
+    batches_rejected: int = 0
+    rows_dropped: int = 0
+    sink_ok: bool = True
+    sink_down_since: Optional[float] = None
+    last_error: Optional[str] = None
+    spool_bytes: int = 0
+
+
+class Writer:
+    def __init__(
+        self,
+        sink: Sink,
+        spool: Spool,
+        *,
+        max_batch_rows: int = 5000,
+        retry_min_s: float = 0.5,
+        retry_max_s: float = 30.0,
+        maintenance_every_s: float = 60.0,
+        queue_max_batches: int = 1000,
+    ):
+        self.sink = sink
+        self.spool = spool
+        self.max_batch_rows = max_batch_rows
+        self.retry_min_s = retry_min_s
+        self.retry_max_s = retry_max_s
+        self.maintenance_every_s = maintenance_every_s
+        self._queue: queue.Queue[Batch] = queue.Queue(maxsize=queue_max_batches)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._retry_at = 0.0
+        self._retry_delay_s = retry_min_s
+        self._last_maintenance = time.monotonic()
+        self._pending_events: list[HealthEvent] = []
+        self.status = WriterStatus(spool_bytes=spool.pending_bytes())
+
+    # -- sampler side ----------------------------------------------------------------------------------------------
+    def submit(self, batch: Batch) -> None:
+        """Hand over a batch; never blocks. If the writer is stuck inside a long write, spool directly."""
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:
+            self._spool(batch)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+    def start(self) -> "Writer":
+        self._thread = threading.Thread(target=self._run, name="trimtab-writer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Flush: write what is queued (or spool it if the sink is down), then stop the thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._drain_and_flush(final=True)
+        self.sink.close()
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                first = None
+            try:
+                self._cycle(first)
+            except Exception as exc:  # the loop must survive anything; nothing is lost (see _cycle)
+                log.exception("writer cycle failed: %s", exc)
+                self.status.last_error = str(exc)
+
+    def _take_queued(self, first: Optional[Batch]) -> list[Batch]:
+        batches = [first] if first is not None else []
+        while True:
+            try:
+                batches.append(self._queue.get_nowait())
+            except queue.Empty:
+                return batches
+
+    def _cycle(self, first: Optional[Batch]) -> None:
+        for merged in self._merge(self._take_queued(first)):
+            self._deliver(merged)
+        if self.status.sink_ok and not self.spool.is_empty():
+            self._replay()
+        if self.status.sink_ok and time.monotonic() - self._last_maintenance >= self.maintenance_every_s:
+            self._last_maintenance = time.monotonic()
+            try:
+                self.sink.maintenance(int(time.time() * 1000))
+            except Exception as exc:
+                log.warning("store maintenance failed (will retry): %s", exc)
+        self.status.spool_bytes = self.spool.pending_bytes()
+
+    def _merge(self, batches: list[Batch]) -> list[Batch]:
+        """Fold consecutive batches of one node into writes of at most ``max_batch_rows`` rows."""
+        out: list[Batch] = []
+        for b in batches:
+            if self._pending_events and b.node is not None:
+                b.events.extend(self._pending_events)
+                self._pending_events = []
+            last = out[-1] if out else None
+            if last is not None and last.node == b.node and last.row_count() + b.row_count() <= self.max_batch_rows:
+                last.extend(b)
+            else:
+                out.append(Batch(node=b.node, gpus=list(b.gpus), gpu_samples=list(b.gpu_samples),
+                                 host_samples=list(b.host_samples), processes=list(b.processes), events=list(b.events)))
+        return out
+
+    def _deliver(self, batch: Batch) -> None:
+        # Order: while anything is spooled, newer batches queue up behind it on disk.
+        if not self.status.sink_ok and time.monotonic() < self._retry_at:
+            self._spool(batch)
+            return
+        if not self.spool.is_empty():
+            if not self._replay():
+                self._spool(batch)
+                return
+        self._write(batch, spool_on_failure=True)
+
+    def _write(self, batch: Batch, spool_on_failure: bool) -> bool:
+        try:
+            rows = self.sink.write(batch)
+        except SinkUnavailable as exc:
+            self._mark_down(str(exc))
+            if spool_on_failure:
+                self._spool(batch)
+            return False
+        except Exception as exc:
+            self._reject(batch, exc)
+            return True  # handled: kept aside, do not retry it
+        self._mark_up()
+        self.status.rows_written += rows
+        self.status.batches_written += 1
+        return True
+
+    def _replay(self) -> bool:
+        """Write spooled batches oldest first; stop at the first failure. True when the spool is empty."""
+        while True:
+            items = self.spool.peek(limit=64)
+            if not items:
+                return True
+            for item in items:
+                if not self._write(item.batch, spool_on_failure=False):
+                    return False
+                self.spool.ack(item)
+                self.status.batches_replayed += 1
+            log.info("replayed %d spooled batches", len(items))
+
+    def _spool(self, batch: Batch) -> None:
+        dropped = self.spool.append(batch)
+        self.status.batches_spooled += 1
+        if dropped:
+            self._record_drop(batch, dropped)
+
+    def _record_drop(self, batch: Batch, dropped: list[Dropped]) -> None:
+        rows = sum(d.rows for d in dropped)
+        self.status.rows_dropped += rows
+        detail = f"spool full ({self.spool.max_bytes} bytes): dropped {sum(d.batches for d in dropped)} oldest batches, {rows} rows"
+        self._pending_events.append(HealthEvent(ts_ms=int(time.time() * 1000), kind=EVENT_SPOOL_DROPPED, detail=detail))
+
+    def _reject(self, batch: Batch, exc: Exception) -> None:
+        """The sink refused this batch for a reason retrying will not fix: keep it on disk and say where."""
+        rejected_dir = Path(self.spool.directory) / "rejected"
+        rejected_dir.mkdir(parents=True, exist_ok=True)
+        path = rejected_dir / f"{int(time.time() * 1000)}-{self.status.batches_rejected}.json"
+        path.write_text(batch.to_json())
+        self.status.batches_rejected += 1
+        self.status.last_error = f"batch refused: {exc}"
+        log.error("the store refused a batch of %d rows (%s); kept in %s", batch.row_count(), exc, path)
+
+    def _mark_down(self, error: str) -> None:
+        if self.status.sink_ok:
+            log.warning("%s unreachable, spooling to %s: %s", self.sink.description, self.spool.directory, error)
+            self.status.sink_down_since = time.time()
+            self._retry_delay_s = self.retry_min_s
+        else:
+            self._retry_delay_s = min(self._retry_delay_s * 2, self.retry_max_s)
+        self.status.sink_ok = False
+        self.status.last_error = error
+        self._retry_at = time.monotonic() + self._retry_delay_s
+
+    def _mark_up(self) -> None:
+        if not self.status.sink_ok:
+            down_s = time.time() - (self.status.sink_down_since or time.time())
+            log.warning("%s reachable again after %.0f s; replaying the spool", self.sink.description, down_s)
+        self.status.sink_ok = True
+        self.status.sink_down_since = None
+
+    def _drain_and_flush(self, final: bool) -> None:
+        batches = self._merge(self._take_queued(None))
+        if self._pending_events and batches == []:
+            pass  # events without a node cannot be filed; they are in the log already
+        for b in batches:
+            if self.status.sink_ok and self.spool.is_empty():
+                if self._write(b, spool_on_failure=True):
+                    continue
+            else:
+                self._spool(b)
+        self.status.spool_bytes = self.spool.pending_bytes()

@@ -1,0 +1,108 @@
+"""`trimtab check`: grade this node's (or every node's) balance over a window; exit 0 / 1 / 2.
+
+Exit codes are the contract for scripts: 0 balanced (possibly with rows to watch), 1 out of balance (a check
+crossed its "act" threshold), 2 could not tell (store unreachable, no samples in the window, bad arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from trimtab.cli.options import db_option, env_option, simulate_options
+from trimtab.paths import default_db_url
+
+EXIT_OK, EXIT_IMBALANCE, EXIT_ERROR = 0, 1, 2
+
+
+class CheckError(Exception):
+    """Why check could not produce a verdict."""
+
+
+def _reports_from_store(db_url: str, window_s: float, node):
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from trimtab.rebalancer.node_report import node_reports
+    from trimtab.store.engine import StoreError, mask_url, open_engine
+
+    if db_url.startswith("sqlite:///") and not Path(db_url[len("sqlite:///"):]).exists():
+        raise CheckError(f"no store at {db_url[len('sqlite:///'):]}: start `trimtab agent` (or `trimtab up`) first, "
+                         f"or point --db at the store the agent writes to")
+    try:
+        engine = open_engine(db_url)
+        try:
+            reports = node_reports(engine, window_s, hostname=node)
+        finally:
+            engine.dispose()
+    except (StoreError, SQLAlchemyError) as exc:
+        raise CheckError(f"cannot read the store {mask_url(db_url)}: {' '.join(str(exc).split())[:300]}") from exc
+    if not reports:
+        who = f"node {node!r}" if node else "any node"
+        raise CheckError(f"no samples from {who} in the last {window_s:g} s in {mask_url(db_url)}: is `trimtab agent` running?")
+    return reports
+
+
+def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, node):
+    from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
+    from trimtab.agent.sinks import StoreSink
+
+    try:
+        sources = make_sources(simulate=simulate, scenario=scenario, seed=seed)
+    except SourceUnavailable as exc:
+        raise CheckError(str(exc)) from exc
+    with tempfile.TemporaryDirectory(prefix="trimtab-check-") as tmp:
+        url = f"sqlite:///{tmp}/live.db"
+        runner = Agent(sources, StoreSink(url), Path(tmp) / "spool", interval_s=interval_s, hostname=node,
+                       status_every_s=max(window_s, 1.0))
+        click.echo(f"sampling {len(runner.sampler.gpus)} GPUs live for {window_s:g} s …", err=True)
+        runner.run(threading.Event(), duration_s=window_s)
+        # The live window ends now; widen it by one interval so the first tick is inside it.
+        return _reports_from_store(url, window_s + interval_s + 1, runner.node.hostname)
+
+
+@click.command()
+@db_option
+@env_option("--window", type=click.FloatRange(1, 90 * 86400), default=30.0, show_default=True, metavar="SECONDS",
+            help="Grade the means of the last SECONDS of samples.")
+@env_option("--node", default=None, help="Only this node (host name as the agent stored it); default: every node with samples in the window.")
+@click.option("--live", is_flag=True, help="Sample this node now for --window seconds instead of reading the store.")
+@simulate_options
+@env_option("--interval", type=click.FloatRange(0.05, 60), default=1.0, show_default=True, metavar="SECONDS",
+            help="Sampling period with --live.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def check(db_url, window, node, live, simulate, scenario, seed, interval, as_json):
+    """Print the balance report (the seed's check_balance.py made real) and exit 0 balanced, 1 out of balance, 2 error.
+
+    Per GPU: utilization, SM activity, memory %, PCIe GB/s and % of link peak, NVLink. Verdicts: utilization
+    spread (act > 40 pts), PCIe (act > 90 % of peak), memory (act > 98 %); the job rows (step composition,
+    fragmentation, collective latency) fill in once jobs report through the trainer hook.
+    """
+    try:
+        if live or simulate:
+            reports = _reports_live(window, interval, simulate, scenario, seed, node)
+        else:
+            reports = _reports_from_store(db_url or default_db_url(), window, node)
+    except CheckError as exc:
+        if as_json:
+            click.echo(json.dumps({"status": "error", "error": str(exc)}))
+        click.echo(f"trimtab check: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+
+    balanced = all(r.balanced for r in reports)
+    if as_json:
+        status = "act" if not balanced else ("watch" if any(r.status == "watch" for r in reports) else "ok")
+        click.echo(json.dumps({"status": status, "balanced": balanced, "window_s": window,
+                               "generated_at_ms": int(time.time() * 1000),
+                               "simulated": any(r.simulated for r in reports),
+                               "nodes": [r.to_dict() for r in reports]}, indent=2))
+    else:
+        from trimtab.cli.render import render_report
+
+        click.echo("\n\n".join(render_report(r) for r in reports))
+    sys.exit(EXIT_OK if balanced else EXIT_IMBALANCE)

@@ -1,0 +1,58 @@
+"""The `trimtab` command: a click group whose subcommands live one per module.
+
+Every option can also come from a ``TRIMTAB_<OPTION>`` environment variable or from ``trimtab.toml``
+(see ``trimtab.config``); flags win over the environment, which wins over the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from trimtab import __version__
+from trimtab.config import ConfigError, build_default_map, find_config_file, load_toml
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="TRIMTAB_CONFIG", show_envvar=True,
+              help="trimtab.toml to read (default: ./trimtab.toml, ~/.config/trimtab/trimtab.toml, /etc/trimtab/trimtab.toml).")
+@click.option("--log-level", default="info", envvar="TRIMTAB_LOG_LEVEL", show_envvar=True, show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+@click.version_option(__version__, prog_name="trimtab")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
+    """trimtab keeps multi-GPU RL post-training jobs balanced.
+
+    A per-node agent samples GPU utilization, SM activity, memory, PCIe, NVLink and host load into a store
+    (SQLite by default, PostgreSQL for many nodes); `trimtab check` grades the balance of a node against the
+    seed's thresholds.
+    """
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        path = find_config_file(config_path)
+        if path is not None:
+            params = {name: {p.name for p in cmd.params if p.name} for name, cmd in cli.commands.items()}
+            ctx.default_map = build_default_map(load_toml(path), params, str(path))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _register() -> None:
+    from trimtab.cli import agent_cmd, check_cmd
+
+    cli.add_command(agent_cmd.agent)
+    cli.add_command(check_cmd.check)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="trimtab")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Opens the store (SQLite by default, PostgreSQL for a shared head) and brings its schema to the latest migration.
+
+Everything that differs between the two backends at the connection level lives here: SQLite's pragmas and
+transaction control, PostgreSQL's pool settings, and the dialect's ``INSERT … ON CONFLICT`` construct.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import Table, create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+# Applied to every new SQLite connection (pragmas are per connection, except journal_mode which the file keeps).
+SQLITE_PRAGMAS: tuple[tuple[str, object], ...] = (
+    ("journal_mode", "WAL"),
+    ("synchronous", "NORMAL"),
+    ("busy_timeout", 5000),
+    ("foreign_keys", "ON"),
+    ("temp_store", "MEMORY"),
+    ("cache_size", -65536),
+    ("wal_autocheckpoint", 10000),
+    ("journal_size_limit", 64 * 1024 * 1024),
+)
+_IMMEDIATE = "trimtab_sqlite_immediate"
+_MIGRATE_LOCK_KEY = 0x7472696D74616221  # any constant; PostgreSQL advisory lock that serialises migrate()
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used: a malformed or unsupported URL, an unreachable server, a failed migration.
+    The message names the URL (password masked) and what failed."""
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL as it can be logged: the password replaced by ``***`` (also for text that does not parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
+
+
+def open_engine(url: str) -> Engine:
+    """An engine for ``url``, checked by connecting once, so a wrong URL or a server that is down is reported
+    here, as a :class:`StoreError`, rather than on the first write.
+
+    SQLite (the default store of one node) gets, on every connection:
+
+    * ``journal_mode=WAL`` — readers (API, ``trimtab check``) never block the agent's writes, nor it them.
+    * ``synchronous=NORMAL`` — in WAL mode a commit no longer waits for fsync; a power cut can lose the last
+      commits but never corrupts the file. Telemetry can afford a few lost seconds, not a sync per batch.
+    * ``busy_timeout=5000`` — agent, rollups and API may be separate processes: wait for the write lock.
+    * ``foreign_keys=ON`` — SQLite ignores foreign keys unless asked.
+    * ``temp_store=MEMORY`` and ``cache_size=-65536`` (64 MiB) — the rollups' GROUP BY and the window queries
+      sort and scan in memory instead of in temporary files and repeated page reads.
+    * ``wal_autocheckpoint=10000`` pages (~40 MiB of 4 KiB pages, default 1000) — a time series rewrites the
+      same right-hand b-tree pages on every commit; a longer WAL absorbs many versions of a page before a
+      checkpoint copies it once, so checkpoints are ten times rarer at the price of a WAL file of tens of MiB.
+      ``journal_size_limit`` (64 MiB) truncates it back after a checkpoint.
+
+    Transactions on SQLite begin with an explicit ``BEGIN`` (see :func:`write_transaction`) instead of the
+    sqlite3 module's implicit one, so reads inside a transaction are consistent and DDL is transactional.
+    PostgreSQL gets ``pool_pre_ping`` so a connection dropped by a server restart is replaced, not reused.
+    """
+    masked = mask_url(url)
+    try:
+        parsed = make_url(url)
+        backend = parsed.get_backend_name()
+        if backend == "sqlite":
+            engine = _sqlite_engine(parsed)
+        elif backend == "postgresql":
+            engine = create_engine(parsed, pool_pre_ping=True)
+        else:
+            raise StoreError(f"unsupported store {masked}: trimtab stores to sqlite:/// or postgresql:// URLs")
+    except ArgumentError as exc:
+        raise StoreError(f"not a database URL: {masked!r} ({exc})") from exc
+    except NoSuchModuleError as exc:
+        raise StoreError(f"no driver for {masked}: {exc}") from exc
+    except OSError as exc:
+        raise StoreError(f"cannot create the directory of the store {masked}: {exc}") from exc
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        raise StoreError(f"cannot open the store {masked}: {_reason(exc)}") from exc
+    return engine
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    database = url.database or ""
+    if database and database != ":memory:" and not url.query.get("uri"):
+        path = Path(database).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        url = url.set(database=str(path))
+    engine = create_engine(url)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy, not the sqlite3 module, emits BEGIN (below)
+        cursor = dbapi_connection.cursor()
+        for name, value in SQLITE_PRAGMAS:
+            cursor.execute(f"PRAGMA {name}={value}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_IMMEDIATE) else "BEGIN")
+
+    return engine
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A connection in a transaction that will write; commits on success, rolls back on error.
+
+    On SQLite it starts with ``BEGIN IMMEDIATE``: the write lock is taken (waiting up to busy_timeout) before
+    the first read, so a transaction that reads and then writes can never fail half-way with SQLITE_BUSY
+    because another writer committed in between.
+    """
+    with engine.connect() as conn:
+        if conn.dialect.name == "sqlite":
+            conn.execution_options(**{_IMMEDIATE: True})
+        with conn.begin():
+            yield conn
+
+
+def insert_for(dialect: Dialect, table: Table):
+    """``INSERT`` in the dialect's own flavour, which has ``on_conflict_do_nothing/do_update`` and ``excluded``."""
+    if dialect.name == "postgresql":
+        return postgresql.insert(table)
+    if dialect.name == "sqlite":
+        return sqlite.insert(table)
+    raise StoreError(f"unsupported database dialect {dialect.name!r}")
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the store's schema to ``revision`` with Alembic, on this engine's own connection.
+
+    The scripts are found inside the installed package (``trimtab.store:migrations``), so no alembic.ini is
+    needed at run time; the schema is whatever the connection selects (a PostgreSQL URL with
+    ``options=-csearch_path=<schema>`` migrates that schema). The upgrade runs in one transaction, under a
+    lock (SQLite: the write lock; PostgreSQL: an advisory lock), so two processes starting together cannot
+    both run it.
+    """
+    from alembic import command
+    from alembic.config import Config
+    from alembic.util import CommandError
+
+    config = Config()
+    config.set_main_option("script_location", "trimtab.store:migrations")
+    try:
+        with write_transaction(engine) as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK_KEY})
+            config.attributes["connection"] = conn
+            command.upgrade(config, revision)
+    except (SQLAlchemyError, CommandError) as exc:
+        raise StoreError(f"cannot migrate the store {mask_url(engine.url)}: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own words, on one line, without SQLAlchemy's statement dump and background link."""
+    orig = getattr(exc, "orig", None)
+    return " ".join(str(orig if orig is not None else exc).split()) or type(exc).__name__

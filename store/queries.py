@@ -1,0 +1,251 @@
+"""The reads the rest of trimtab makes of the store (CLI, rebalancer, API), returning plain dataclasses.
+
+Callers never see SQLAlchemy rows, so the schema can change behind these functions. Every query is shaped to
+use an index: the (gpu, time) primary keys for per-GPU reads, the time indexes for cross-GPU windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from sqlalchemy import Double, Engine, Select, cast, func, select
+
+from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, ROLLUP_METRIC_NAMES
+from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_rollup_1h, gpu_rollup_1m, gpu_samples,
+                                  gpus, host_samples, nodes)
+from trimtab.store.models import health_events as health_events_table
+
+Resolution = Literal["auto", "raw", "1m", "1h"]
+AUTO_RAW_MAX_MS = 2 * HOUR_MS  # auto: raw samples for windows up to 2 h …
+AUTO_1M_MAX_MS = 72 * HOUR_MS  # … 1-minute rollups up to 3 days, 1-hour rollups beyond
+Number = Optional[float]
+
+
+@dataclass(frozen=True)
+class StoredNode:
+    id: int
+    hostname: str
+    simulated: bool
+    scenario: Optional[str]
+    driver_version: Optional[str]
+    nvml_version: Optional[str]
+    first_seen_ms: int
+    last_seen_ms: int
+
+
+@dataclass(frozen=True)
+class StoredGpu:
+    id: int
+    hostname: str
+    simulated: bool
+    uuid: str
+    index: int  # -1 for a placeholder created from samples before the GPU's inventory arrived
+    name: str
+    memory_total_bytes: Optional[int]
+    pcie_max_gen: Optional[int]
+    pcie_max_width: Optional[int]
+    pcie_peak_bytes_per_s: Optional[float]
+    nvlink_link_count: Optional[int]
+    gpm_supported: bool
+
+
+@dataclass(frozen=True)
+class GpuLabel:
+    """Which GPU a set of numbers belongs to, with the facts needed to read them (link peaks)."""
+
+    hostname: str
+    simulated: bool
+    gpu_uuid: str
+    gpu_index: int
+    gpu_name: str
+    pcie_peak_bytes_per_s: Optional[float]
+    nvlink_link_count: Optional[int]
+
+
+@dataclass(frozen=True)
+class LatestSample(GpuLabel):
+    ts_ms: int
+    metrics: dict[str, Number]  # every GPU metric; None = not measured
+
+
+@dataclass(frozen=True)
+class GpuAggregate(GpuLabel):
+    n_samples: int
+    mean: dict[str, Number]  # every GPU metric; None where it was NULL in every sample of the window
+    max: dict[str, Number]
+
+
+@dataclass(frozen=True)
+class WindowPoint:
+    """One point of a series. Raw points: n = 1 and min, mean and max are the same dict (the sample's values)."""
+
+    ts_ms: int  # sample time, or bucket start
+    n: int
+    mean: dict[str, Number]
+    min: dict[str, Number]
+    max: dict[str, Number]
+
+
+@dataclass(frozen=True)
+class GpuSeries:
+    gpu_uuid: str
+    resolution: Literal["raw", "1m", "1h"]
+    start_ms: int
+    end_ms: int
+    points: list[WindowPoint]
+    truncated: bool  # more points matched than max_points: these are the latest max_points
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    id: int
+    hostname: str
+    ts_ms: int
+    kind: str
+    gpu_uuid: Optional[str]  # None for node-wide events
+    xid: Optional[int]
+    detail: str
+
+
+@dataclass(frozen=True)
+class HostPoint:
+    ts_ms: int
+    metrics: dict[str, Number]
+
+
+def _node_filter(query: Select, hostname: Optional[str]) -> Select:
+    return query if hostname is None else query.where(nodes.c.hostname == hostname)
+
+
+def list_nodes(engine: Engine) -> list[StoredNode]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(*nodes.c).order_by(nodes.c.hostname)).mappings().all()
+    return [StoredNode(**row) for row in rows]
+
+
+def list_gpus(engine: Engine, hostname: Optional[str] = None) -> list[StoredGpu]:
+    g = gpus.c
+    query = select(g.id, nodes.c.hostname, nodes.c.simulated, g.uuid, g.gpu_index.label("index"), g.name,
+                   g.memory_total_bytes, g.pcie_max_gen, g.pcie_max_width, g.pcie_peak_bytes_per_s,
+                   g.nvlink_link_count, g.gpm_supported).join_from(gpus, nodes)
+    query = _node_filter(query, hostname).order_by(nodes.c.hostname, g.gpu_index, g.uuid)
+    with engine.connect() as conn:
+        rows = conn.execute(query).mappings().all()
+    return [StoredGpu(**row) for row in rows]
+
+
+_LABEL_COLUMNS = (nodes.c.hostname, nodes.c.simulated, gpus.c.uuid.label("gpu_uuid"),
+                  gpus.c.gpu_index, gpus.c.name.label("gpu_name"), gpus.c.pcie_peak_bytes_per_s,
+                  gpus.c.nvlink_link_count)
+
+
+def _label(row) -> dict:
+    return {c.name: row[c.name] for c in _LABEL_COLUMNS}
+
+
+def latest_gpu_samples(engine: Engine, hostname: Optional[str] = None) -> list[LatestSample]:
+    """The newest sample of every GPU (of ``hostname``), found by one backwards step on each GPU's primary key."""
+    s = gpu_samples.c
+    newest = (select(func.max(gpu_samples.c.ts_ms)).where(gpu_samples.c.gpu_id == gpus.c.id)
+              .correlate(gpus).scalar_subquery())
+    query = (select(*_LABEL_COLUMNS, s.ts_ms, *(s[m] for m in GPU_METRIC_NAMES))
+             .join_from(gpus, nodes).join(gpu_samples, (s.gpu_id == gpus.c.id) & (s.ts_ms == newest)))
+    query = _node_filter(query, hostname).order_by(nodes.c.hostname, gpus.c.gpu_index)
+    with engine.connect() as conn:
+        rows = conn.execute(query).mappings().all()
+    return [LatestSample(**_label(r), ts_ms=r["ts_ms"], metrics={m: r[m] for m in GPU_METRIC_NAMES}) for r in rows]
+
+
+def gpu_aggregates(engine: Engine, start_ms: int, end_ms: int, hostname: Optional[str] = None) -> list[GpuAggregate]:
+    """Mean and maximum of every metric per GPU over raw samples in ``[start_ms, end_ms)``; only GPUs with
+    samples in the window. SQL AVG/MAX skip NULLs, so a metric a GPU never reported stays None (not 0)."""
+    s = gpu_samples.c
+    aggregates = []
+    for m in GPU_METRIC_NAMES:
+        aggregates += [cast(func.avg(s[m]), Double).label(f"mean_{m}"), func.max(s[m]).label(f"max_{m}")]
+    per_gpu = (select(s.gpu_id, func.count().label("n_samples"), *aggregates)
+               .where(s.ts_ms >= start_ms, s.ts_ms < end_ms).group_by(s.gpu_id).subquery())
+    query = select(*_LABEL_COLUMNS, per_gpu).join_from(gpus, nodes).join(per_gpu, per_gpu.c.gpu_id == gpus.c.id)
+    query = _node_filter(query, hostname).order_by(nodes.c.hostname, gpus.c.gpu_index)
+    with engine.connect() as conn:
+        rows = conn.execute(query).mappings().all()
+    return [GpuAggregate(**_label(r), n_samples=r["n_samples"],
+                         mean={m: _float(r[f"mean_{m}"]) for m in GPU_METRIC_NAMES},
+                         max={m: _float(r[f"max_{m}"]) for m in GPU_METRIC_NAMES})
+            for r in rows]
+
+
+def _float(value) -> Number:
+    return None if value is None else float(value)
+
+
+def pick_resolution(start_ms: int, end_ms: int) -> Literal["raw", "1m", "1h"]:
+    span_ms = end_ms - start_ms
+    return "raw" if span_ms <= AUTO_RAW_MAX_MS else "1m" if span_ms <= AUTO_1M_MAX_MS else "1h"
+
+
+def gpu_window(engine: Engine, gpu_uuid: str, start_ms: int, end_ms: int, resolution: Resolution = "auto",
+               max_points: int = 5000) -> GpuSeries:
+    """One GPU's series over ``[start_ms, end_ms)``: raw samples or rollup buckets (those starting in the
+    window's first bucket or later). ``auto`` picks raw up to 2 h, 1-minute rollups up to 3 days, else 1-hour.
+    Raises LookupError for an unknown GPU."""
+    used = pick_resolution(start_ms, end_ms) if resolution == "auto" else resolution
+    with engine.connect() as conn:
+        gpu_id = conn.execute(select(gpus.c.id).where(gpus.c.uuid == gpu_uuid)).scalar()
+        if gpu_id is None:
+            raise LookupError(f"no GPU with uuid {gpu_uuid!r} in the store")
+        if used == "raw":
+            t = gpu_samples.c
+            names, time_col = GPU_METRIC_NAMES, t.ts_ms
+            query = select(t.ts_ms, *(t[m] for m in names)).where(t.gpu_id == gpu_id, t.ts_ms >= start_ms)
+        elif used in ("1m", "1h"):
+            table = gpu_rollup_1m if used == "1m" else gpu_rollup_1h
+            size_ms = MINUTE_MS if used == "1m" else HOUR_MS
+            t = table.c
+            names, time_col = ROLLUP_METRIC_NAMES, t.bucket_ms
+            query = select(t.bucket_ms, t.n, *(t[c] for c in ROLLUP_VALUE_COLUMNS))  # min, mean, max a metric
+            query = query.where(t.gpu_id == gpu_id, t.bucket_ms >= start_ms - start_ms % size_ms)
+        else:
+            raise ValueError(f"resolution must be auto, raw, 1m or 1h, not {resolution!r}")
+        # Newest first, so a limit keeps the latest points; reversed below into time order.
+        rows = conn.execute(query.where(time_col < end_ms).order_by(time_col.desc()).limit(max_points + 1)).all()
+    truncated = len(rows) > max_points
+    rows = rows[:max_points][::-1]
+    if used == "raw":
+        points = []
+        for r in rows:
+            values = dict(zip(names, r[1:]))
+            points.append(WindowPoint(ts_ms=r[0], n=1, mean=values, min=values, max=values))
+    else:
+        points = [WindowPoint(ts_ms=r[0], n=r[1], min=dict(zip(names, r[2::3])), mean=dict(zip(names, r[3::3])),
+                              max=dict(zip(names, r[4::3]))) for r in rows]
+    return GpuSeries(gpu_uuid, used, start_ms, end_ms, points, truncated)
+
+
+def health_events(engine: Engine, start_ms: Optional[int] = None, end_ms: Optional[int] = None,
+                  hostname: Optional[str] = None, limit: int = 1000) -> list[StoredEvent]:
+    """Events in ``[start_ms, end_ms)`` (either bound optional), newest first, at most ``limit``."""
+    e = health_events_table.c
+    query = select(e.id, nodes.c.hostname, e.ts_ms, e.kind, e.gpu_uuid, e.xid, e.detail).join_from(
+        health_events_table, nodes)
+    if start_ms is not None:
+        query = query.where(e.ts_ms >= start_ms)
+    if end_ms is not None:
+        query = query.where(e.ts_ms < end_ms)
+    query = _node_filter(query, hostname).order_by(e.ts_ms.desc(), e.id.desc()).limit(limit)
+    with engine.connect() as conn:
+        rows = conn.execute(query).mappings().all()
+    return [StoredEvent(**{**row, "gpu_uuid": row["gpu_uuid"] or None}) for row in rows]
+
+
+
+def host_window(engine: Engine, hostname: str, start_ms: int, end_ms: int, max_points: int = 5000) -> list[HostPoint]:
+    """A node's raw host samples in ``[start_ms, end_ms)``, oldest first; the latest ``max_points`` if more."""
+    h = host_samples.c
+    query = (select(h.ts_ms, *(h[m] for m in HOST_METRIC_NAMES)).join_from(host_samples, nodes)
+             .where(nodes.c.hostname == hostname, h.ts_ms >= start_ms, h.ts_ms < end_ms)
+             .order_by(h.ts_ms.desc()).limit(max_points))
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [HostPoint(r[0], dict(zip(HOST_METRIC_NAMES, r[1:]))) for r in reversed(rows)]

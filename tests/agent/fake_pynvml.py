@@ -1,0 +1,194 @@
+"""A fake ``pynvml`` for the NVML source's error paths, on machines without a GPU.
+
+It is not an NVML simulator (the simulated node is that): it answers with fixed, plausible values and raises
+``NVMLError(code)`` where a test tells it to, counting every call. Constants, ctypes structs and the real
+``NVMLError`` hierarchy are taken from the installed ``nvidia-ml-py``, so the source sees the same types as on a
+GPU machine. Install with ``monkeypatch.setitem(sys.modules, "pynvml", fake.module)``.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import Counter
+from typing import Any, Optional
+
+import pynvml as _real
+
+NVMLError = _real.NVMLError
+NOT_SUPPORTED = _real.NVML_ERROR_NOT_SUPPORTED
+GPU_IS_LOST = _real.NVML_ERROR_GPU_IS_LOST
+UNKNOWN = _real.NVML_ERROR_UNKNOWN
+TIMEOUT = _real.NVML_ERROR_TIMEOUT
+FUNCTION_NOT_FOUND = _real.NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+class FakeHandle:
+    def __init__(self, index: int):
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"FakeHandle({self.index})"
+
+
+class FakeNvml:
+    """``n_gpus`` fake GPUs. ``gpm``: whether they report GPM support. ``nvlink_links``: active NVLink links
+    (0 = links answer NOT_SUPPORTED, as on the single-GPU H200). ``init_error``: nvmlInit raises this code."""
+
+    def __init__(self, n_gpus: int = 2, *, gpm: bool = False, nvlink_links: int = 0,
+                 init_error: Optional[int] = None):
+        self.n_gpus, self.gpm, self.nvlink_links, self.init_error = n_gpus, gpm, nvlink_links, init_error
+        self.handles = [FakeHandle(i) for i in range(n_gpus)]
+        self.calls: Counter = Counter()  # (function name, gpu index or None) → calls
+        self.failures: dict[tuple[str, Optional[int]], int] = {}
+        self.gpm_returns: dict[int, int] = {}  # GPM metric id → nvmlReturn it answers with
+        self.field_values: dict[int, list[tuple[int, int, int]]] = {}  # gpu → [(value KiB, µs, nvmlReturn)] tx, rx
+        self.xid_queue: list[tuple[int, int]] = []  # (gpu index, xid) waiting in the event set
+        self.memory_versions: list[Any] = []
+        self.freed: list[str] = []
+        self.module = self._build_module()
+
+    def fail(self, function: str, code: int, gpu: Optional[int] = None) -> None:
+        """From now on ``function`` raises ``NVMLError(code)`` (for one GPU, or for all with ``gpu=None``)."""
+        self.failures[(function, gpu)] = code
+
+    def count(self, function: str, gpu: Optional[int] = None) -> int:
+        return self.calls[(function, gpu)]
+
+    # --- the module ----------------------------------------------------------------------------------------
+
+    def _build_module(self) -> types.ModuleType:
+        module = types.ModuleType("pynvml")
+        for name, value in vars(_real).items():
+            if not isinstance(value, types.FunctionType) and not name.startswith("__"):
+                setattr(module, name, value)
+        for name in dir(self):
+            if name.startswith("nvml"):
+                setattr(module, name, self._counted(name, getattr(self, name)))
+        return module
+
+    def _counted(self, name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            gpu = args[0].index if args and isinstance(args[0], FakeHandle) else None
+            self.calls[(name, gpu)] += 1
+            code = self.failures.get((name, gpu), self.failures.get((name, None)))
+            if code is not None:
+                raise NVMLError(code)
+            return fn(*args, **kwargs)
+        return call
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.freed.append("shutdown")
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.00-fake"
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return "13.580-fake"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.n_gpus
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        return self.handles[index]
+
+    def nvmlDeviceGetUUID(self, h: FakeHandle) -> str:
+        return f"GPU-fake-{h.index}"
+
+    def nvmlDeviceGetName(self, h: FakeHandle) -> str:
+        return "Fake GPU"
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeHandle, version: Any = None) -> Any:
+        self.memory_versions.append(version)
+        gib = 1 << 30
+        return types.SimpleNamespace(total=80 * gib, reserved=gib // 2, used=10 * gib, free=69 * gib + gib // 2)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeHandle) -> int:
+        return 4
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: FakeHandle) -> int:
+        return 16
+
+    def nvmlDeviceGetNvLinkState(self, h: FakeHandle, link: int) -> int:
+        if self.nvlink_links == 0:
+            raise NVMLError(NOT_SUPPORTED)
+        if link >= self.nvlink_links:
+            raise NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return _real.NVML_FEATURE_ENABLED
+
+    def nvmlGpmQueryDeviceSupport(self, h: FakeHandle) -> Any:
+        return types.SimpleNamespace(version=1, isSupportedDevice=int(self.gpm))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return _real.c_nvmlGpmSample_t()  # a NULL pointer of the real type: the request struct checks it
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.freed.append("gpm_sample")
+
+    def nvmlGpmSampleGet(self, h: FakeHandle, sample: Any) -> Any:
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            metric.nvmlReturn = self.gpm_returns.get(metric.metricId, _real.NVML_SUCCESS)
+            metric.value = 42.0
+        return request
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeHandle) -> Any:
+        return types.SimpleNamespace(gpu=50, memory=20)
+
+    def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
+        return 150_000
+
+    def nvmlDeviceGetTemperatureV(self, h: FakeHandle, sensor: int) -> int:
+        return 40
+
+    def nvmlDeviceGetTemperature(self, h: FakeHandle, sensor: int) -> int:
+        return 41
+
+    def nvmlDeviceGetClockInfo(self, h: FakeHandle, clock: int) -> int:
+        return 1500
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeHandle) -> int:
+        return 0
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeHandle) -> int:
+        return 0
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: FakeHandle) -> list:
+        return [types.SimpleNamespace(pid=1000 + h.index, usedGpuMemory=1 << 30)]
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h: FakeHandle) -> list:
+        return self.nvmlDeviceGetComputeRunningProcesses_v3(h)
+
+    def nvmlDeviceGetPcieThroughput(self, h: FakeHandle, counter: int) -> int:
+        return 1000  # KB/s
+
+    def nvmlDeviceGetFieldValues(self, h: FakeHandle, field_ids: list) -> Any:
+        values = (_real.c_nvmlFieldValue_t * len(field_ids))()
+        readings = self.field_values.get(h.index, [(0, 0, _real.NVML_SUCCESS)] * len(field_ids))
+        for v, (field_id, scope), (kib, us, ret) in zip(values, field_ids, readings):
+            v.fieldId, v.scopeId, v.timestamp, v.nvmlReturn = field_id, scope, us, ret
+            v.valueType = _real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            v.value.ullVal = kib
+        return values
+
+    def nvmlEventSetCreate(self) -> Any:
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, h: FakeHandle, event_types: int, event_set: Any) -> None:
+        return None
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+        if not self.xid_queue:
+            raise NVMLError(TIMEOUT)
+        gpu, xid = self.xid_queue.pop(0)
+        return types.SimpleNamespace(device=self.handles[gpu], eventType=_real.nvmlEventTypeXidCriticalError,
+                                     eventData=xid, gpuInstanceId=0, computeInstanceId=0)
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        self.freed.append("event_set")

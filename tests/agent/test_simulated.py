@@ -1,0 +1,151 @@
+"""The simulated node: deterministic per (seed, tick, GPU), each scenario shows its signature, readings stay
+physical, and the inventory says it is simulated."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trimtab.agent.readings import GPU_METRIC_NAMES
+from trimtab.agent.simulated import (NVLINK_PEAK_BYTES_PER_S, PCIE_PEAK_BYTES_PER_S, SCENARIOS, SimulatedNode)
+from trimtab.agent.source import Source
+
+TICKS = 400  # longer than the slowest oscillation period (240 ticks)
+
+
+def run(node: SimulatedNode, ticks: int = TICKS):
+    return [node.sample(1_000 * t) for t in range(ticks)]
+
+
+def util(readings):
+    return [s.util_pct for s in readings.gpu_samples]
+
+
+def mem_pct(s):
+    return 100.0 * s.mem_used_bytes / s.mem_total_bytes
+
+
+def pcie_pct(s):
+    return 100.0 * max(s.pcie_tx_bytes_per_s, s.pcie_rx_bytes_per_s) / PCIE_PEAK_BYTES_PER_S
+
+
+def test_it_is_a_source_and_says_it_is_simulated():
+    node = SimulatedNode(4, scenario="actor-hot", hostname="box")
+    assert isinstance(node, Source) and node.kind == "simulated"
+    inv = node.inventory()
+    assert inv.simulated and inv.scenario == "actor-hot" and inv.driver_version is None
+    assert [g.uuid for g in inv.gpus] == [f"GPU-sim-box-{i}" for i in range(4)]
+    gpu = inv.gpus[0]
+    assert gpu.name == "Simulated H100 80GB (trimtab)" and gpu.memory_total_bytes == 80 * 1024**3
+    assert (gpu.pcie_max_gen, gpu.pcie_max_width, gpu.nvlink_link_count) == (5, 16, 18)
+    assert gpu.pcie_peak_bytes_per_s == pytest.approx(63.0e9, rel=0.01)
+
+
+def test_same_seed_same_readings_whatever_the_clock():
+    a = run(SimulatedNode(4, seed=7), 50)
+    b = [SimulatedNode(4, seed=7).readings_at(t, 1_000 * t) for t in range(50)]
+    assert a == b
+
+
+def test_the_kth_sample_is_tick_k():
+    node = SimulatedNode(4, seed=3)
+    ticks = run(node, 10)
+    assert node.readings_at(9, 9_000) == ticks[9]
+
+
+def test_a_different_seed_gives_different_readings():
+    a = run(SimulatedNode(4, seed=1), 20)
+    b = run(SimulatedNode(4, seed=2), 20)
+    assert [util(r) for r in a] != [util(r) for r in b]
+
+
+def test_readings_move_from_tick_to_tick():
+    ticks = run(SimulatedNode(4), 20)
+    assert len({tuple(util(r)) for r in ticks}) == 20
+
+
+def test_balanced_is_in_trim():
+    for r in run(SimulatedNode(4, scenario="balanced")):
+        u = util(r)
+        assert max(u) - min(u) < 25
+        for s in r.gpu_samples:
+            assert 62 <= s.util_pct <= 75
+            assert s.sm_active_pct < s.util_pct
+            assert 55 <= mem_pct(s) <= 70
+            assert pcie_pct(s) < 30
+
+
+def test_actor_hot_is_seed_scenario_one():
+    for r in run(SimulatedNode(4, scenario="actor-hot")):
+        u = util(r)
+        assert all(90 <= x <= 99 for x in u[0:2]), u  # actor + ref on GPU 0/1
+        assert u[2] < 30  # critic idles
+        assert 30 < u[3] < 90  # reward moderate
+        assert max(u) - min(u) > 40
+
+
+def test_reward_memory_is_seed_scenario_two():
+    for r in run(SimulatedNode(4, scenario="reward-memory")):
+        reward = r.gpu_samples[3]
+        assert reward.mem_used_bytes == reward.mem_total_bytes - reward.mem_reserved_bytes
+        assert reward.util_pct >= 85
+        assert all(55 <= mem_pct(s) <= 70 for s in r.gpu_samples[:3])
+
+
+def test_pcie_saturated_is_the_reward_gpu_only():
+    for r in run(SimulatedNode(4, scenario="pcie-saturated")):
+        reward = r.gpu_samples[3]
+        assert reward.pcie_tx_bytes_per_s > 0.9 * PCIE_PEAK_BYTES_PER_S
+        assert reward.pcie_rx_bytes_per_s > 0.9 * PCIE_PEAK_BYTES_PER_S
+        assert all(pcie_pct(s) < 30 for s in r.gpu_samples[:3])
+
+
+def test_extra_gpus_are_actor_shards():
+    for r in run(SimulatedNode(8, scenario="actor-hot"), 50):
+        assert all(u >= 90 for u in util(r)[4:])
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("n_gpus", [1, 2, 3, 4, 8])
+def test_every_reading_is_physical(scenario, n_gpus):
+    for r in run(SimulatedNode(n_gpus, scenario=scenario, seed=n_gpus), 150):
+        assert len(r.gpu_samples) == n_gpus and not r.processes and not r.events
+        for s in r.gpu_samples:
+            assert all(getattr(s, name) is not None for name in GPU_METRIC_NAMES)
+            for pct in (s.util_pct, s.sm_active_pct, s.sm_occupancy_pct, s.tensor_active_pct, s.dram_bw_util_pct):
+                assert 0 <= pct <= 100
+            assert s.sm_active_pct <= s.util_pct and s.tensor_active_pct <= s.sm_active_pct
+            assert 0 < s.mem_used_bytes and s.mem_used_bytes + s.mem_reserved_bytes <= s.mem_total_bytes
+            assert 0 <= s.pcie_tx_bytes_per_s <= PCIE_PEAK_BYTES_PER_S
+            assert 0 <= s.pcie_rx_bytes_per_s <= PCIE_PEAK_BYTES_PER_S
+            assert 0 <= s.nvlink_tx_bytes_per_s <= NVLINK_PEAK_BYTES_PER_S
+            assert 60 <= s.power_w <= 700 and 20 <= s.temperature_c <= 90
+            assert s.sm_clock_mhz > 0 and s.clock_event_mask >= 0
+            assert isinstance(s.mem_used_bytes, int) and isinstance(s.sm_clock_mhz, int)
+
+
+def test_readings_serialize():
+    from trimtab.agent.readings import Batch, NodeInfo
+
+    node = SimulatedNode(4)
+    batch = Batch(node=NodeInfo(hostname="h", simulated=True), gpus=node.inventory().gpus,
+                  gpu_samples=node.sample(0).gpu_samples)
+    assert Batch.from_json(batch.to_json()) == batch
+
+
+def test_an_unknown_scenario_names_the_valid_ones():
+    with pytest.raises(ValueError) as info:
+        SimulatedNode(4, scenario="nope")
+    for name in ("balanced", "actor-hot", "reward-memory", "pcie-saturated"):
+        assert name in str(info.value)
+
+
+def test_scenarios_are_exposed_by_name():
+    assert set(SCENARIOS) == {"balanced", "actor-hot", "reward-memory", "pcie-saturated"}
+    assert all(dataclasses.is_dataclass(s) and s.description for s in SCENARIOS.values())
+
+
+def test_zero_gpus_is_refused():
+    with pytest.raises(ValueError):
+        SimulatedNode(0)

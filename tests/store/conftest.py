@@ -1,0 +1,103 @@
+"""Fixtures of the store tests: a fresh store on a real SQLite file and in a fresh PostgreSQL schema, and a
+small factory of batches with known values.
+
+PostgreSQL comes from ``TRIMTAB_TEST_PG_URL`` (default: the local server, trust auth, database ``test``). When
+it cannot be reached its tests skip, saying why — unless ``TRIMTAB_REQUIRE_PG=1`` (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from trimtab.agent.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
+from trimtab.store.engine import mask_url, migrate, open_engine
+
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+T0_MS = 1_699_999_200_000  # a whole hour in epoch ms (so also a whole minute): test buckets start here
+
+
+def _pg_admin_engine():
+    base = os.environ.get("TRIMTAB_TEST_PG_URL", DEFAULT_PG_URL)
+    engine = create_engine(make_url(base), connect_args={"connect_timeout": 3}, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001 - any failure to reach it means the same thing here
+        engine.dispose()
+        reason = f"PostgreSQL at {mask_url(base)} is unreachable ({' '.join(str(exc).split())[:200]})"
+        if os.environ.get("TRIMTAB_REQUIRE_PG") == "1":
+            pytest.fail(f"{reason}; TRIMTAB_REQUIRE_PG=1 forbids skipping", pytrace=False)
+        pytest.skip(f"{reason}; set TRIMTAB_TEST_PG_URL to run the PostgreSQL tests")
+    return base, engine
+
+
+@pytest.fixture
+def pg_url():
+    """A URL selecting a fresh, empty schema ``trimtab_t_<random>`` through ``search_path``; dropped after."""
+    base, admin = _pg_admin_engine()
+    schema = f"trimtab_t_{secrets.token_hex(4)}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in base else "?"
+    yield f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path}/store/trimtab.db"  # a directory that does not exist yet: open_engine makes it
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request):
+    """An empty store's URL, once per backend."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+@pytest.fixture
+def engine(store_url):
+    """A migrated, empty store on each backend."""
+    engine = open_engine(store_url)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+NODE = NodeInfo(hostname="node-a", driver_version="550.54", nvml_version="12.550")
+
+
+def gpu_info(i: int, uuid_prefix: str = "GPU-", **kw) -> GpuInfo:
+    return GpuInfo(uuid=f"{uuid_prefix}{i:04d}", index=i, name="NVIDIA H200", memory_total_bytes=141 * 2**30,
+                   pcie_max_gen=5, pcie_max_width=16, pcie_peak_bytes_per_s=63e9, gpm_supported=True, **kw)
+
+
+def make_batch(ts_list, n_gpus: int = 2, node: NodeInfo = NODE, host: bool = True, inventory: bool = True,
+               uuid_prefix: str = "GPU-", **metrics) -> Batch:
+    """GPU i at time t reports util_pct = 10*i + (t - T0)/1000 unless ``metrics`` fixes values (a value may be a
+    callable of (gpu index, ts_ms)). Other metrics stay None."""
+    def value(v, i, t):
+        return v(i, t) if callable(v) else v
+
+    samples = [
+        GpuSample(gpu_uuid=f"{uuid_prefix}{i:04d}", ts_ms=t,
+                  **{"util_pct": 10.0 * i + (t - T0_MS) / 1000, **{k: value(v, i, t) for k, v in metrics.items()}})
+        for t in ts_list for i in range(n_gpus)
+    ]
+    hosts = [HostSample(ts_ms=t, cpu_pct=50.0, mem_total_bytes=2**40) for t in ts_list] if host else []
+    return Batch(node=node, gpus=[gpu_info(i, uuid_prefix) for i in range(n_gpus)] if inventory else [],
+                 gpu_samples=samples, host_samples=hosts)
+
+
+def count(engine, table) -> int:
+    from sqlalchemy import func, select
+
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(table)).scalar_one()
