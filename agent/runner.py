@@ -104,6 +104,14 @@ class Agent:
                 f" | store {store}: {ws.rows_written} rows written, spool {_fmt_bytes(ws.spool_bytes)}{dropped}"
                 f" | util {util}")
 
+    def health(self) -> dict:
+        """The agent's state for /healthz: ticks, the store's reachability, spool and drops."""
+        st, ws = self.sampler.stats, self.writer.status
+        return {"hostname": self.node.hostname, "simulated": self.node.simulated, "gpus": len(self.sampler.gpus),
+                "ticks": st.ticks, "ticks_skipped": st.ticks_skipped, "last_tick_cost_s": st.last_tick_cost_s,
+                "store_ok": ws.sink_ok, "rows_written": ws.rows_written, "spool_bytes": ws.spool_bytes,
+                "rows_dropped": ws.rows_dropped, "batches_rejected": ws.batches_rejected, "last_error": ws.last_error}
+
     def run(self, stop: threading.Event, duration_s: Optional[float] = None,
             on_tick: Optional[Callable[[], None]] = None) -> None:
         self.writer.start()

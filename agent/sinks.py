@@ -88,6 +88,8 @@ class StoreSink:
         return self._engine
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
         if self._engine is not None:
             self._engine.dispose()
 
@@ -97,8 +99,59 @@ def _short(exc: BaseException, limit: int = 300) -> str:
     return text[:limit]
 
 
+class BatchRefused(RuntimeError):
+    """The server answered that this batch will never be accepted (bad token, invalid, too large)."""
+
+
+class HttpSink:
+    """Ships batches to a `trimtab server` over HTTP (``POST /v1/ingest`` with a bearer token of scope ``agent``).
+
+    Connection errors, timeouts, 429 and 5xx mean "not now" (spool and retry); 401/403/404/413/422 mean the batch
+    or the configuration is wrong, and retrying would not help, so the writer keeps the batch aside and says why.
+    """
+
+    def __init__(self, server_url: str, token: Optional[str], timeout_s: float = 10.0):
+        import httpx
+
+        self.url = server_url.rstrip("/") + "/v1/ingest"
+        self.description = f"server {server_url.rstrip('/')}"
+        headers = {"Content-Type": "application/json", "User-Agent": "trimtab-agent"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(headers=headers, timeout=timeout_s)
+        self.last_latency_s: Optional[float] = None
+
+    def write(self, batch: Batch) -> int:
+        import time
+
+        import httpx
+
+        started = time.perf_counter()
+        try:
+            resp = self._client.post(self.url, content=batch.to_json())
+        except httpx.HTTPError as exc:  # refused, reset, timeout, DNS
+            raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        self.last_latency_s = time.perf_counter() - started
+        if resp.status_code == 429 or resp.status_code >= 500:
+            raise SinkUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        if resp.status_code >= 400:
+            raise BatchRefused(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            return int(resp.json().get("inserted", 0))
+        except (ValueError, AttributeError):
+            return 0
+
+    def maintenance(self, now_ms: int) -> None:
+        """The server owns its store's upkeep."""
+
+    def close(self) -> None:
+        self._client.close()
+
+
 def open_sink(db_url: Optional[str] = None, server_url: Optional[str] = None, token: Optional[str] = None) -> Sink:
+    """A sink for `--server URL` (ship over HTTP) or `--db URL` (write the store directly)."""
     if server_url:
-        raise NotImplementedError("shipping to a server arrives with `trimtab server`")
-    assert db_url is not None
+        return HttpSink(server_url, token)
+    if db_url is None:
+        raise ValueError("either a store URL or a server URL is needed")
     return StoreSink(db_url)

@@ -79,11 +79,15 @@ class Writer:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Flush: write what is queued (or spool it if the sink is down), then stop the thread."""
+        """Flush: write what is queued (or spool it if the sink is down), then stop the thread. If the sink is
+        up, the spool is replayed first for up to ``timeout_s`` so a clean stop leaves nothing behind; what
+        remains stays on disk for the next start."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        self._drain_and_flush(final=True)
+        if self.status.sink_ok and not self.spool.is_empty():
+            self._replay()
+        self._drain_and_flush()
         self.sink.close()
 
     # -- the loop ----------------------------------------------------------------------------------------------------
@@ -215,10 +219,8 @@ class Writer:
         self.status.sink_ok = True
         self.status.sink_down_since = None
 
-    def _drain_and_flush(self, final: bool) -> None:
+    def _drain_and_flush(self) -> None:
         batches = self._merge(self._take_queued(None))
-        if self._pending_events and batches == []:
-            pass  # events without a node cannot be filed; they are in the log already
         for b in batches:
             if self.status.sink_ok and self.spool.is_empty():
                 if self._write(b, spool_on_failure=True):

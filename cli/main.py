@@ -31,6 +31,8 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if log_level.lower() != "debug":
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-start plugin chatter says nothing useful
     try:
         path = find_config_file(config_path)
         if path is not None:
@@ -41,10 +43,12 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
 
 
 def _register() -> None:
-    from trimtab.cli import agent_cmd, check_cmd
+    from trimtab.cli import agent_cmd, check_cmd, serve_cmd
 
     cli.add_command(agent_cmd.agent)
     cli.add_command(check_cmd.check)
+    cli.add_command(serve_cmd.up)
+    cli.add_command(serve_cmd.server)
 
 
 _register()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from trimtab.paths import default_db_url
@@ -29,4 +31,27 @@ def simulate_options(f):
                    help="What the simulated node shows (seed §4: actor-hot = scenario 1, reward-memory = scenario 2).")(f)
     f = env_option("--simulate", type=click.IntRange(1, 64), default=None, metavar="N",
                    help="Run a simulated node of N GPUs instead of reading NVML (for machines without a driver).")(f)
+    return f
+
+
+def interval_option(f):
+    return env_option("--interval", type=click.FloatRange(0.05, 3600), default=1.0, show_default=True, metavar="SECONDS",
+                      help="Sampling period. GPM metrics need ≥ 0.1 s between samples.")(f)
+
+
+def agent_options(f):
+    """Options of every command that runs a local agent (agent, up)."""
+    from trimtab.paths import default_spool_dir
+
+    f = env_option("--duration", type=click.FloatRange(0, None, min_open=True), default=None, metavar="SECONDS",
+                   help="Stop after this long (default: run until SIGINT/SIGTERM).")(f)
+    f = env_option("--status-every", type=click.FloatRange(0.1, 86400), default=10.0, show_default=True, metavar="SECONDS",
+                   help="Period of the one-line status log.")(f)
+    f = env_option("--spool-max-mb", type=click.IntRange(1, 1_000_000), default=256, show_default=True,
+                   help="Bound of the spool; beyond it the oldest batches are dropped, logged and recorded as a health event.")(f)
+    f = env_option("--spool-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                   help=f"Where batches wait while the store is unreachable [default: {default_spool_dir()}]")(f)
+    f = env_option("--hostname", default=None,
+                   help="Name of this node in the store (default: the host name; '<host>-sim' when simulated).")(f)
+    f = env_option("--gpus", default=None, metavar="LIST", help="Only these GPU indices, e.g. 0,1 (default: all).")(f)
     return f

@@ -18,6 +18,7 @@ class Notifier:
         self.address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
         self._sock: Optional[socket.socket] = None
         self._last_watchdog = 0.0
+        self._stopping_sent = False
         usec = os.environ.get("WATCHDOG_USEC")
         # Ping at half the watchdog period, as sd_watchdog_enabled(3) recommends.
         self.watchdog_interval_s: Optional[float] = int(usec) / 2e6 if usec and usec.isdigit() else None
@@ -46,6 +47,10 @@ class Notifier:
         return self.send(f"STATUS={text}")
 
     def stopping(self) -> bool:
+        """Say once that shutdown has begun (a signal handler and the final cleanup may both call this)."""
+        if self._stopping_sent:
+            return False
+        self._stopping_sent = True
         return self.send("STOPPING=1")
 
     def watchdog(self, force: bool = False) -> bool:

@@ -27,6 +27,10 @@ SQLITE_PRAGMAS: tuple[tuple[str, object], ...] = (
     ("wal_autocheckpoint", 10000),
     ("journal_size_limit", 64 * 1024 * 1024),
 )
+# libpq settings unless the URL sets them: a server that vanishes without a reset (host down, network cut) is
+# noticed within about a minute, not after the kernel's two hours, so the agent spools instead of hanging.
+PG_CONNECT_DEFAULTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                       "keepalives_count": 3, "tcp_user_timeout": 60_000}
 _IMMEDIATE = "trimtab_sqlite_immediate"
 _MIGRATE_LOCK_KEY = 0x7472696D74616221  # any constant; PostgreSQL advisory lock that serialises migrate()
 
@@ -64,7 +68,8 @@ def open_engine(url: str) -> Engine:
 
     Transactions on SQLite begin with an explicit ``BEGIN`` (see :func:`write_transaction`) instead of the
     sqlite3 module's implicit one, so reads inside a transaction are consistent and DDL is transactional.
-    PostgreSQL gets ``pool_pre_ping`` so a connection dropped by a server restart is replaced, not reused.
+    PostgreSQL gets ``pool_pre_ping`` so a connection dropped by a server restart is replaced, not reused, and
+    the timeouts of :data:`PG_CONNECT_DEFAULTS` where the URL does not set its own.
     """
     masked = mask_url(url)
     try:
@@ -73,7 +78,8 @@ def open_engine(url: str) -> Engine:
         if backend == "sqlite":
             engine = _sqlite_engine(parsed)
         elif backend == "postgresql":
-            engine = create_engine(parsed, pool_pre_ping=True)
+            connect_args = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in parsed.query}
+            engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
         else:
             raise StoreError(f"unsupported store {masked}: trimtab stores to sqlite:/// or postgresql:// URLs")
     except ArgumentError as exc:

@@ -7,6 +7,7 @@ it cannot be reached its tests skip, saying why — unless ``TRIMTAB_REQUIRE_PG=
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 from urllib.parse import quote
@@ -22,7 +23,10 @@ DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 T0_MS = 1_699_999_200_000  # a whole hour in epoch ms (so also a whole minute): test buckets start here
 
 
-def _pg_admin_engine():
+@functools.lru_cache(maxsize=None)
+def _pg_admin():
+    """(base URL, an autocommit engine on it), or the reason PostgreSQL cannot be used; probed once a run.
+    (A plain cached function, not a session fixture: tests/conftest.py re-exports ``pg_url`` alone.)"""
     base = os.environ.get("TRIMTAB_TEST_PG_URL", DEFAULT_PG_URL)
     engine = create_engine(make_url(base), connect_args={"connect_timeout": 3}, isolation_level="AUTOCOMMIT")
     try:
@@ -30,17 +34,19 @@ def _pg_admin_engine():
             conn.execute(text("SELECT 1"))
     except Exception as exc:  # noqa: BLE001 - any failure to reach it means the same thing here
         engine.dispose()
-        reason = f"PostgreSQL at {mask_url(base)} is unreachable ({' '.join(str(exc).split())[:200]})"
-        if os.environ.get("TRIMTAB_REQUIRE_PG") == "1":
-            pytest.fail(f"{reason}; TRIMTAB_REQUIRE_PG=1 forbids skipping", pytrace=False)
-        pytest.skip(f"{reason}; set TRIMTAB_TEST_PG_URL to run the PostgreSQL tests")
+        return f"PostgreSQL at {mask_url(base)} is unreachable ({' '.join(str(getattr(exc, 'orig', exc)).split())})"
     return base, engine
 
 
 @pytest.fixture
 def pg_url():
     """A URL selecting a fresh, empty schema ``trimtab_t_<random>`` through ``search_path``; dropped after."""
-    base, admin = _pg_admin_engine()
+    probe = _pg_admin()
+    if isinstance(probe, str):
+        if os.environ.get("TRIMTAB_REQUIRE_PG") == "1":
+            pytest.fail(f"{probe}; TRIMTAB_REQUIRE_PG=1 forbids skipping", pytrace=False)
+        pytest.skip(f"{probe}; set TRIMTAB_TEST_PG_URL to run the PostgreSQL tests")
+    base, admin = probe
     schema = f"trimtab_t_{secrets.token_hex(4)}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
@@ -48,7 +54,6 @@ def pg_url():
     yield f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
     with admin.connect() as conn:
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
 
 
 @pytest.fixture

@@ -1,0 +1,164 @@
+"""`trimtab up` (this node: agent + API on embedded SQLite) and `trimtab server` (a head node for many agents)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import click
+
+from trimtab.cli.agent_cmd import install_stop_handlers, parse_gpu_list
+from trimtab.cli.options import agent_options, db_option, env_option, interval_option, simulate_options
+from trimtab.paths import default_db_url, default_spool_dir, state_dir
+
+log = logging.getLogger("trimtab.daemon")
+DEFAULT_PORT = 9460
+
+
+def api_options(f):
+    f = env_option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+                   help="API port (0: any free port).")(f)
+    f = env_option("--host", default="127.0.0.1", show_default=True,
+                   help="Address the API binds. Anything but loopback needs API tokens to exist (see `trimtab token`).")(f)
+    return f
+
+
+def _open_store(url: str):
+    from trimtab.store.engine import StoreError, migrate, open_engine
+
+    try:
+        engine = open_engine(url)
+        migrate(engine)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return engine
+
+
+def _guard_bind(engine, host: str, sd: Path) -> None:
+    """Refuse to expose an API without tokens; on loopback create the first admin token and say where it is."""
+    from trimtab.api.auth import any_tokens, ensure_admin_token
+    from trimtab.daemon import is_loopback
+
+    if not is_loopback(host) and not any_tokens(engine):
+        raise click.ClickException(
+            f"refusing to listen on {host}: no API token exists, so anyone who can reach this address could write. "
+            f"Create one first (`trimtab token create --name admin --scope admin`) or bind 127.0.0.1.")
+    path = ensure_admin_token(engine, sd)
+    if path is not None:
+        click.echo(f"created the first admin API token in {path} (mode 0600); agents and jobs need tokens of their own "
+                   f"(`trimtab token create --scope agent`)", err=True)
+
+
+def _serve(ctx, host: str, port: int):
+    from trimtab.api.app import create_app
+    from trimtab.daemon import ApiServer, DaemonError
+
+    try:
+        return ApiServer(create_app(ctx), host, port).start()
+    except DaemonError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command()
+@db_option
+@api_options
+@interval_option
+@simulate_options
+@agent_options
+def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, spool_dir, spool_max_mb, status_every,
+       duration):
+    """Run this node's daemon: the agent, the REST API and /metrics in one process, on embedded SQLite.
+
+    Uses NVML when an NVIDIA driver is present; otherwise starts a simulated node of 4 GPUs (or --simulate N),
+    says so at start-up, and marks its data "simulated" in every response.
+    """
+    from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
+    from trimtab.agent.sinks import StoreSink
+    from trimtab.api.context import ApiContext
+    from trimtab.daemon import StatusPinger
+    from trimtab.sdnotify import Notifier
+
+    url = db_url or default_db_url()
+    sd = state_dir()
+    engine = _open_store(url)
+    _guard_bind(engine, host, sd)
+    try:
+        sources = make_sources(simulate=simulate, scenario=scenario, seed=seed, gpu_indices=parse_gpu_list(gpus),
+                               fallback_gpus=4)
+    except (SourceUnavailable, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    ctx = ApiContext(engine=engine, mode="up", state_dir=sd)
+    runner = Agent(sources, StoreSink(url), spool_dir or default_spool_dir(), interval_s=interval, hostname=hostname,
+                   status_every_s=status_every, spool_max_bytes=spool_max_mb * 1024 * 1024, on_batch=ctx.snapshot.update)
+    ctx.component_status = lambda: {"agent": runner.health()}
+    api = _serve(ctx, host, port)
+    notifier = Notifier()
+    stop = threading.Event()
+    install_stop_handlers(stop, on_stop=notifier.stopping)
+    sim = "  *** SIMULATED node: no NVIDIA driver found, readings are synthetic ***" if runner.node.simulated else ""
+    click.echo(f"{runner.banner()}\nAPI on http://{host}:{api.port} (docs: /docs, metrics: /metrics){sim}", err=True)
+    notifier.ready(f"up: {len(runner.sampler.gpus)} GPUs, API {host}:{api.port}")
+    pinger = StatusPinger(notifier, runner.status_line, every_s=status_every, log_it=False)
+    try:
+        runner.run(stop, duration_s=duration, on_tick=pinger)
+    finally:
+        notifier.stopping()
+        api.stop()
+        engine.dispose()
+
+
+@click.command()
+@db_option
+@api_options
+@env_option("--status-every", type=click.FloatRange(0.1, 86400), default=10.0, show_default=True, metavar="SECONDS",
+            help="Period of the one-line status log.")
+@env_option("--duration", type=click.FloatRange(0, None, min_open=True), default=None, metavar="SECONDS",
+            help="Stop after this long (default: run until SIGINT/SIGTERM).")
+def server(db_url, host, port, status_every, duration):
+    """Run a head node: the REST API, /metrics and ingest for remote agents (`trimtab agent --server URL`).
+
+    Give it the shared store with --db postgresql+psycopg://… . Agents may also write to that PostgreSQL
+    directly (`trimtab agent --db …`); the server then serves their data too. The server runs the store's
+    rollups and retention.
+    """
+    import time
+
+    from trimtab.api.context import ApiContext
+    from trimtab.daemon import StatusPinger, Upkeep, wait_loop
+    from trimtab.sdnotify import Notifier
+    from trimtab.store.engine import mask_url
+
+    url = db_url or default_db_url()
+    sd = state_dir()
+    engine = _open_store(url)
+    _guard_bind(engine, host, sd)
+    ctx = ApiContext(engine=engine, mode="server", state_dir=sd)
+    api = _serve(ctx, host, port)
+    notifier = Notifier()
+    stop = threading.Event()
+    install_stop_handlers(stop, on_stop=notifier.stopping)
+    click.echo(f"trimtab server: API on http://{host}:{api.port} (docs: /docs, metrics: /metrics), store {mask_url(url)}",
+               err=True)
+    notifier.ready(f"server: API {host}:{api.port}")
+    upkeep = Upkeep(engine)
+
+    def line() -> str:
+        nodes = ctx.snapshot.nodes()
+        return f"server {host}:{api.port}: {len(nodes)} nodes shipping, {sum(len(n.samples) for n in nodes)} GPUs"
+
+    pinger = StatusPinger(notifier, line, every_s=status_every)
+    started = time.monotonic()
+
+    def tick() -> None:
+        pinger()
+        upkeep.maybe_run()
+        if duration is not None and time.monotonic() - started >= duration:
+            stop.set()
+
+    try:
+        wait_loop(stop, tick, period_s=min(1.0, status_every), alive=lambda: api.alive)
+    finally:
+        notifier.stopping()
+        api.stop()
+        engine.dispose()

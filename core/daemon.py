@@ -1,0 +1,124 @@
+"""Process wiring for `trimtab up` (agent + API on one node) and `trimtab server` (API for many agents).
+
+The API runs on uvicorn in a thread; the main thread runs the loop that matters (the agent's sampler, or the
+server's upkeep) and pings the systemd watchdog from inside that loop, so a hung loop gets the service
+restarted. READY is sent once the API listens; STOPPING when a signal arrives; the agent's writer then
+flushes (queued batches written or spooled) before the process exits.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from trimtab.sdnotify import Notifier
+
+log = logging.getLogger("trimtab.daemon")
+
+
+class DaemonError(RuntimeError):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
+        except OSError:
+            return False
+
+
+class ApiServer:
+    """uvicorn serving ``app`` from a background thread; ``start`` returns once it listens (or raises)."""
+
+    def __init__(self, app, host: str, port: int, log_level: str = "warning"):
+        import uvicorn
+
+        self.host, self.port = host, port
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="trimtab-api", daemon=True)
+
+    def start(self, timeout_s: float = 15.0) -> "ApiServer":
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise DaemonError(f"the API could not listen on {self.host}:{self.port} (in use? see the log above)")
+            if time.monotonic() > deadline:
+                raise DaemonError(f"the API did not start listening on {self.host}:{self.port} within {timeout_s:g} s")
+            time.sleep(0.02)
+        if self.port == 0:  # an ephemeral port: report the one the OS chose
+            self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+@dataclass
+class Upkeep:
+    """Rollups and retention of a store this process owns, every ``every_s`` seconds, never raising."""
+
+    engine: object
+    every_s: float = 60.0
+    _last: float = 0.0
+
+    def maybe_run(self) -> None:
+        if time.monotonic() - self._last < self.every_s:
+            return
+        self._last = time.monotonic()
+        from trimtab.store.rollup import RetentionPolicy, run_maintenance
+
+        try:
+            run_maintenance(self.engine, int(time.time() * 1000), RetentionPolicy())
+        except Exception as exc:  # a store hiccup must not stop the daemon; next period tries again
+            log.warning("store upkeep failed (will retry): %s", exc)
+
+
+class StatusPinger:
+    """Calls from the main loop: watchdog every tick, a STATUS line and a log line every ``every_s``."""
+
+    def __init__(self, notifier: Notifier, line: Callable[[], str], every_s: float = 10.0, log_it: bool = True):
+        self.notifier, self.line, self.every_s, self.log_it = notifier, line, every_s, log_it
+        self._next = time.monotonic() + every_s
+
+    def __call__(self) -> None:
+        self.notifier.watchdog()
+        if time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.every_s
+            text = self.line()
+            self.notifier.status(text)
+            if self.log_it:
+                log.info("%s", text)
+
+
+def wait_loop(stop: threading.Event, tick: Callable[[], None], period_s: float = 1.0,
+              alive: Callable[[], bool] = lambda: True) -> None:
+    """The server's main loop: tick until stopped (or until ``alive`` says the API thread died)."""
+    while not stop.wait(period_s):
+        if not alive():
+            log.error("the API thread stopped unexpectedly; exiting so systemd can restart the service")
+            return
+        tick()
+
+
+def state_path(state_dir: Path) -> Path:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return state_dir

@@ -1,0 +1,50 @@
+"""Starting and stopping real `trimtab` processes in tests, on loopback ports, always cleaned up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trimtab(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    """`trimtab ARGS` as a child process (stderr captured to a file-like pipe unless given)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "trimtab.cli.main", *args], env=full_env, text=True, **kw)
+
+
+def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 600:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> tuple[str, str]:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return out or "", err or ""
