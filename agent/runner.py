@@ -26,14 +26,16 @@ def make_sources(
     seed: int = 0,
     gpu_indices: Optional[Sequence[int]] = None,
     fallback_gpus: Optional[int] = None,
+    hostname: Optional[str] = None,
 ) -> list[Source]:
     """NVML + host on a GPU node; a simulated node + host with ``simulate``. With ``fallback_gpus`` a machine
-    without a driver falls back to a simulated node of that many GPUs (what `trimtab up` does) and says so."""
+    without a driver falls back to a simulated node of that many GPUs (what `trimtab up` does) and says so.
+    ``hostname`` names a simulated node, so two simulated nodes on one machine have distinct GPU UUIDs."""
     from trimtab.agent.host import HostSource
     from trimtab.agent.simulated import SimulatedNode
 
     if simulate:
-        return [SimulatedNode(simulate, scenario=scenario, seed=seed), HostSource()]
+        return [SimulatedNode(simulate, scenario=scenario, seed=seed, hostname=hostname), HostSource()]
     from trimtab.agent.nvml import NvmlSource
 
     try:
@@ -42,7 +44,7 @@ def make_sources(
         if not fallback_gpus:
             raise
         log.warning("%s — starting a SIMULATED node of %d GPUs (scenario %s) instead", exc, fallback_gpus, scenario)
-        return [SimulatedNode(fallback_gpus, scenario=scenario, seed=seed), HostSource()]
+        return [SimulatedNode(fallback_gpus, scenario=scenario, seed=seed, hostname=hostname), HostSource()]
 
 
 def _fmt_bytes(n: float) -> str:

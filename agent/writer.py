@@ -85,8 +85,8 @@ class Writer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self.status.sink_ok and not self.spool.is_empty():
-            self._replay()
+        if not self.spool.is_empty():
+            self._replay()  # one more try even if the sink was down at the last attempt: it may be back
         self._drain_and_flush()
         self.sink.close()
 

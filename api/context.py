@@ -27,6 +27,8 @@ class ApiContext:
     snapshot: LatestSnapshot = field(default_factory=LatestSnapshot)
     max_body_bytes: int = 8 * 1024 * 1024
     max_batch_rows: int = 100_000
+    # BatchWriters shared by ingest requests; 0: one on SQLite (one writer at a time anyway), four on PostgreSQL.
+    ingest_writers: int = 0
     # Status of the parts around the API (agent, writer, rebalancer), for /healthz and the systemd STATUS line.
     component_status: Callable[[], dict[str, Any]] = lambda: {}
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))

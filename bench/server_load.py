@@ -71,6 +71,7 @@ async def run_step(base: str, token: str, n_nodes: int, seconds: float, run_id: 
     limits = httpx.Limits(max_connections=max(10, n_nodes), max_keepalive_connections=max(10, n_nodes))
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
                                  timeout=10.0, limits=limits) as client:
+        await client.get(f"{base}/healthz")  # open the connection pool outside the timed sends
         t0 = time.monotonic()
 
         async def node_loop(i: int) -> None:

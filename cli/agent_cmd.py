@@ -69,7 +69,8 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
         raise click.UsageError("--server needs a token of scope 'agent' (--token, --token-file or TRIMTAB_TOKEN)")
 
     try:
-        sources = make_sources(simulate=simulate, scenario=scenario, seed=seed, gpu_indices=parse_gpu_list(gpus))
+        sources = make_sources(simulate=simulate, scenario=scenario, seed=seed, gpu_indices=parse_gpu_list(gpus),
+                               hostname=hostname)
     except SourceUnavailable as exc:
         raise click.ClickException(str(exc)) from exc
     except ValueError as exc:
@@ -78,7 +79,16 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
     runner = Agent(sources, sink, spool_dir or default_spool_dir(),
                    interval_s=interval, hostname=hostname, status_every_s=status_every,
                    spool_max_bytes=spool_max_mb * 1024 * 1024)
+    from trimtab.daemon import StatusPinger
+    from trimtab.sdnotify import Notifier
+
+    notifier = Notifier()  # systemd Type=notify: READY, watchdog pings from the sampling loop, STOPPING
     stop = threading.Event()
-    install_stop_handlers(stop)
+    install_stop_handlers(stop, on_stop=notifier.stopping)
     click.echo(runner.banner(), err=True)
-    runner.run(stop, duration_s=duration)
+    notifier.ready(f"agent: {len(runner.sampler.gpus)} GPUs into {sink.description}")
+    try:
+        runner.run(stop, duration_s=duration,
+                   on_tick=StatusPinger(notifier, runner.status_line, every_s=status_every, log_it=False))
+    finally:
+        notifier.stopping()

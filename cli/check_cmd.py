@@ -48,12 +48,36 @@ def _reports_from_store(db_url: str, window_s: float, node):
     return reports
 
 
+def _reports_from_server(server_url: str, window_s: float, node):
+    """The same reports from a running `trimtab up`/`trimtab server` (GET /v1/balance)."""
+    import httpx
+
+    from trimtab.rebalancer.balance import BalanceReport
+
+    params = {"window_s": window_s, **({"node": node} if node else {})}
+    url = server_url.rstrip("/") + "/v1/balance"
+    try:
+        resp = httpx.get(url, params=params, timeout=15.0)
+    except httpx.HTTPError as exc:
+        raise CheckError(f"cannot reach {url}: {exc}") from exc
+    if resp.status_code != 200:
+        raise CheckError(f"{url} answered HTTP {resp.status_code}: {resp.text[:300]}")
+    try:
+        reports = [BalanceReport.from_dict(r) for r in resp.json()["reports"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckError(f"{url} answered something that is not a balance report: {exc}") from exc
+    if not reports:
+        who = f"node {node!r}" if node else "any node"
+        raise CheckError(f"the server has no samples from {who} in the last {window_s:g} s")
+    return reports
+
+
 def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, node):
     from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
     from trimtab.agent.sinks import StoreSink
 
     try:
-        sources = make_sources(simulate=simulate, scenario=scenario, seed=seed)
+        sources = make_sources(simulate=simulate, scenario=scenario, seed=seed, hostname=node)
     except SourceUnavailable as exc:
         raise CheckError(str(exc)) from exc
     with tempfile.TemporaryDirectory(prefix="trimtab-check-") as tmp:
@@ -72,11 +96,13 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
             help="Grade the means of the last SECONDS of samples.")
 @env_option("--node", default=None, help="Only this node (host name as the agent stored it); default: every node with samples in the window.")
 @click.option("--live", is_flag=True, help="Sample this node now for --window seconds instead of reading the store.")
+@env_option("--server", "server_url", default=None, metavar="URL",
+            help="Ask a running `trimtab up`/`trimtab server` at URL (GET /v1/balance) instead of reading the store.")
 @simulate_options
 @env_option("--interval", type=click.FloatRange(0.05, 60), default=1.0, show_default=True, metavar="SECONDS",
             help="Sampling period with --live.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def check(db_url, window, node, live, simulate, scenario, seed, interval, as_json):
+def check(db_url, window, node, live, server_url, simulate, scenario, seed, interval, as_json):
     """Print the balance report (the seed's check_balance.py made real) and exit 0 balanced, 1 out of balance, 2 error.
 
     Per GPU: utilization, SM activity, memory %, PCIe GB/s and % of link peak, NVLink. Verdicts: utilization
@@ -86,6 +112,8 @@ def check(db_url, window, node, live, simulate, scenario, seed, interval, as_jso
     try:
         if live or simulate:
             reports = _reports_live(window, interval, simulate, scenario, seed, node)
+        elif server_url:
+            reports = _reports_from_server(server_url, window, node)
         else:
             reports = _reports_from_store(db_url or default_db_url(), window, node)
     except CheckError as exc:

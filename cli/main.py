@@ -43,12 +43,14 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
 
 
 def _register() -> None:
-    from trimtab.cli import agent_cmd, check_cmd, serve_cmd
+    from trimtab.cli import agent_cmd, check_cmd, serve_cmd, systemd_cmd, token_cmd
 
     cli.add_command(agent_cmd.agent)
     cli.add_command(check_cmd.check)
     cli.add_command(serve_cmd.up)
     cli.add_command(serve_cmd.server)
+    cli.add_command(systemd_cmd.install_systemd)
+    cli.add_command(token_cmd.token)
 
 
 _register()

@@ -85,7 +85,7 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     _guard_bind(engine, host, sd)
     try:
         sources = make_sources(simulate=simulate, scenario=scenario, seed=seed, gpu_indices=parse_gpu_list(gpus),
-                               fallback_gpus=4)
+                               fallback_gpus=4, hostname=hostname)
     except (SourceUnavailable, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     ctx = ApiContext(engine=engine, mode="up", state_dir=sd)

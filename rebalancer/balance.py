@@ -96,6 +96,17 @@ class BalanceReport:
         d["status"] = self.status
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BalanceReport":
+        """Inverse of :meth:`to_dict` (extra keys, e.g. from the API, are ignored)."""
+        def pick(klass, item):
+            names = {f for f in klass.__dataclass_fields__}
+            return klass(**{k: v for k, v in item.items() if k in names})
+
+        return cls(hostname=d["hostname"], simulated=bool(d["simulated"]), window_s=float(d["window_s"]),
+                   gpus=[pick(GpuRow, g) for g in d.get("gpus", [])],
+                   verdicts=[pick(Verdict, v) for v in d.get("verdicts", [])])
+
 
 def _grade(value: float, t: Mapping[str, Any]) -> str:
     if value > t["act_above"]:

@@ -18,12 +18,14 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    JSON,
     MetaData,
     PrimaryKeyConstraint,
     String,
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, ROLLUP_METRIC_NAMES, MetricSpec
@@ -179,4 +181,117 @@ rollup_state = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=False),
     Column("dirty_from_ms", BigInteger, nullable=True),  # NULL: nothing waits to be rolled up
+)
+
+# --- API: tokens, jobs and the rebalancer's record ------------------------------------------------------------
+# JSON columns hold what a job declares as a whole (device map, knobs): read and written together, never queried
+# inside. Ids of the tables that grow with every step are BIGINT on PostgreSQL; on SQLite an INTEGER primary key
+# is the 64-bit rowid already (and only that spelling auto-increments).
+_BIG_ID = BigInteger().with_variant(Integer, "sqlite")
+
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(128), nullable=False),
+    Column("scope", String(16), nullable=False),  # agent | job | admin
+    Column("secret_sha256", String(64), nullable=False, unique=True),  # hex digest; the secret itself is never kept
+    Column("created_ms", BigInteger, nullable=False),
+    Column("last_used_ms", BigInteger),
+    Column("revoked_ms", BigInteger),  # NULL: active
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("ranks", Integer, nullable=False),
+    Column("device_map", JSON, nullable=False),  # {component: [local GPU index, …]}
+    Column("hostnames", JSON, nullable=False),  # [hostname, …]
+    Column("knobs", JSON, nullable=False),  # {knob: {"value", "min", "max"}}; value follows applied changes
+    Column("mode", String(8), nullable=False),  # auto | advise | off
+    Column("owner_token_id", Integer, ForeignKey("api_tokens.id", ondelete="SET NULL")),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+)
+
+job_reports = Table(
+    "job_reports",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True),
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("received_ms", BigInteger, nullable=False),
+    Column("step_time_s", Double, nullable=False),
+    Column("generation_s", Double),
+    Column("evaluation_s", Double),
+    Column("communication_s", Double),
+    Column("update_s", Double),
+    Column("other_s", Double),
+    Column("samples", BigInteger),
+    Column("tokens", BigInteger),
+    Column("allocated_bytes", BigInteger),
+    Column("reserved_bytes", BigInteger),
+    Column("fragmentation", Double),
+    Column("num_alloc_retries", BigInteger),
+    Column("num_ooms", BigInteger),
+    Column("collective_latency_us", Double),
+    Column("pid", BigInteger),
+    Column("hostname", String(255)),
+    Column("local_gpu", Integer),
+    UniqueConstraint("job_id", "step", "rank"),  # a hook that resends a report after a timeout adds nothing
+    Index(None, "received_ms"),
+)
+
+knob_changes = Table(
+    "knob_changes",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True),
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("knob", String(64), nullable=False),
+    Column("value", Double, nullable=False),
+    Column("previous_value", Double),
+    Column("reason", String(1024), nullable=False, server_default=""),
+    Column("source", String(16), nullable=False),  # manual | rebalancer
+    Column("status", String(16), nullable=False),  # pending | applied | superseded | cancelled
+    Column("created_ms", BigInteger, nullable=False),
+    Column("applied_step", BigInteger),
+    Column("applied_ms", BigInteger),
+    Index(None, "job_id", "status"),
+    # At most one change per job in flight (DESIGN: "Only one change per job is in flight"), enforced by the store
+    # so two writers racing cannot both queue one.
+    Index("uq_knob_changes_one_pending", "job_id", unique=True,
+          sqlite_where=text("status = 'pending'"), postgresql_where=text("status = 'pending'")),
+)
+
+knob_acks = Table(
+    "knob_acks",
+    metadata,
+    Column("change_id", _BIG_ID, ForeignKey("knob_changes.id", ondelete="CASCADE"), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("applied_at_step", BigInteger, nullable=False),
+    Column("acked_ms", BigInteger, nullable=False),
+    PrimaryKeyConstraint("change_id", "rank"),
+)
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True),
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("rule", String(64), nullable=False),
+    Column("evidence", JSON, nullable=False),
+    Column("change_id", _BIG_ID, ForeignKey("knob_changes.id", ondelete="SET NULL")),
+    Column("knob", String(64)),
+    Column("old_value", Double),
+    Column("new_value", Double),
+    Column("applied_step", BigInteger),
+    Column("throughput_before_samples_per_s", Double),  # over the window before the change
+    Column("throughput_after_samples_per_s", Double),
+    Column("outcome", String(16)),  # advised | pending | kept | rolled_back
+    Column("advice", Text),
+    Index(None, "job_id", "ts_ms"),
 )

@@ -1,0 +1,52 @@
+"""Builds the FastAPI app of trimtab around an :class:`ApiContext`: routers per resource under ``/v1``,
+``/healthz`` and ``/metrics`` at the root, OpenAPI at ``/docs``, the body-size limit and the error mapping.
+
+Reads are open (the server binds loopback unless tokens exist); every write needs a bearer token with a scope.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from trimtab.api.auth import Authenticator
+from trimtab.api.body_limit import BodyLimitMiddleware
+from trimtab.api.context import ApiContext
+from trimtab.api.errors import install_error_handlers
+from trimtab.api.routes import balance, decisions, events, gpus, health, ingest, job_loop, jobs, tokens
+from trimtab.api.routes.health import version
+from trimtab.api.writers import WriterPool, default_writer_count
+
+DESCRIPTION = """\
+trimtab keeps multi-GPU RL training jobs in trim: per-node agents sample GPU and host telemetry into a store, a
+rebalancer changes batch size, prefetch depth and sync frequency of live jobs through a training-loop hook.
+
+* Reads are open; writes need `Authorization: Bearer <token>` with scope `agent` (ingest), `job` (register and
+  report jobs) or `admin` (everything, including tokens).
+* Every response that carries node or GPU data says `simulated` (true for a simulated node).
+* Times are epoch milliseconds (`*_ms`), durations seconds (`*_s`); units are in the field names.
+"""
+
+
+def create_app(ctx: ApiContext) -> FastAPI:
+    writers = WriterPool(ctx.engine, ctx.ingest_writers or default_writer_count(ctx.engine))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        writers.close()
+
+    app = FastAPI(title="trimtab", version=version(), description=DESCRIPTION, lifespan=lifespan,
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app.state.ctx = ctx
+    app.state.auth = Authenticator(ctx.engine)
+    app.state.writers = writers
+    install_error_handlers(app, ctx.engine.dialect.loaded_dbapi)
+    app.add_middleware(BodyLimitMiddleware, limit_bytes=lambda: ctx.max_body_bytes)
+    for module in (health, gpus, balance, events, ingest, jobs, job_loop, decisions, tokens):
+        app.include_router(module.router)
+    return app
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,81 @@
+"""Dependencies shared by the routes: the context, bearer-token scopes, pagination, and the error responses
+each kind of route can give (for the OpenAPI document)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fastapi import HTTPException, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from trimtab.api.auth import allows
+from trimtab.api.context import ApiContext
+from trimtab.api.schemas import ErrorOut
+from trimtab.store.tokens import StoredToken
+
+MAX_PAGE = 1000
+MAX_OFFSET = 10**9
+
+bearer = HTTPBearer(auto_error=False, scheme_name="bearer",
+                    description="A token from POST /v1/tokens (or the admin.token file written at first start).")
+
+
+def get_ctx(request: Request) -> ApiContext:
+    return request.app.state.ctx
+
+
+def require_scope(scope: str):
+    """A dependency admitting only tokens with ``scope`` (admin admits everything): 401 without a valid token,
+    403 with a token of another scope."""
+
+    def dependency(request: Request,
+                   credentials: Optional[HTTPAuthorizationCredentials] = Security(bearer)) -> StoredToken:
+        if credentials is None:
+            raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)",
+                                headers={"WWW-Authenticate": "Bearer"})
+        token = request.app.state.auth.authenticate(credentials.credentials)
+        if token is None:
+            raise HTTPException(401, "unknown or revoked token",
+                                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        if not allows(token.scope, scope):
+            raise HTTPException(403, f"a {token.scope!r} token may not do this: scope {scope!r} needed")
+        return token
+
+    dependency.__name__ = f"require_{scope}"
+    return dependency
+
+
+@dataclass(frozen=True)
+class Page:
+    limit: int
+    offset: int
+
+    def fetch(self) -> int:
+        """Rows to fetch: one more than the page, to know whether another page follows."""
+        return self.limit + 1
+
+    def cut(self, rows: list) -> tuple[list, Optional[int]]:
+        """The page's rows and the next page's offset (None on the last page)."""
+        more = len(rows) > self.limit
+        return rows[:self.limit], (self.offset + self.limit if more else None)
+
+
+def page(limit: int = Query(100, ge=1, le=MAX_PAGE, description="Page size (at most 1000)."),
+         offset: int = Query(0, ge=0, le=MAX_OFFSET, description="Rows to skip (next_offset of the previous page).")
+         ) -> Page:
+    return Page(limit, offset)
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorOut, "description": description}
+
+
+STORE_DOWN = {503: _error("The store is unreachable; retry after Retry-After seconds.")}
+READ = STORE_DOWN
+NOT_FOUND = {404: _error("No such resource.")}
+WRITE = {401: _error("Missing, unknown or revoked bearer token."),
+         403: _error("The token's scope does not allow this."),
+         409: _error("Conflicts with the stored state."),
+         413: _error("Request body too large."),
+         **STORE_DOWN}

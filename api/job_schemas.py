@@ -1,0 +1,237 @@
+"""Request and response models of jobs (registration, step reports, knob changes and acks), decisions and tokens.
+
+A job declares its knobs with bounds when it registers; every change (manual or the rebalancer's) must stay
+inside them, so the bounds are checked here, at the edge, and again against the stored job in the routes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import Field, StringConstraints, model_validator
+
+from trimtab.api.schemas import MAX_EPOCH_MS, MAX_INT64, NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Model, \
+    PageOut
+
+JobName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=SLUG)]
+KnobName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=SLUG)]
+ComponentName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=SLUG)]
+# Knob values: integral ones stay integers (batch sizes, depths); magnitudes a float holds exactly.
+KnobValue = Annotated[Union[int, float], Field(ge=-1e15, le=1e15)]
+Mode = Literal["auto", "advise", "off"]
+Scope = Literal["agent", "job", "admin"]
+Step = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]
+Rank = Annotated[int, Field(ge=0, le=4095)]
+Seconds = Annotated[float, Field(ge=0, le=1e7)]
+Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
+
+
+class KnobSpec(InputModel):
+    value: KnobValue = Field(description="Current value in the job.")
+    min: KnobValue = Field(description="Lowest value the rebalancer (or an admin) may set.")
+    max: KnobValue = Field(description="Highest value the rebalancer (or an admin) may set.")
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> "KnobSpec":
+        if not self.min <= self.value <= self.max:
+            raise ValueError(f"need min <= value <= max, got min={self.min}, value={self.value}, max={self.max}")
+        return self
+
+
+class JobIn(InputModel):
+    name: JobName = Field(description="The job's name (letters, digits, . _ -; ≤ 128): its identity.")
+    ranks: int = Field(ge=1, le=4096, description="Number of ranks (processes) of the job.")
+    device_map: dict[ComponentName, list[Annotated[int, Field(ge=0, le=4095)]]] = Field(
+        default_factory=dict, max_length=64,
+        description="Which local GPU indices each component (actor, critic, reward, ref, …) runs on.")
+    hostnames: list[Hostname] = Field(default_factory=list, max_length=4096, description="Nodes the job runs on.")
+    knobs: dict[KnobName, KnobSpec] = Field(
+        default_factory=dict, max_length=32,
+        description="Knobs the rebalancer may change (batch_size, prefetch, sync_every, …) with their bounds.")
+    mode: Mode = Field("advise", description="auto: the rebalancer applies changes; advise: it only records "
+                                             "decisions; off: no changes are delivered.")
+
+
+class KnobOut(Model):
+    value: Union[int, float] = Field(description="Current value (follows applied changes).")
+    min: Union[int, float] = Field(description="Lower bound.")
+    max: Union[int, float] = Field(description="Upper bound.")
+
+
+class JobOut(Model):
+    name: str = Field(description="The job's name.")
+    ranks: int = Field(description="Number of ranks.")
+    device_map: dict[str, list[int]] = Field(description="Component → local GPU indices.")
+    hostnames: list[str] = Field(description="Nodes the job runs on.")
+    knobs: dict[str, KnobOut] = Field(description="Knobs with current value and bounds.")
+    mode: Mode = Field(description="auto, advise or off.")
+    simulated: bool = Field(description="True when any of the job's nodes is a simulated node.")
+    created_ms: int = Field(description="First registration, epoch milliseconds.")
+    updated_ms: int = Field(description="Last registration, mode change or applied change, epoch milliseconds.")
+    last_report_ms: Optional[int] = Field(description="When the newest step report arrived; null before any.")
+
+
+class JobsOut(PageOut):
+    simulated: bool = Field(description="True when any listed job runs on a simulated node.")
+    jobs: list[JobOut] = Field(description="Jobs by name.")
+
+
+class Phases(InputModel):
+    generation: Optional[Seconds] = Field(None, description="Rollout / generation time in the step, seconds.")
+    evaluation: Optional[Seconds] = Field(None, description="Scoring time (reward, critic, reference), seconds.")
+    communication: Optional[Seconds] = Field(None, description="Collective communication time, seconds.")
+    update: Optional[Seconds] = Field(None, description="Optimizer / parameter update time, seconds.")
+    other: Optional[Seconds] = Field(None, description="Everything else, seconds.")
+
+
+class MemoryIn(InputModel):
+    allocated_bytes: Optional[Count] = Field(None, description="torch.cuda allocated bytes.")
+    reserved_bytes: Optional[Count] = Field(None, description="torch.cuda reserved (cached) bytes.")
+    fragmentation: Optional[float] = Field(None, ge=0, le=1,
+                                           description="1 − allocated/reserved, a fraction 0–1 (healthy < 0.15).")
+    num_alloc_retries: Optional[Count] = Field(None, description="Cumulative allocator retries (cudaMalloc after "
+                                                                 "a cache flush) since the process started.")
+    num_ooms: Optional[Count] = Field(None, description="Cumulative out-of-memory errors since the process started.")
+
+
+class ReportIn(InputModel):
+    step: Step = Field(description="Training step the report is about.")
+    rank: Rank = Field(description="Rank reporting (0 ≤ rank < the job's ranks).")
+    step_time_s: Seconds = Field(description="Wall time of the step, seconds.")
+    phases: Phases = Field(default_factory=Phases, description="The step's time by phase, seconds.")
+    samples: Optional[Count] = Field(None, description="Samples processed in the step.")
+    tokens: Optional[Count] = Field(None, description="Tokens processed in the step.")
+    memory: Optional[MemoryIn] = Field(None, description="Allocator statistics of the rank's GPU.")
+    collective_latency_us: Optional[float] = Field(None, ge=0, le=1e9,
+                                                   description="Small all-reduce latency probe, microseconds.")
+    pid: Optional[int] = Field(None, ge=0, le=2**31 - 1, description="The rank's host PID.")
+    hostname: Optional[Hostname] = Field(None, description="The rank's node.")
+    local_gpu: Optional[int] = Field(None, ge=0, le=4095, description="The rank's local GPU index.")
+
+
+class PendingChangeOut(Model):
+    change_id: int = Field(description="Id to acknowledge once applied.")
+    knob: str = Field(description="The knob to change.")
+    value: Union[int, float] = Field(description="The new value.")
+    reason: str = Field(description="Why (rule or operator note).")
+
+
+class ReportAcceptedOut(Model):
+    stored: bool = Field(description="False when this (step, rank) was stored before (a resend).")
+    pending_changes: list[PendingChangeOut] = Field(
+        description="Changes to apply at the next step boundary (rank 0 broadcasts them), then acknowledge.")
+
+
+class ReportOut(Model):
+    step: int = Field(description="Training step.")
+    rank: int = Field(description="Rank.")
+    received_ms: int = Field(description="When the server received it, epoch milliseconds.")
+    step_time_s: float = Field(description="Step wall time, seconds.")
+    generation_s: Optional[float] = Field(description="Generation phase, seconds.")
+    evaluation_s: Optional[float] = Field(description="Evaluation phase, seconds.")
+    communication_s: Optional[float] = Field(description="Communication phase, seconds.")
+    update_s: Optional[float] = Field(description="Update phase, seconds.")
+    other_s: Optional[float] = Field(description="Other time, seconds.")
+    samples: Optional[int] = Field(description="Samples in the step.")
+    tokens: Optional[int] = Field(description="Tokens in the step.")
+    allocated_bytes: Optional[int] = Field(description="Allocated bytes.")
+    reserved_bytes: Optional[int] = Field(description="Reserved bytes.")
+    fragmentation: Optional[float] = Field(description="1 − allocated/reserved, fraction.")
+    num_alloc_retries: Optional[int] = Field(description="Cumulative allocator retries.")
+    num_ooms: Optional[int] = Field(description="Cumulative OOMs.")
+    collective_latency_us: Optional[float] = Field(description="All-reduce probe latency, microseconds.")
+    pid: Optional[int] = Field(description="Host PID.")
+    hostname: Optional[str] = Field(description="Node.")
+    local_gpu: Optional[int] = Field(description="Local GPU index.")
+
+
+class ReportsOut(PageOut):
+    simulated: bool = Field(description="True when the job runs on a simulated node.")
+    reports: list[ReportOut] = Field(description="Reports, newest step first.")
+
+
+class AckIn(InputModel):
+    change_id: int = Field(ge=1, le=MAX_INT64, description="The change applied.")
+    applied_at_step: Step = Field(description="The step at whose start it took effect.")
+    rank: Rank = Field(description="The rank acknowledging (each rank may ack).")
+
+
+class AckOut(Model):
+    rank: int = Field(description="Rank.")
+    applied_at_step: int = Field(description="Step at which the rank applied it.")
+    acked_ms: int = Field(description="When the ack arrived, epoch milliseconds.")
+
+
+class ChangeOut(Model):
+    change_id: int = Field(description="Change id.")
+    knob: str = Field(description="Knob.")
+    value: Union[int, float] = Field(description="New value.")
+    previous_value: Optional[Union[int, float]] = Field(description="The knob's value when the change was queued.")
+    reason: str = Field(description="Why.")
+    source: str = Field(description="manual (an admin) or rebalancer.")
+    status: str = Field(description="pending, applied, superseded (a newer change replaced it) or cancelled.")
+    created_ms: int = Field(description="Queued at, epoch milliseconds.")
+    applied_step: Optional[int] = Field(description="Step of the first ack.")
+    applied_ms: Optional[int] = Field(description="Time of the first ack, epoch milliseconds.")
+    acks: list[AckOut] = Field(description="Acks per rank.")
+
+
+class ChangesOut(PageOut):
+    changes: list[ChangeOut] = Field(description="Changes, newest first.")
+
+
+class ChangeIn(InputModel):
+    knob: KnobName = Field(description="A knob the job declared.")
+    value: KnobValue = Field(description="New value, within the knob's declared bounds.")
+    reason: Annotated[str, StringConstraints(max_length=1024, pattern=NO_CONTROL_CHARS)] = Field(
+        "manual change", description="Why (kept with the change).")
+
+
+class ModeIn(InputModel):
+    mode: Mode = Field(description="auto, advise or off (off also cancels a pending change).")
+
+
+class DecisionOut(Model):
+    id: int = Field(description="Decision id.")
+    job: str = Field(description="The job.")
+    ts_ms: int = Field(description="When, epoch milliseconds.")
+    rule: str = Field(description="The rule that fired (utilization_balance, pcie, step_composition, …).")
+    evidence: dict[str, Any] = Field(description="The window values that made it fire.")
+    change_id: Optional[int] = Field(description="The knob change made, if any.")
+    knob: Optional[str] = Field(description="Knob changed.")
+    old_value: Optional[Union[int, float]] = Field(description="Value before.")
+    new_value: Optional[Union[int, float]] = Field(description="Value after.")
+    applied_step: Optional[int] = Field(description="Step at which the change took effect.")
+    throughput_before_samples_per_s: Optional[float] = Field(description="Throughput before, samples/s.")
+    throughput_after_samples_per_s: Optional[float] = Field(description="Throughput after, samples/s.")
+    outcome: Optional[str] = Field(description="advised, pending, kept or rolled_back.")
+    advice: Optional[str] = Field(description="Advice for a person (placement, dtype, …).")
+
+
+class DecisionsOut(PageOut):
+    simulated: bool = Field(description="True when any listed decision is about a job on a simulated node.")
+    decisions: list[DecisionOut] = Field(description="Decisions, newest first.")
+
+
+class TokenIn(InputModel):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_CONTROL_CHARS)] = Field(
+        description="What the token is for (e.g. agent@gpu-node-07).")
+    scope: Scope = Field(description="agent: ingest; job: register and report jobs; admin: everything.")
+
+
+class TokenOut(Model):
+    id: int = Field(description="Token id (for revocation).")
+    name: str = Field(description="Name.")
+    scope: Scope = Field(description="agent, job or admin.")
+    created_ms: int = Field(description="Created at, epoch milliseconds.")
+    last_used_ms: Optional[int] = Field(description="Last use (updated at most once a minute), epoch milliseconds.")
+    revoked: bool = Field(description="True once revoked.")
+    revoked_ms: Optional[int] = Field(description="Revoked at, epoch milliseconds.")
+
+
+class TokenCreatedOut(TokenOut):
+    token: str = Field(description="The secret: shown only in this response. Send as Authorization: Bearer <token>.")
+
+
+class TokensOut(Model):
+    tokens: list[TokenOut] = Field(description="Every token, without secrets.")

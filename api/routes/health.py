@@ -1,0 +1,71 @@
+"""Operational endpoints: ``/healthz`` for probes and ``/metrics`` for Prometheus (both unauthenticated)."""
+
+from __future__ import annotations
+
+import time
+from importlib import metadata
+
+from fastapi import APIRouter, Depends
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sqlalchemy import select, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from trimtab.api.context import ApiContext
+from trimtab.api.deps import get_ctx
+from trimtab.api.schemas import HealthOut
+from trimtab.store.models import nodes
+
+router = APIRouter(tags=["operations"])
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def version() -> str:
+    try:
+        return metadata.version("trimtab")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@router.get("/healthz", response_model=HealthOut, summary="Liveness and store reachability",
+            description="ok when the store answers a trivial query, else 503 with status degraded. Also says the "
+                        "version, the mode (up/server), whether any known node is simulated, and the status of the "
+                        "agent, writer and rebalancer around the API. No authentication.",
+            responses={503: {"model": HealthOut, "description": "The store is unreachable."}})
+def healthz(ctx: ApiContext = Depends(get_ctx)):
+    simulated = any(snap.node.simulated for snap in ctx.snapshot.nodes())
+    try:
+        with ctx.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+            simulated = simulated or conn.execute(select(nodes.c.id).where(nodes.c.simulated).limit(1)).first() \
+                is not None
+        reachable = True
+    except (SQLAlchemyError, OSError):
+        reachable = False
+    health = HealthOut(status="ok" if reachable else "degraded", store_reachable=reachable, version=version(),
+                       mode=ctx.mode, simulated=simulated, uptime_s=round(time.time() - ctx.started_ms / 1000, 3),
+                       components=_components(ctx))
+    return health if reachable else JSONResponse(health.model_dump(mode="json"), status_code=503)
+
+
+def _components(ctx: ApiContext) -> dict:
+    """The daemon's component status as JSON; a failing or odd status callback must not fail the probe."""
+    try:
+        status = jsonable_encoder(ctx.component_status())
+        return status if isinstance(status, dict) else {"status": status}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: this is the health probe
+        return {"error": f"component status unavailable: {type(exc).__name__}: {exc}"[:300]}
+
+
+@router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics",
+            description="The latest snapshot of every GPU, node and verdict in Prometheus text format 0.0.4 "
+                        "(dcgm-exporter names where a DCGM metric exists, trimtab_* otherwise). Rendered per "
+                        "scrape from memory: no NVML call. 503 while the renderer is not installed.",
+            responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}, "description": "Prometheus text format."},
+                       503: {"content": {"text/plain": {}}, "description": "No metrics renderer in this build."}})
+def prometheus_metrics(ctx: ApiContext = Depends(get_ctx)) -> Response:
+    try:
+        from trimtab.api.metrics import render_metrics  # written apart; imported late so the API runs without it
+    except ImportError:
+        return PlainTextResponse("metrics renderer not available in this build\n", status_code=503)
+    return Response(render_metrics(ctx), media_type=PROMETHEUS_CONTENT_TYPE)

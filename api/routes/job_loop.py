@@ -1,0 +1,112 @@
+"""The loop between a job and the rebalancer: step reports in, pending knob changes out (in the report's
+response), acknowledgements of the step each rank applied a change at, and manual changes by an admin."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException
+
+from trimtab.api.context import ApiContext
+from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, require_scope
+from trimtab.api.errors import invalid
+from trimtab.api.job_schemas import (AckIn, AckOut, ChangeIn, ChangeOut, ChangesOut, PendingChangeOut,
+                                     ReportAcceptedOut, ReportIn, ReportOut, ReportsOut)
+from trimtab.api.routes.jobs import find_job, job_for_write, job_name_path
+from trimtab.store import jobs as job_store
+from trimtab.store.jobs import StoredChange, StoredJob
+from trimtab.store.tokens import StoredToken
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def _rank_of(ctx: ApiContext, name: str, token: StoredToken, rank: int) -> StoredJob:
+    """The job a rank writes to, if ``token`` may write to it and the job has that rank."""
+    job = job_for_write(ctx, name, token)
+    if rank >= job.ranks:
+        raise invalid(("body", "rank"), f"rank {rank} out of range: job {job.name!r} has {job.ranks} ranks")
+    return job
+
+
+def change_out(change: StoredChange) -> ChangeOut:
+    return ChangeOut(change_id=change.id, knob=change.knob, value=change.value, previous_value=change.previous_value,
+                     reason=change.reason, source=change.source, status=change.status, created_ms=change.created_ms,
+                     applied_step=change.applied_step, applied_ms=change.applied_ms,
+                     acks=[AckOut(rank=a.rank, applied_at_step=a.applied_at_step, acked_ms=a.acked_ms)
+                           for a in change.acks])
+
+
+@router.post("/{name}/reports", response_model=ReportAcceptedOut, responses={**WRITE, **NOT_FOUND},
+             summary="Post a step report",
+             description="One rank's report of one step: step time and its phases, samples, tokens, allocator "
+                         "statistics, collective latency. A resent (step, rank) is not stored twice. The response "
+                         "carries the job's pending knob changes: apply them at a step boundary on every rank, then "
+                         "acknowledge. Scope: job (the token that registered the job).")
+def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+                token: StoredToken = Depends(require_scope("job"))) -> ReportAcceptedOut:
+    job = _rank_of(ctx, name, token, body.rank)
+    values = body.model_dump(exclude={"phases", "memory"})
+    values.update({f"{phase}_s": seconds for phase, seconds in body.phases.model_dump().items()})
+    if body.memory is not None:
+        values.update(body.memory.model_dump())
+    stored = job_store.add_report(ctx.engine, job.id, values)
+    pending = [] if job.mode == "off" else job_store.pending_changes(ctx.engine, job.id)
+    return ReportAcceptedOut(stored=stored, pending_changes=[
+        PendingChangeOut(change_id=c.id, knob=c.knob, value=c.value, reason=c.reason) for c in pending])
+
+
+@router.get("/{name}/reports", response_model=ReportsOut, responses={**READ, **NOT_FOUND},
+            summary="List a job's step reports",
+            description="Step reports, newest step first (ranks in order), paginated. 404 for an unknown job.")
+def list_reports(name: str = job_name_path(), pages: Page = Depends(page),
+                 ctx: ApiContext = Depends(get_ctx)) -> ReportsOut:
+    job = find_job(ctx, name)
+    rows, next_offset = pages.cut(job_store.list_reports(ctx.engine, job.id, pages.fetch(), pages.offset))
+    simulated_hosts = job_store.simulated_hostnames(ctx.engine)
+    return ReportsOut(simulated=any(h in simulated_hosts for h in job.hostnames),
+                      reports=[ReportOut(**r) for r in rows], next_offset=next_offset)
+
+
+@router.post("/{name}/acks", response_model=ChangeOut, responses={**WRITE, **NOT_FOUND},
+             summary="Acknowledge an applied knob change",
+             description="Says that `rank` applied change `change_id` at step `applied_at_step`. The first ack marks "
+                         "the change applied and moves the job's knob to the new value; every rank's ack is kept. "
+                         "404 when the job has no such change. Scope: job.")
+def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+        token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
+    job = _rank_of(ctx, name, token, body.rank)
+    change = job_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
+    if change is None:
+        raise HTTPException(404, f"job {name!r} has no change {body.change_id}")
+    return change_out(change)
+
+
+@router.post("/{name}/changes", response_model=ChangeOut, status_code=201, responses={**WRITE, **NOT_FOUND},
+             summary="Queue a manual knob change",
+             description="Queues a change of one declared knob to a value within its bounds (422 otherwise); it "
+                         "reaches the job in the response to its next step report. A change still pending is "
+                         "superseded (one change per job in flight). 409 when the job's mode is off. Scope: admin.")
+def queue_change(body: ChangeIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+                 _token=Depends(require_scope("admin"))) -> ChangeOut:
+    job = find_job(ctx, name)
+    bounds = job.knobs.get(body.knob)
+    if bounds is None:
+        known = ", ".join(sorted(job.knobs)) or "none"
+        raise invalid(("body", "knob"), f"job {name!r} declared no knob {body.knob!r} (declared: {known})")
+    if not bounds["min"] <= body.value <= bounds["max"]:
+        raise invalid(("body", "value"), f"{body.knob} must stay within [{bounds['min']}, {bounds['max']}]")
+    if all(isinstance(bounds[k], int) for k in ("value", "min", "max")) and not float(body.value).is_integer():
+        raise invalid(("body", "value"), f"{body.knob} was declared with integers: a batch size or depth has no "
+                                         f"fractional values")
+    if job.mode == "off":
+        raise HTTPException(409, f"job {name!r} is in mode off: no changes are delivered to it")
+    return change_out(job_store.queue_change(ctx.engine, job.id, body.knob, body.value, body.reason, "manual"))
+
+
+@router.get("/{name}/changes", response_model=ChangesOut, responses={**READ, **NOT_FOUND},
+            summary="List a job's knob changes",
+            description="Knob changes (manual and the rebalancer's), newest first, with their status and per-rank "
+                        "acks; paginated. 404 for an unknown job.")
+def list_changes(name: str = job_name_path(), pages: Page = Depends(page),
+                 ctx: ApiContext = Depends(get_ctx)) -> ChangesOut:
+    job = find_job(ctx, name)
+    rows, next_offset = pages.cut(job_store.list_changes(ctx.engine, job.id, pages.fetch(), pages.offset))
+    return ChangesOut(changes=[change_out(c) for c in rows], next_offset=next_offset)

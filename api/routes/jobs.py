@@ -1,0 +1,89 @@
+"""Jobs: registration by the trainer hook (idempotent per name), listing, and the admin's mode switch.
+
+A ``job`` token owns the jobs it registers: it alone (or an admin) may report to them, acknowledge their
+changes or re-register them, until it is revoked and another job token registers the job again.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Response
+
+from trimtab.api.context import ApiContext
+from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, require_scope
+from trimtab.api.job_schemas import JobIn, JobOut, JobsOut, ModeIn
+from trimtab.api.schemas import SLUG
+from trimtab.store import jobs as job_store
+from trimtab.store.jobs import StoredJob
+from trimtab.store.tokens import StoredToken
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def job_name_path() -> str:
+    return Path(min_length=1, max_length=128, pattern=SLUG, description="The job's name.")
+
+
+def job_out(job: StoredJob, simulated_hosts: set[str]) -> JobOut:
+    return JobOut(name=job.name, ranks=job.ranks, device_map=job.device_map, hostnames=job.hostnames,
+                  knobs=job.knobs, mode=job.mode, simulated=any(h in simulated_hosts for h in job.hostnames),
+                  created_ms=job.created_ms, updated_ms=job.updated_ms, last_report_ms=job.last_report_ms)
+
+
+def find_job(ctx: ApiContext, name: str) -> StoredJob:
+    job = job_store.get_job(ctx.engine, name)
+    if job is None:
+        raise HTTPException(404, f"no job named {name!r}")
+    return job
+
+
+def job_for_write(ctx: ApiContext, name: str, token: StoredToken) -> StoredJob:
+    """The job, if ``token`` may write to it: an admin, or the job token that registered it."""
+    job = find_job(ctx, name)
+    if token.scope != "admin" and job.owner_token_id not in (None, token.id):
+        raise HTTPException(403, f"job {name!r} was registered with another token")
+    return job
+
+
+@router.post("", response_model=JobOut, status_code=200, summary="Register (or re-register) a job",
+             responses={**WRITE, 201: {"model": JobOut, "description": "Registered for the first time."}},
+             description="Declares a job: ranks, device_map (component → local GPU indices), hostnames, knobs with "
+                         "bounds (min ≤ value ≤ max) and mode. Idempotent per name: registering again (a restarted "
+                         "job) updates the declaration and answers 200; the first registration answers 201. Pending "
+                         "changes the new bounds no longer allow are cancelled. Scope: job.")
+def register(body: JobIn, response: Response, ctx: ApiContext = Depends(get_ctx),
+             token: StoredToken = Depends(require_scope("job"))) -> JobOut:
+    try:
+        job, created = job_store.register_job(
+            ctx.engine, body.name, body.ranks, body.device_map, body.hostnames,
+            {k: v.model_dump() for k, v in body.knobs.items()}, body.mode, token.id, token.scope == "admin")
+    except job_store.JobOwnedElsewhere as exc:
+        raise HTTPException(403, str(exc)) from None
+    if created:
+        response.status_code = 201
+    return job_out(job, job_store.simulated_hostnames(ctx.engine))
+
+
+@router.get("", response_model=JobsOut, responses=READ, summary="List jobs",
+            description="Registered jobs by name, with their knobs' current values and bounds; paginated.")
+def list_jobs(pages: Page = Depends(page), ctx: ApiContext = Depends(get_ctx)) -> JobsOut:
+    rows, next_offset = pages.cut(job_store.list_jobs(ctx.engine, pages.fetch(), pages.offset))
+    simulated_hosts = job_store.simulated_hostnames(ctx.engine)
+    out = [job_out(j, simulated_hosts) for j in rows]
+    return JobsOut(simulated=any(j.simulated for j in out), jobs=out, next_offset=next_offset)
+
+
+@router.get("/{name}", response_model=JobOut, responses={**READ, **NOT_FOUND}, summary="Get a job",
+            description="One job's declaration, knob values and when it last reported. 404 for an unknown job.")
+def get_job(name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx)) -> JobOut:
+    return job_out(find_job(ctx, name), job_store.simulated_hostnames(ctx.engine))
+
+
+@router.put("/{name}/mode", response_model=JobOut, responses={**WRITE, **NOT_FOUND}, summary="Set a job's mode",
+            description="auto: the rebalancer applies changes; advise: it records decisions only; off: nothing is "
+                        "delivered to the job (a pending change is cancelled). Scope: admin.")
+def set_mode(body: ModeIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+             _token=Depends(require_scope("admin"))) -> JobOut:
+    job = job_store.set_mode(ctx.engine, name, body.mode)
+    if job is None:
+        raise HTTPException(404, f"no job named {name!r}")
+    return job_out(job, job_store.simulated_hostnames(ctx.engine))

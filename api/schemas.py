@@ -1,0 +1,212 @@
+"""Request and response models of the read side (health, nodes, GPUs, samples, balance, events), and the
+constrained types every schema shares.
+
+Response models carry no input bounds: a store can hold what an older agent or a direct-to-store agent wrote,
+and an out-of-range stored value must not turn a read into a 500. Metric fields are generated from
+``GPU_METRICS``, so the API documents each metric's unit where the agent defines it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+
+from trimtab.agent.readings import GPU_METRICS
+
+# No control characters: they are never meaningful in a name, and PostgreSQL rejects NUL in text outright.
+NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
+NO_NUL = r"^[^\x00]*$"
+MAX_EPOCH_MS = 2**53 - 1  # exact in a JSON number (IEEE double), far inside BIGINT
+MAX_INT64 = 2**63 - 1
+MAX_INT32 = 2**31 - 1
+
+Hostname = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=NO_CONTROL_CHARS)]
+GpuUuid = Annotated[str, StringConstraints(min_length=1, max_length=96, pattern=NO_CONTROL_CHARS)]
+# Job names, knob and component names: safe in URLs, logs and Prometheus labels.
+SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+EVENT_KIND = r"^[a-z][a-z0-9_]*$"
+EpochMs = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]
+Status = Literal["ok", "watch", "act", "no_data", "unsupported"]
+
+
+class Model(BaseModel):
+    """Base of every response model (unknown attributes are ignored: these are built by the server)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+
+class InputModel(BaseModel):
+    """Base of request bodies: unknown fields are an error (a typo must not pass silently); NaN/∞ never pass."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class PageOut(Model):
+    """Base of paginated listings."""
+
+    next_offset: Optional[int] = Field(description="Offset of the next page; null on the last page.")
+
+
+class ErrorOut(Model):
+    detail: Union[str, list[dict[str, Any]]] = Field(
+        description="What went wrong: a sentence, or (422) a list of {loc, msg, type} naming each invalid field.")
+
+
+def _metric_model(name: str, doc: str, integers: bool) -> type[BaseModel]:
+    fields: dict[str, Any] = {}
+    for spec in GPU_METRICS:
+        typ = Optional[int] if integers and spec.integer else Optional[float]
+        fields[spec.name] = (typ, Field(None, description=f"{spec.help} Unit: {spec.unit or 'none'}. "
+                                                            "null: unsupported by this GPU or not measured."))
+    return create_model(name, __base__=Model, __doc__=doc, **fields)
+
+
+GpuMetrics = _metric_model("GpuMetrics", "Every per-GPU metric at one instant, by name (unit in the name).", True)
+GpuMetricMeans = _metric_model("GpuMetricMeans", "Every per-GPU metric averaged over a bucket.", False)
+
+
+# -- health --------------------------------------------------------------------------------------------------
+
+
+class HealthOut(Model):
+    status: Literal["ok", "degraded"] = Field(description="ok, or degraded when the store cannot be reached.")
+    store_reachable: bool = Field(description="Whether a trivial query on the store succeeded just now.")
+    version: str = Field(description="trimtab's version.")
+    mode: Literal["up", "server"] = Field(description="up: one node (agent in this process); server: a head node.")
+    simulated: bool = Field(description="True when any node known to this process is a simulated node.")
+    uptime_s: float = Field(description="Seconds since the API context was created.")
+    components: dict[str, Any] = Field(description="Status of the parts around the API (agent, writer, rebalancer).")
+
+
+# -- nodes and GPUs ------------------------------------------------------------------------------------------
+
+
+class NodeOut(Model):
+    hostname: str = Field(description="The node's host name as its agent reports it (simulated nodes end in -sim).")
+    simulated: bool = Field(description="True for a simulated node: its numbers are synthetic, not from a GPU.")
+    scenario: Optional[str] = Field(description="The simulated node's scenario (balanced, actor-hot, …); null otherwise.")
+    driver_version: Optional[str] = Field(description="NVIDIA driver version; null on simulated nodes or if unknown.")
+    nvml_version: Optional[str] = Field(description="NVML library version; null when unknown.")
+    first_seen_ms: int = Field(description="Time of the node's oldest stored reading, epoch milliseconds.")
+    last_seen_ms: int = Field(description="Time of its newest stored reading (refreshed once a minute), epoch ms.")
+    gpu_count: int = Field(description="GPUs the store knows on this node.")
+
+
+class NodesOut(Model):
+    simulated: bool = Field(description="True when any listed node is simulated.")
+    nodes: list[NodeOut] = Field(description="Every node in the store, by host name.")
+
+
+class LatestOut(Model):
+    ts_ms: int = Field(description="Sample time, epoch milliseconds.")
+    age_s: float = Field(description="Seconds between the sample and this response.")
+    pcie_pct_of_peak: Optional[float] = Field(
+        description="max(PCIe TX, RX) as % of the link's per-direction peak; null when either is unknown.")
+    metrics: GpuMetrics = Field(description="The sample's metrics; null ones are unsupported or not measured.")
+
+
+class GpuOut(Model):
+    hostname: str = Field(description="The node the GPU is in.")
+    simulated: bool = Field(description="True when the GPU belongs to a simulated node.")
+    uuid: str = Field(description="The GPU's UUID (GPU-…), unique across nodes.")
+    index: int = Field(description="NVML index on its node; -1 while only samples (no inventory) have arrived.")
+    name: str = Field(description="Product name, e.g. NVIDIA H200.")
+    memory_total_bytes: Optional[int] = Field(description="Framebuffer size in bytes.")
+    pcie_max_gen: Optional[int] = Field(description="Maximum PCIe generation of the link.")
+    pcie_max_width: Optional[int] = Field(description="Maximum PCIe link width (lanes).")
+    pcie_peak_bytes_per_s: Optional[float] = Field(description="Per-direction PCIe peak from max gen × width, bytes/s.")
+    nvlink_link_count: Optional[int] = Field(description="Active NVLink links; null: no NVLink or unsupported.")
+    gpm_supported: Optional[bool] = Field(description="Whether GPM metrics (SM/tensor activity) are available.")
+    latest: Optional[LatestOut] = Field(description="The newest sample if one arrived in the last 300 s, else null.")
+
+
+class GpusOut(Model):
+    simulated: bool = Field(description="True when any listed GPU belongs to a simulated node.")
+    gpus: list[GpuOut] = Field(description="GPUs by node and index.")
+
+
+class PointOut(Model):
+    ts_ms: int = Field(description="Sample time (raw) or bucket start (1m, 1h), epoch milliseconds.")
+    n: int = Field(description="Raw samples behind the point (1 for raw points).")
+    mean: GpuMetricMeans = Field(description="The sample's values (raw) or the bucket means (rollups).")
+    min: Optional[GpuMetrics] = Field(description="Bucket minima; null for raw points. Metrics not rolled up: null.")
+    max: Optional[GpuMetrics] = Field(description="Bucket maxima; null for raw points. Metrics not rolled up: null.")
+
+
+class SamplesOut(Model):
+    gpu_uuid: str = Field(description="The GPU.")
+    hostname: str = Field(description="Its node.")
+    simulated: bool = Field(description="True when the GPU belongs to a simulated node.")
+    resolution: Literal["raw", "1m", "1h"] = Field(description="The resolution used (auto picks one by window length).")
+    start_ms: int = Field(description="Window start (inclusive), epoch milliseconds.")
+    end_ms: int = Field(description="Window end (exclusive), epoch milliseconds.")
+    truncated: bool = Field(description="More points matched than max_points: these are the latest max_points.")
+    points: list[PointOut] = Field(description="The points, oldest first.")
+
+
+# -- balance -------------------------------------------------------------------------------------------------
+
+
+class BalanceGpuOut(Model):
+    index: int = Field(description="NVML index on the node.")
+    uuid: str = Field(description="GPU UUID.")
+    name: str = Field(description="Product name.")
+    n_samples: int = Field(description="Raw samples in the window.")
+    util_pct: Optional[float] = Field(description="Mean kernel-busy utilization, %.")
+    sm_active_pct: Optional[float] = Field(description="Mean GPM SM activity, % (null before Hopper).")
+    mem_used_pct: Optional[float] = Field(description="Mean (used + reserved) / total memory, %.")
+    pcie_tx_bytes_per_s: Optional[float] = Field(description="Mean PCIe TX, bytes/s.")
+    pcie_rx_bytes_per_s: Optional[float] = Field(description="Mean PCIe RX, bytes/s.")
+    pcie_pct_of_peak: Optional[float] = Field(description="Mean max(TX, RX) as % of the per-direction link peak.")
+    nvlink_tx_bytes_per_s: Optional[float] = Field(description="Mean NVLink TX summed over links, bytes/s.")
+    nvlink_rx_bytes_per_s: Optional[float] = Field(description="Mean NVLink RX summed over links, bytes/s.")
+    nvlink_supported: bool = Field(description="Whether the GPU has NVLink.")
+
+
+class VerdictOut(Model):
+    check: str = Field(description="The check: utilization_spread, pcie, memory, step_composition, …")
+    status: Status = Field(description="ok, watch, act (out of balance), no_data or unsupported.")
+    value: Optional[float] = Field(description="The measured value, in `unit`; null without data.")
+    unit: str = Field(description="Unit of value and thresholds (pts, %).")
+    healthy_below: Optional[float] = Field(description="ok below this value.")
+    act_above: Optional[float] = Field(description="act above this value (watch in between).")
+    message: str = Field(description="One line saying what was measured.")
+    advice: Optional[str] = Field(description="What to do, when not ok.")
+    gpu_index: Optional[int] = Field(description="The GPU that set the value, where one did.")
+
+
+class BalanceReportOut(Model):
+    hostname: str = Field(description="The node.")
+    simulated: bool = Field(description="True for a simulated node.")
+    window_s: float = Field(description="Length of the graded window, seconds.")
+    status: Literal["ok", "watch", "act"] = Field(description="The worst verdict of the node.")
+    gpus: list[BalanceGpuOut] = Field(description="Per-GPU window means.")
+    verdicts: list[VerdictOut] = Field(description="One verdict per check.")
+
+
+class BalanceOut(Model):
+    status: Literal["ok", "watch", "act", "no_data"] = Field(
+        description="Worst status over the nodes; no_data when no node has samples in the window.")
+    simulated: bool = Field(description="True when any reported node is simulated.")
+    window_s: float = Field(description="Length of the graded window, seconds.")
+    reports: list[BalanceReportOut] = Field(description="One report per node with samples in the window.")
+
+
+# -- events --------------------------------------------------------------------------------------------------
+
+
+class EventOut(Model):
+    id: int = Field(description="Event id.")
+    hostname: str = Field(description="The node it happened on.")
+    simulated: bool = Field(description="True when the node is simulated.")
+    ts_ms: int = Field(description="When, epoch milliseconds.")
+    kind: str = Field(description="gpu_lost, xid, source_error, spool_dropped, …")
+    gpu_uuid: Optional[str] = Field(description="The GPU concerned; null for node-wide events.")
+    xid: Optional[int] = Field(description="The XID number for xid events.")
+    detail: str = Field(description="Free text.")
+
+
+class EventsOut(PageOut):
+    simulated: bool = Field(description="True when any listed event comes from a simulated node.")
+    events: list[EventOut] = Field(description="Events, newest first.")

@@ -1,0 +1,1 @@
+"""Deployment files shipped with the package: systemd unit templates (deploy/systemd/)."""

@@ -1,0 +1,249 @@
+"""Training jobs in the store: registration (ranks, device map, knobs with bounds), step reports, and the knob
+changes handed to a job's hook with their per-rank acknowledgements.
+
+The API fills these tables now; the rebalancer queues its changes through :func:`queue_change` and records why in
+:mod:`trimtab.store.decisions`. A job has at most one change in flight (a partial unique index says so too).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from sqlalchemy import Connection, Engine, func, insert, select, update
+
+from trimtab.store.engine import insert_for, write_transaction
+from trimtab.store.models import api_tokens, job_reports, jobs, knob_acks, knob_changes, nodes
+
+PENDING, APPLIED, SUPERSEDED, CANCELLED = "pending", "applied", "superseded", "cancelled"
+MODES = ("auto", "advise", "off")
+
+
+class JobOwnedElsewhere(PermissionError):
+    """A job token tried to re-register a job that another, still active, job token registered."""
+
+
+@dataclass(frozen=True)
+class StoredJob:
+    id: int
+    name: str
+    ranks: int
+    device_map: dict[str, list[int]]
+    hostnames: list[str]
+    knobs: dict[str, dict[str, float]]  # knob → {"value", "min", "max"}
+    mode: str
+    owner_token_id: Optional[int]  # the job token that registered it; None when an admin did
+    created_ms: int
+    updated_ms: int
+    last_report_ms: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class StoredAck:
+    rank: int
+    applied_at_step: int
+    acked_ms: int
+
+
+@dataclass(frozen=True)
+class StoredChange:
+    id: int
+    job_id: int
+    knob: str
+    value: float
+    previous_value: Optional[float]
+    reason: str
+    source: str  # manual | rebalancer
+    status: str
+    created_ms: int
+    applied_step: Optional[int]
+    applied_ms: Optional[int]
+    acks: tuple[StoredAck, ...] = field(default=())
+
+
+REPORT_COLUMNS = tuple(c.name for c in job_reports.columns if c.name not in ("id", "job_id"))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def number(value: Optional[float]):
+    """A knob value as the job declared it: integral values come back as int (batch sizes, depths)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _job(row, last_report_ms: Optional[int] = None) -> StoredJob:
+    return StoredJob(row.id, row.name, row.ranks, row.device_map, row.hostnames, row.knobs, row.mode,
+                     row.owner_token_id, row.created_ms, row.updated_ms, last_report_ms)
+
+
+def _last_report(job_id) -> Any:
+    return (select(func.max(job_reports.c.received_ms)).where(job_reports.c.job_id == job_id)
+            .scalar_subquery().label("last_report_ms"))
+
+
+def get_job(engine: Engine, name: str) -> Optional[StoredJob]:
+    with engine.connect() as conn:
+        row = conn.execute(select(jobs, _last_report(jobs.c.id)).where(jobs.c.name == name)).first()
+    return None if row is None else _job(row, row.last_report_ms)
+
+
+def list_jobs(engine: Engine, limit: int, offset: int) -> list[StoredJob]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(jobs, _last_report(jobs.c.id)).order_by(jobs.c.name).limit(limit).offset(offset))
+        return [_job(r, r.last_report_ms) for r in rows]
+
+
+def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str, list[int]], hostnames: list[str],
+                 knobs: Mapping[str, Mapping[str, float]], mode: str, token_id: Optional[int],
+                 token_is_admin: bool) -> tuple[StoredJob, bool]:
+    """Create the job or update it (a restarted job registers again): (job, created). A job token owns the jobs
+    it registers; another job token may take one over only once the owner is revoked. Pending changes that the
+    new declaration no longer allows are cancelled."""
+    values = dict(ranks=ranks, device_map=dict(device_map), hostnames=list(hostnames),
+                  knobs={k: dict(v) for k, v in knobs.items()}, mode=mode, updated_ms=now_ms())
+    owner = None if token_is_admin else token_id
+    with write_transaction(engine) as conn:
+        row = conn.execute(select(jobs).where(jobs.c.name == name)).first()
+        if row is None:
+            job_id = conn.execute(insert(jobs).values(name=name, owner_token_id=owner, created_ms=values["updated_ms"],
+                                                      **values).returning(jobs.c.id)).scalar_one()
+            created = True
+        else:
+            job_id, created = row.id, False
+            if not token_is_admin and row.owner_token_id not in (None, token_id) \
+                    and _token_active(conn, row.owner_token_id):
+                raise JobOwnedElsewhere(f"job {name!r} belongs to another job token")
+            if not token_is_admin:
+                values["owner_token_id"] = token_id
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+            _cancel_disallowed(conn, job_id, values["knobs"], mode)
+        row = conn.execute(select(jobs, _last_report(jobs.c.id)).where(jobs.c.id == job_id)).one()
+        job = _job(row, row.last_report_ms)
+    return job, created
+
+
+def _token_active(conn: Connection, token_id: int) -> bool:
+    revoked = conn.execute(select(api_tokens.c.revoked_ms).where(api_tokens.c.id == token_id)).first()
+    return revoked is not None and revoked[0] is None
+
+
+def _cancel_disallowed(conn: Connection, job_id: int, knobs: Mapping[str, Mapping[str, float]], mode: str) -> None:
+    c = knob_changes.c
+    for change in conn.execute(select(c.id, c.knob, c.value).where(c.job_id == job_id, c.status == PENDING)).all():
+        bounds = knobs.get(change.knob)
+        if mode == "off" or bounds is None or not bounds["min"] <= change.value <= bounds["max"]:
+            conn.execute(update(knob_changes).where(c.id == change.id).values(status=CANCELLED))
+
+
+def set_mode(engine: Engine, name: str, mode: str) -> Optional[StoredJob]:
+    """Switch how the rebalancer treats the job; ``off`` also cancels a change still pending."""
+    with write_transaction(engine) as conn:
+        row = conn.execute(select(jobs).where(jobs.c.name == name)).first()
+        if row is None:
+            return None
+        conn.execute(update(jobs).where(jobs.c.id == row.id).values(mode=mode, updated_ms=now_ms()))
+        _cancel_disallowed(conn, row.id, row.knobs, mode)
+    return get_job(engine, name)
+
+
+# -- step reports --------------------------------------------------------------------------------------------
+
+
+def add_report(engine: Engine, job_id: int, report: Mapping[str, Any]) -> bool:
+    """Store one rank's step report; False when that (step, rank) was stored before (a resend)."""
+    row = {name: report.get(name) for name in REPORT_COLUMNS}
+    row["received_ms"] = now_ms()
+    with write_transaction(engine) as conn:
+        stmt = (insert_for(conn.dialect, job_reports).values(job_id=job_id, **row).on_conflict_do_nothing()
+                .returning(job_reports.c.id))  # a row back = inserted (rowcount is not portable here)
+        return conn.execute(stmt).first() is not None
+
+
+def list_reports(engine: Engine, job_id: int, limit: int, offset: int) -> list[dict[str, Any]]:
+    """Newest steps first, ranks in order; each report as a dict of its columns."""
+    r = job_reports.c
+    query = (select(*(r[n] for n in REPORT_COLUMNS)).where(r.job_id == job_id)
+             .order_by(r.step.desc(), r.rank, r.id).limit(limit).offset(offset))
+    with engine.connect() as conn:
+        return [dict(m) for m in conn.execute(query).mappings()]
+
+
+# -- knob changes --------------------------------------------------------------------------------------------
+
+_CHANGE_COLUMNS = tuple(knob_changes.c)
+
+
+def _change(row, acks: tuple[StoredAck, ...] = ()) -> StoredChange:
+    return StoredChange(row.id, row.job_id, row.knob, number(row.value), number(row.previous_value), row.reason,
+                        row.source, row.status, row.created_ms, row.applied_step, row.applied_ms, acks)
+
+
+def queue_change(engine: Engine, job_id: int, knob: str, value: float, reason: str,
+                 source: str = "manual") -> StoredChange:
+    """Queue a change for the job's hook. A change still pending is superseded by this one (one in flight)."""
+    with write_transaction(engine) as conn:
+        knobs = conn.execute(select(jobs.c.knobs).where(jobs.c.id == job_id)).scalar_one()
+        previous = knobs.get(knob, {}).get("value")
+        conn.execute(update(knob_changes).where(knob_changes.c.job_id == job_id, knob_changes.c.status == PENDING)
+                     .values(status=SUPERSEDED))
+        row = conn.execute(insert(knob_changes).values(
+            job_id=job_id, knob=knob, value=value, previous_value=previous, reason=reason, source=source,
+            status=PENDING, created_ms=now_ms()).returning(*_CHANGE_COLUMNS)).one()
+    return _change(row)
+
+
+def pending_changes(engine: Engine, job_id: int) -> list[StoredChange]:
+    c = knob_changes.c
+    with engine.connect() as conn:
+        rows = conn.execute(select(*_CHANGE_COLUMNS).where(c.job_id == job_id, c.status == PENDING).order_by(c.id))
+        return [_change(r) for r in rows]
+
+
+def ack_change(engine: Engine, job_id: int, change_id: int, rank: int, applied_at_step: int) -> Optional[StoredChange]:
+    """Record that ``rank`` applied the change at ``applied_at_step``. The first ack marks the change applied and
+    moves the job's knob to the new value; a repeated ack of the same rank keeps the first. None: no such change
+    for this job."""
+    c = knob_changes.c
+    now = now_ms()
+    with write_transaction(engine) as conn:
+        row = conn.execute(select(*_CHANGE_COLUMNS).where(c.id == change_id, c.job_id == job_id)).first()
+        if row is None:
+            return None
+        conn.execute(insert_for(conn.dialect, knob_acks).values(
+            change_id=change_id, rank=rank, applied_at_step=applied_at_step, acked_ms=now).on_conflict_do_nothing())
+        if row.status != APPLIED:
+            conn.execute(update(knob_changes).where(c.id == change_id)
+                         .values(status=APPLIED, applied_step=applied_at_step, applied_ms=now))
+            knobs = conn.execute(select(jobs.c.knobs).where(jobs.c.id == job_id)).scalar_one()
+            if row.knob in knobs:
+                knobs = {**knobs, row.knob: {**knobs[row.knob], "value": number(row.value)}}
+                conn.execute(update(jobs).where(jobs.c.id == job_id).values(knobs=knobs, updated_ms=now))
+    return list_changes(engine, job_id, limit=1, offset=0, change_id=change_id)[0]
+
+
+def list_changes(engine: Engine, job_id: int, limit: int, offset: int,
+                 change_id: Optional[int] = None) -> list[StoredChange]:
+    """Newest first, each with its per-rank acks."""
+    c, a = knob_changes.c, knob_acks.c
+    query = select(*_CHANGE_COLUMNS).where(c.job_id == job_id)
+    if change_id is not None:
+        query = query.where(c.id == change_id)
+    with engine.connect() as conn:
+        rows = conn.execute(query.order_by(c.id.desc()).limit(limit).offset(offset)).all()
+        acks: dict[int, list[StoredAck]] = {r.id: [] for r in rows}
+        if rows:
+            for ack in conn.execute(select(a.change_id, a.rank, a.applied_at_step, a.acked_ms)
+                                    .where(a.change_id.in_(list(acks))).order_by(a.rank)):
+                acks[ack.change_id].append(StoredAck(ack.rank, ack.applied_at_step, ack.acked_ms))
+    return [_change(r, tuple(acks[r.id])) for r in rows]
+
+
+def simulated_hostnames(engine: Engine) -> set[str]:
+    """Host names of the simulated nodes: a job running on one says so in every response about it."""
+    with engine.connect() as conn:
+        return set(conn.execute(select(nodes.c.hostname).where(nodes.c.simulated)).scalars())

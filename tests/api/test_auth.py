@@ -1,0 +1,146 @@
+"""Bearer tokens: writes need one of the right scope (admin implies all), reads are open, revocation is
+immediate, secrets are shown once and stored only hashed, and the first start leaves an admin token in a 0600 file."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+from sqlalchemy import select
+
+from trimtab.api.auth import any_tokens, ensure_admin_token
+from trimtab.store.engine import migrate, open_engine
+from trimtab.store.models import api_tokens
+from tests.api.conftest import recent_batch
+
+JOB = {"name": "job-a", "ranks": 2, "knobs": {"batch_size": {"value": 8, "min": 1, "max": 64}}}
+# Every write route, with a body valid for it (the scope check must be what refuses them).
+WRITES = {
+    "agent": [("POST", "/v1/ingest", recent_batch().to_dict())],
+    "job": [("POST", "/v1/jobs", JOB), ("POST", "/v1/jobs/job-a/reports", {"step": 1, "rank": 0, "step_time_s": 1.0}),
+            ("POST", "/v1/jobs/job-a/acks", {"change_id": 1, "applied_at_step": 2, "rank": 0})],
+    "admin": [("PUT", "/v1/jobs/job-a/mode", {"mode": "auto"}),
+              ("POST", "/v1/jobs/job-a/changes", {"knob": "batch_size", "value": 16}),
+              ("POST", "/v1/tokens", {"name": "x", "scope": "agent"}), ("GET", "/v1/tokens", None),
+              ("DELETE", "/v1/tokens/999", None)],
+}
+ALL_WRITES = [w for ws in WRITES.values() for w in ws]
+
+
+@pytest.mark.parametrize("method, path, body", ALL_WRITES)
+def test_a_write_without_a_valid_token_is_refused_with_401_and_a_bearer_challenge(sqlite_api, method, path, body):
+    for headers in ({}, {"Authorization": "Bearer tt_not-a-token"}, {"Authorization": "Basic dXNlcjpwdw=="}):
+        r = sqlite_api.http.request(method, path, json=body, headers=headers)
+        assert r.status_code == 401, (headers, r.text)
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize("scope", ["agent", "job"])
+def test_a_token_may_only_do_what_its_scope_allows(sqlite_api, scope):
+    api = sqlite_api
+    assert api.post("/v1/jobs", JOB, token=api.admin_token).status_code == 201
+    for needed, writes in WRITES.items():
+        for method, path, body in writes:
+            r = api.post(path, body, scope=scope, method=method)
+            if needed == scope:
+                assert r.status_code not in (401, 403), (method, path, r.text)
+            else:
+                assert r.status_code == 403, (method, path, r.text)
+                assert f"scope {needed!r} needed" in r.json()["detail"]
+
+
+def test_admin_implies_every_scope(sqlite_api):
+    api = sqlite_api
+    for method, path, body in ALL_WRITES:
+        r = api.post(path, body, token=api.admin_token, method=method)
+        assert r.status_code not in (401, 403), (method, path, r.text)
+
+
+def test_reads_need_no_token(sqlite_api):
+    for path in ("/healthz", "/v1/nodes", "/v1/gpus", "/v1/balance", "/v1/events", "/v1/jobs", "/v1/decisions",
+                 "/openapi.json", "/docs"):
+        assert sqlite_api.http.get(path).status_code == 200, path
+
+
+def test_a_revoked_token_gets_401_at_once_and_revoking_is_idempotent(api):
+    created = api.post("/v1/tokens", {"name": "agent@node-a", "scope": "agent"}, token=api.admin_token).json()
+    assert api.ingest(recent_batch(), token=created["token"]).status_code == 200
+    r = api.post(f"/v1/tokens/{created['id']}", None, token=api.admin_token, method="DELETE")
+    assert r.status_code == 200 and r.json()["revoked"] is True and r.json()["revoked_ms"] > 0
+    r_revoked_ms = r.json()["revoked_ms"]
+    r = api.ingest(recent_batch(), token=created["token"])
+    assert r.status_code == 401 and r.json()["detail"] == "unknown or revoked token"
+    again = api.post(f"/v1/tokens/{created['id']}", None, token=api.admin_token, method="DELETE").json()
+    assert again["revoked"] is True and again["revoked_ms"] == r_revoked_ms
+    assert api.post("/v1/tokens/424242", None, token=api.admin_token, method="DELETE").status_code == 404
+
+
+def test_the_secret_is_shown_once_and_stored_only_as_a_hash(api):
+    created = api.post("/v1/tokens", {"name": "ci", "scope": "job"}, token=api.admin_token)
+    assert created.status_code == 201
+    secret = created.json()["token"]
+    assert secret.startswith("tt_") and len(secret) > 40
+    listing = api.post("/v1/tokens", None, token=api.admin_token, method="GET")
+    assert secret not in listing.text and api.admin_token not in listing.text
+    names = {t["name"]: t for t in listing.json()["tokens"]}
+    assert names["ci"]["scope"] == "job" and names["ci"]["revoked"] is False and "token" not in names["ci"]
+    with api.ctx.engine.connect() as conn:
+        stored = conn.execute(select(api_tokens.c.secret_sha256)).scalars().all()
+    assert secret not in stored and all(len(h) == 64 for h in stored)
+
+
+def test_use_of_a_token_is_recorded(sqlite_api):
+    api = sqlite_api
+    api.ingest(recent_batch())
+    tokens = {t["name"]: t for t in api.post("/v1/tokens", None, token=api.admin_token, method="GET").json()["tokens"]}
+    assert tokens["test agent"]["last_used_ms"] is not None
+
+
+def test_first_start_writes_a_working_admin_token_to_a_0600_file(api):
+    mode = stat.S_IMODE(api.admin_token_file.stat().st_mode)
+    assert api.admin_token_file.name == "admin.token" and mode == 0o600
+    r = api.post("/v1/tokens", {"name": "from the file", "scope": "agent"}, token=api.admin_token)
+    assert r.status_code == 201
+    # An admin token exists now: later starts leave the file and the store alone.
+    assert ensure_admin_token(api.ctx.engine, api.ctx.state_dir) is None
+    assert any_tokens(api.ctx.engine)
+
+
+def test_a_store_whose_admin_tokens_are_all_revoked_gets_a_new_one(api):
+    admin_id = next(t["id"] for t in api.post("/v1/tokens", None, token=api.admin_token, method="GET").json()["tokens"]
+                    if t["scope"] == "admin")
+    assert api.post(f"/v1/tokens/{admin_id}", None, token=api.admin_token, method="DELETE").status_code == 200
+    path = ensure_admin_token(api.ctx.engine, api.ctx.state_dir)
+    assert path == api.admin_token_file
+    fresh = path.read_text().strip()
+    assert fresh != api.admin_token
+    assert api.post("/v1/tokens", {"name": "n", "scope": "job"}, token=fresh).status_code == 201
+
+
+def test_an_empty_store_has_no_tokens(tmp_path):
+    engine = open_engine(f"sqlite:///{tmp_path}/t.db")
+    migrate(engine)
+    try:
+        assert not any_tokens(engine)
+        assert ensure_admin_token(engine, tmp_path / "state").exists()
+        assert any_tokens(engine)
+    finally:
+        engine.dispose()
+
+
+def test_a_job_belongs_to_the_job_token_that_registered_it(sqlite_api):
+    api = sqlite_api
+    owner = api.token("job")
+    other = api.post("/v1/tokens", {"name": "other job", "scope": "job"}, token=api.admin_token).json()
+    assert api.post("/v1/jobs", JOB, token=owner).status_code == 201
+    report = {"step": 1, "rank": 0, "step_time_s": 1.0}
+    assert api.post("/v1/jobs/job-a/reports", report, token=other["token"]).status_code == 403
+    assert api.post("/v1/jobs", JOB, token=other["token"]).status_code == 403
+    assert api.post("/v1/jobs/job-a/reports", report, token=owner).status_code == 200
+    assert api.post("/v1/jobs/job-a/reports", {**report, "step": 2}, token=api.admin_token).status_code == 200
+    # Once the owner is revoked, another job token may take the job over by registering it again.
+    owner_id = next(t["id"] for t in api.post("/v1/tokens", None, token=api.admin_token, method="GET").json()["tokens"]
+                    if t["name"] == "test job")
+    api.post(f"/v1/tokens/{owner_id}", None, token=api.admin_token, method="DELETE")
+    assert api.post("/v1/jobs", JOB, token=other["token"]).status_code == 200
+    assert api.post("/v1/jobs/job-a/reports", {**report, "step": 3}, token=other["token"]).status_code == 200

@@ -1,0 +1,181 @@
+"""Jobs: idempotent registration, step reports, the knob-change loop (queue → delivered in the report's response
+→ acknowledged per rank), modes, and the decisions listing the rebalancer will fill."""
+
+from __future__ import annotations
+
+import pytest
+
+from trimtab.store.decisions import add_decision
+from trimtab.store.jobs import get_job
+
+JOB = {"name": "grpo-7b", "ranks": 4, "device_map": {"actor": [0, 1], "critic": [2], "reward": [3]},
+       "hostnames": ["node-a"], "knobs": {"batch_size": {"value": 8, "min": 2, "max": 64},
+                                          "prefetch": {"value": 1, "min": 0, "max": 8}}}
+REPORT = {"step": 10, "rank": 0, "step_time_s": 2.5,
+          "phases": {"generation": 1.2, "evaluation": 0.6, "communication": 0.2, "update": 0.4, "other": 0.1},
+          "samples": 256, "tokens": 262144, "collective_latency_us": 42.0, "pid": 4242, "hostname": "node-a",
+          "local_gpu": 0, "memory": {"allocated_bytes": 60 * 2**30, "reserved_bytes": 70 * 2**30,
+                                     "fragmentation": 0.143, "num_alloc_retries": 0, "num_ooms": 0}}
+
+
+@pytest.fixture
+def job_api(api):
+    assert api.post("/v1/jobs", JOB, scope="job").status_code == 201
+    return api
+
+
+def test_registering_again_updates_the_job_and_answers_200(job_api):
+    api = job_api
+    again = api.post("/v1/jobs", {**JOB, "ranks": 8, "mode": "auto"}, scope="job")
+    assert again.status_code == 200
+    job = api.get("/v1/jobs/grpo-7b").json()
+    assert job["ranks"] == 8 and job["mode"] == "auto" and job["device_map"] == JOB["device_map"]
+    assert job["knobs"]["batch_size"] == {"value": 8, "min": 2, "max": 64} and job["simulated"] is False
+    assert job["last_report_ms"] is None and job["updated_ms"] >= job["created_ms"]
+    assert api.get("/v1/jobs/unknown-job").status_code == 404
+
+
+def test_jobs_are_listed_by_name_a_page_at_a_time(job_api):
+    api = job_api
+    for name in ("a-job", "z-job"):
+        api.post("/v1/jobs", {"name": name, "ranks": 1}, scope="job")
+    first = api.get("/v1/jobs", limit=2).json()
+    assert [j["name"] for j in first["jobs"]] == ["a-job", "grpo-7b"] and first["next_offset"] == 2
+    last = api.get("/v1/jobs", limit=2, offset=2).json()
+    assert [j["name"] for j in last["jobs"]] == ["z-job"] and last["next_offset"] is None
+    assert last["jobs"][0]["mode"] == "advise"  # the default
+
+
+@pytest.mark.parametrize("change, loc", [
+    ({"name": "has space"}, ["body", "name"]),
+    ({"name": "x" * 129}, ["body", "name"]),
+    ({"ranks": 0}, ["body", "ranks"]),
+    ({"ranks": 4097}, ["body", "ranks"]),
+    ({"mode": "sometimes"}, ["body", "mode"]),
+    ({"knobs": {"batch_size": {"value": 100, "min": 2, "max": 64}}}, ["body", "knobs", "batch_size"]),
+    ({"knobs": {"batch_size": {"value": 1, "min": 2}}}, ["body", "knobs", "batch_size", "max"]),
+    ({"device_map": {"actor": [-1]}}, ["body", "device_map", "actor", 0]),
+    ({"hostnames": ["a" * 256]}, ["body", "hostnames", 0]),
+    ({"colour": "blue"}, ["body", "colour"]),
+])
+def test_an_invalid_registration_is_422_naming_the_field(sqlite_api, change, loc):
+    r = sqlite_api.post("/v1/jobs", {**JOB, **change}, scope="job")
+    assert r.status_code == 422
+    assert loc in [e["loc"] for e in r.json()["detail"]], r.json()
+
+
+def test_a_step_report_is_stored_once_and_listed_newest_first(job_api):
+    api = job_api
+    first = api.post("/v1/jobs/grpo-7b/reports", REPORT, scope="job").json()
+    assert first == {"stored": True, "pending_changes": []}
+    assert api.post("/v1/jobs/grpo-7b/reports", REPORT, scope="job").json()["stored"] is False  # a resend
+    for step, rank in ((11, 1), (11, 0), (12, 0)):
+        api.post("/v1/jobs/grpo-7b/reports", {"step": step, "rank": rank, "step_time_s": 2.0}, scope="job")
+    page = api.get("/v1/jobs/grpo-7b/reports", limit=3).json()
+    assert [(r["step"], r["rank"]) for r in page["reports"]] == [(12, 0), (11, 0), (11, 1)]
+    assert page["next_offset"] == 3 and page["simulated"] is False
+    (oldest,) = api.get("/v1/jobs/grpo-7b/reports", limit=3, offset=3).json()["reports"]
+    assert oldest["generation_s"] == 1.2 and oldest["fragmentation"] == 0.143 and oldest["tokens"] == 262144
+    assert oldest["collective_latency_us"] == 42.0 and oldest["allocated_bytes"] == 60 * 2**30
+    assert api.get("/v1/jobs/grpo-7b").json()["last_report_ms"] is not None
+    assert api.get("/v1/jobs/nope/reports").status_code == 404
+
+
+def test_a_report_from_a_rank_the_job_does_not_have_is_422(job_api):
+    r = job_api.post("/v1/jobs/grpo-7b/reports", {**REPORT, "rank": 4}, scope="job")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "rank"]
+    bad = job_api.post("/v1/jobs/grpo-7b/reports", {**REPORT, "memory": {"fragmentation": 1.5}}, scope="job")
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "memory", "fragmentation"]
+    assert job_api.post("/v1/jobs/nope/reports", REPORT, scope="job").status_code == 404
+
+
+def test_a_manual_change_reaches_the_job_and_is_acknowledged_per_rank(job_api):
+    api = job_api
+    queued = api.post("/v1/jobs/grpo-7b/changes", {"knob": "batch_size", "value": 16, "reason": "gen-bound"},
+                      token=api.admin_token)
+    assert queued.status_code == 201
+    change = queued.json()
+    assert change["status"] == "pending" and change["previous_value"] == 8 and change["source"] == "manual"
+    pending = api.post("/v1/jobs/grpo-7b/reports", REPORT, scope="job").json()["pending_changes"]
+    assert pending == [{"change_id": change["change_id"], "knob": "batch_size", "value": 16, "reason": "gen-bound"}]
+    for rank in (0, 1):
+        r = api.post("/v1/jobs/grpo-7b/acks", {"change_id": change["change_id"], "applied_at_step": 11,
+                                               "rank": rank}, scope="job")
+        assert r.status_code == 200
+    acked = r.json()
+    assert acked["status"] == "applied" and acked["applied_step"] == 11
+    assert [a["rank"] for a in acked["acks"]] == [0, 1]
+    assert api.get("/v1/jobs/grpo-7b").json()["knobs"]["batch_size"]["value"] == 16
+    assert api.post("/v1/jobs/grpo-7b/reports", {**REPORT, "step": 11}, scope="job").json()["pending_changes"] == []
+    listed = api.get("/v1/jobs/grpo-7b/changes").json()["changes"]
+    assert [c["status"] for c in listed] == ["applied"]
+
+
+def test_acks_of_unknown_changes_or_ranks_are_refused(job_api):
+    api = job_api
+    assert api.post("/v1/jobs/grpo-7b/acks", {"change_id": 999, "applied_at_step": 1, "rank": 0},
+                    scope="job").status_code == 404
+    change = api.post("/v1/jobs/grpo-7b/changes", {"knob": "prefetch", "value": 2}, token=api.admin_token).json()
+    r = api.post("/v1/jobs/grpo-7b/acks", {"change_id": change["change_id"], "applied_at_step": 1, "rank": 9},
+                 scope="job")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "rank"]
+
+
+def test_a_change_must_name_a_declared_knob_within_its_bounds(job_api):
+    api = job_api
+    over = api.post("/v1/jobs/grpo-7b/changes", {"knob": "batch_size", "value": 65}, token=api.admin_token)
+    assert over.status_code == 422 and over.json()["detail"][0]["loc"] == ["body", "value"]
+    fractional = api.post("/v1/jobs/grpo-7b/changes", {"knob": "batch_size", "value": 12.5}, token=api.admin_token)
+    assert fractional.status_code == 422 and fractional.json()["detail"][0]["loc"] == ["body", "value"]
+    unknown = api.post("/v1/jobs/grpo-7b/changes", {"knob": "lr", "value": 1}, token=api.admin_token)
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "knob"]
+    assert api.post("/v1/jobs/nope/changes", {"knob": "lr", "value": 1}, token=api.admin_token).status_code == 404
+
+
+def test_a_new_change_supersedes_the_pending_one(job_api):
+    api = job_api
+    first = api.post("/v1/jobs/grpo-7b/changes", {"knob": "prefetch", "value": 2}, token=api.admin_token).json()
+    second = api.post("/v1/jobs/grpo-7b/changes", {"knob": "prefetch", "value": 3}, token=api.admin_token).json()
+    statuses = {c["change_id"]: c["status"] for c in api.get("/v1/jobs/grpo-7b/changes").json()["changes"]}
+    assert statuses == {first["change_id"]: "superseded", second["change_id"]: "pending"}
+    pending = api.post("/v1/jobs/grpo-7b/reports", REPORT, scope="job").json()["pending_changes"]
+    assert [c["value"] for c in pending] == [3]
+
+
+def test_mode_off_cancels_and_refuses_changes(job_api):
+    api = job_api
+    api.post("/v1/jobs/grpo-7b/changes", {"knob": "prefetch", "value": 2}, token=api.admin_token)
+    r = api.post("/v1/jobs/grpo-7b/mode", {"mode": "off"}, token=api.admin_token, method="PUT")
+    assert r.status_code == 200 and r.json()["mode"] == "off"
+    assert [c["status"] for c in api.get("/v1/jobs/grpo-7b/changes").json()["changes"]] == ["cancelled"]
+    assert api.post("/v1/jobs/grpo-7b/reports", REPORT, scope="job").json()["pending_changes"] == []
+    refused = api.post("/v1/jobs/grpo-7b/changes", {"knob": "prefetch", "value": 2}, token=api.admin_token)
+    assert refused.status_code == 409
+    assert api.post("/v1/jobs/grpo-7b/mode", {"mode": "later"}, token=api.admin_token, method="PUT").status_code == 422
+    assert api.post("/v1/jobs/nope/mode", {"mode": "auto"}, token=api.admin_token, method="PUT").status_code == 404
+
+
+def test_re_registering_with_narrower_bounds_cancels_a_change_they_no_longer_allow(job_api):
+    api = job_api
+    api.post("/v1/jobs/grpo-7b/changes", {"knob": "batch_size", "value": 48}, token=api.admin_token)
+    narrower = {**JOB, "knobs": {**JOB["knobs"], "batch_size": {"value": 8, "min": 2, "max": 32}}}
+    api.post("/v1/jobs", narrower, scope="job")
+    assert [c["status"] for c in api.get("/v1/jobs/grpo-7b/changes").json()["changes"]] == ["cancelled"]
+
+
+def test_decisions_are_listed_newest_first_with_their_evidence(job_api):
+    api = job_api
+    assert api.get("/v1/decisions").json() == {"simulated": False, "decisions": [], "next_offset": None}
+    job_id = get_job(api.ctx.engine, "grpo-7b").id
+    for i in range(3):
+        add_decision(api.ctx.engine, job_id, "step_composition", {"generation_share": 0.6 + i / 100}, ts_ms=1000 + i,
+                     knob="batch_size", old_value=8.0, new_value=16.0, outcome="advised",
+                     throughput_before_samples_per_s=100.0)
+    api.post("/v1/jobs", {"name": "other", "ranks": 1}, scope="job")
+    add_decision(api.ctx.engine, get_job(api.ctx.engine, "other").id, "pcie", {"pcie_pct": 95}, ts_ms=999)
+    page = api.get("/v1/decisions", job="grpo-7b", limit=2).json()
+    assert [d["evidence"]["generation_share"] for d in page["decisions"]] == [0.62, 0.61]
+    assert page["next_offset"] == 2 and page["decisions"][0]["new_value"] == 16
+    assert page["decisions"][0]["job"] == "grpo-7b" and page["decisions"][0]["outcome"] == "advised"
+    assert len(api.get("/v1/decisions").json()["decisions"]) == 4
+    assert api.get("/v1/decisions", job="nope").status_code == 404

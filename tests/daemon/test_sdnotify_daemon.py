@@ -1,0 +1,47 @@
+"""`trimtab up` speaks systemd's notify protocol: READY, WATCHDOG pings from its loop, STOPPING on SIGTERM, in order,
+and a SIGTERM flushes and exits 0."""
+
+import signal
+import socket
+import time
+
+import httpx
+
+from tests.support.procs import free_port, stop, trimtab, wait_http
+
+
+def test_up_sends_ready_watchdog_stopping_in_order(tmp_path):
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(0.2)
+    port = free_port()
+    proc = trimtab("up", "--simulate", "2", "--port", str(port), "--interval", "0.1", "--status-every", "0.5",
+                   env={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "400000", "TRIMTAB_STATE_DIR": str(tmp_path)})
+    messages: list[str] = []
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
+        assert health["simulated"] is True
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                messages.append(sock.recv(4096).decode())
+            except socket.timeout:
+                pass
+        out, err = stop(proc, signal.SIGTERM)
+        while True:
+            try:
+                messages.append(sock.recv(4096).decode())
+            except socket.timeout:
+                break
+    finally:
+        stop(proc)
+        sock.close()
+    assert proc.returncode == 0, err
+    kinds = [m.split("\n")[0].split("=")[0] for m in messages]
+    assert kinds[0] == "READY", messages
+    assert kinds.count("WATCHDOG") >= 4, "pings at half the 0.4 s watchdog period for ~3 s"
+    assert any(k == "STATUS" for k in kinds)
+    assert kinds[-1] == "STOPPING" and "STOPPING" not in kinds[:-1], messages
+    assert "SIMULATED" in err
