@@ -1,0 +1,1 @@
+"""Framework adapters: verl (JSONL tailer, trainer hooks), Hugging Face and Lightning callbacks."""
