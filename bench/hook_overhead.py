@@ -1,0 +1,67 @@
+"""What does the trainer hook cost a training step? The same pipeline steps with and without it, in one run.
+
+Builds two identical reference pipelines (same config, seed and fixed knobs): one driven by a plain knob mapping
+(no hook), one through `trimtab.trainer.attach(...)` — reporting to a live server with ``--server`` (e.g. a
+`trimtab up` on the same machine), standalone otherwise. Runs them in alternating blocks of ``--block`` steps so
+drift (clocks, thermals, allocator growth) hits both alike, and reports the median step time of each and the
+overhead ratio (goal ≤ 1 %).
+
+    python bench/hook_overhead.py --config h200 --rounds 4 --block 5 --server http://127.0.0.1:9460 --token …
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="tiny")
+    ap.add_argument("--device-map", default=None)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--prefetch", type=int, default=2)
+    ap.add_argument("--sync-every", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--block", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--server", default=None)
+    ap.add_argument("--token", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from trimtab.trainer import attach
+    from trimtab.trainer.pipeline.cli import knob_declaration
+    from trimtab.trainer.pipeline.config import Knobs, parse_device_map, preset
+    from trimtab.trainer.pipeline.loop import Pipeline
+
+    config = preset(args.config)
+    devices = parse_device_map(args.device_map)
+    knobs = {"batch_size": args.batch_size, "prefetch": args.prefetch, "sync_every": args.sync_every}
+    hook = attach(job="hook-overhead", server=args.server, token=args.token, device_map=devices.as_hook_map(),
+                  knobs=knob_declaration(Knobs.read(knobs), config.samples_per_step))
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    with Pipeline(config, devices, knobs=dict(knobs)) as plain, Pipeline(config, devices, hook=hook) as hooked:
+        plain.run(args.warmup, None)
+        hooked.run(args.warmup, None)
+        for _ in range(args.rounds):
+            for name, pipe in (("without", plain), ("with", hooked)):
+                times[name] += [r.step_s for r in pipe.run(args.block, None)]
+    time.sleep(1.0)  # let the reporter post the last reports before closing
+    hook.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    overhead = med["with"] / med["without"] - 1
+    print(f"config {config.name}, knobs {knobs}, {args.rounds} rounds × {args.block} steps each, server {args.server}")
+    print(f"median step without hook: {med['without'] * 1e3:.2f} ms   with hook: {med['with'] * 1e3:.2f} ms   "
+          f"overhead {overhead * 100:+.2f} %   (goal ≤ 1 %)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"median_s": med, "overhead": overhead, "times_s": times, "knobs": knobs}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The hook's parts on their own: step and phase arithmetic, allocator statistics, knob declarations and the
+report's wire form (exactly the API's fields)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from trimtab.trainer import StepReport, attach
+from trimtab.trainer.knobs import KnobSet
+from trimtab.trainer.memory import MemorySampler
+
+
+def test_step_time_runs_from_boundary_to_boundary_and_other_is_what_the_phases_leave():
+    hook = attach("parts")
+    t0 = time.perf_counter()
+    times = []
+    for _ in range(3):
+        with hook.phase("generation"):
+            time.sleep(0.01)
+        time.sleep(0.005)  # outside any phase: "other"
+        hook.step_end()
+        r = hook.last_report
+        times.append(r.step_time_s)
+        assert r.phases_s["generation"] >= 0.01 and r.phases_s["other"] >= 0.005
+        assert math.isclose(r.phases_s["generation"] + r.phases_s["other"], r.step_time_s, rel_tol=1e-9)
+    assert sum(times) == pytest.approx(time.perf_counter() - t0, abs=0.005)  # no gap, no overlap
+    assert hook.step == 3 and hook.last_report.step == 2
+
+
+def test_nested_phases_never_make_other_negative_and_unknown_phases_are_refused():
+    hook = attach("parts")
+    with hook.phase("update"):
+        with hook.phase("communication"):
+            time.sleep(0.004)
+    hook.step_end(phases_s={"evaluation": 0.5})  # timed elsewhere (a framework's timers)
+    assert hook.last_report.phases_s["other"] == 0.0 and hook.last_report.phases_s["evaluation"] == 0.5
+    with pytest.raises(ValueError, match="unknown phase"):
+        hook.phase("rollout")
+
+
+def test_memory_statistics_give_fragmentation_and_deltas_at_most_every_few_seconds():
+    stats = {"allocated_bytes.all.current": 60, "reserved_bytes.all.current": 80,
+             "inactive_split_bytes.all.current": 8, "num_alloc_retries": 3, "num_ooms": 1}
+    sampler = MemorySampler(every_s=5.0, stats_fn=lambda: dict(stats), enabled_fn=lambda: True)
+    first = sampler.maybe_sample(100.0)
+    assert first["fragmentation"] == pytest.approx(0.25) and first["inactive_split_fraction"] == pytest.approx(0.1)
+    assert first["alloc_retries_delta"] is None and first["num_alloc_retries"] == 3
+    assert sampler.maybe_sample(104.9) is None  # ~150 µs a call on the H200: not every step
+    stats.update({"num_alloc_retries": 5, "num_ooms": 1})
+    later = sampler.maybe_sample(105.0)
+    assert (later["alloc_retries_delta"], later["ooms_delta"]) == (2, 0)
+    assert MemorySampler(enabled_fn=lambda: False).maybe_sample(0.0) is None  # CPU: omitted
+
+
+def test_knob_declarations_keep_integers_integral_and_refuse_nonsense():
+    knobs = KnobSet({"batch_size": (8, 1, 64), "kl_coef": {"value": 0.1, "min": 0.0, "max": 1.0}})
+    assert knobs.declaration() == {"batch_size": {"value": 8, "min": 1, "max": 64},
+                                   "kl_coef": {"value": 0.1, "min": 0.0, "max": 1.0}}
+    assert knobs.check("batch_size", 16.0) == (16, None) and type(knobs.check("batch_size", 16.0)[0]) is int
+    assert knobs.check("kl_coef", 1) == (1.0, None)
+    for name, value, why in [("batch_size", math.nan, "finite"), ("batch_size", True, "finite"),
+                             ("batch_size", 0, "outside"), ("lr", 1, "declared no knob")]:
+        assert why in knobs.check(name, value)[1]
+    with pytest.raises(ValueError, match="above max"):
+        KnobSet({"prefetch": (0, 4, 0)})
+    for bad in ({"job": "my job"}, {"knobs": {"batch size": (1, 1, 2)}}, {"device_map": {"actor/0": [0]}}):
+        with pytest.raises(ValueError, match="letters, digits"):
+            attach(**{"job": "ok", **bad})  # refused at attach, not by a 422 on every retry
+
+
+def test_the_wire_form_is_exactly_the_apis_fields_and_never_sends_made_up_values():
+    report = StepReport(step=3, rank=1, step_time_s=2.0, phases_s={"generation": 1.0, "update": math.nan},
+                        samples=16, tokens=None, memory={"fragmentation": 0.2, "inactive_split_fraction": 0.05,
+                                                         "ooms_delta": 0, "num_ooms": 0},
+                        collective_latency_us=42.0, component="actor", collective_baseline_us=30.0, local_gpu=0)
+    assert report.to_wire() == {"step": 3, "rank": 1, "step_time_s": 2.0, "phases": {"generation": 1.0},
+                                "samples": 16, "memory": {"fragmentation": 0.2, "num_ooms": 0},
+                                "collective_latency_us": 42.0, "local_gpu": 0}
+    assert report.samples_per_s == 8.0 and report.tokens_per_s is None

@@ -1,0 +1,66 @@
+"""Allocator statistics of the rank's GPU (fragmentation, retries, OOMs) and recognising an out-of-memory error.
+
+``torch.cuda.memory_stats()`` costs ~150 µs on the H200 (NOTES_NVML.md), so it is read at most every
+``every_s`` seconds and the result rides on the next report. NVML cannot see fragmentation: only the process's
+own caching allocator knows how much of what it reserved is actually allocated.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from trimtab.trainer.timing import cuda_in_use
+
+WIRE_KEYS = ("allocated_bytes", "reserved_bytes", "fragmentation", "num_alloc_retries", "num_ooms")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """``torch.cuda.OutOfMemoryError``, or a RuntimeError that says "out of memory" (older torch, NCCL, custom
+    kernels and other allocators raise a plain RuntimeError with that text)."""
+    oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+class MemorySampler:
+    """Rate-limited ``memory_stats()``: a dict for the next report, or None (not due, or no CUDA in use)."""
+
+    def __init__(self, every_s: float = 5.0, stats_fn: Optional[Callable[[], dict]] = None,
+                 enabled_fn: Callable[[], bool] = cuda_in_use):
+        self.every_s = every_s
+        self._stats_fn = stats_fn or torch.cuda.memory_stats
+        self._enabled_fn = enabled_fn
+        self._next_s = float("-inf")
+        self._last_retries: Optional[int] = None
+        self._last_ooms: Optional[int] = None
+
+    def maybe_sample(self, now_s: float) -> Optional[dict]:
+        if self.every_s <= 0 or now_s < self._next_s or not self._enabled_fn():
+            return None
+        self._next_s = now_s + self.every_s
+        return self.sample()
+
+    def sample(self) -> dict:
+        stats = self._stats_fn()
+        allocated = int(stats.get("allocated_bytes.all.current", 0))
+        reserved = int(stats.get("reserved_bytes.all.current", 0))
+        inactive = int(stats.get("inactive_split_bytes.all.current", 0))
+        retries = int(stats.get("num_alloc_retries", 0))
+        ooms = int(stats.get("num_ooms", 0))
+        out = {
+            "allocated_bytes": allocated,
+            "reserved_bytes": reserved,
+            # Nothing reserved: nothing to fragment; None rather than a made-up 0.
+            "fragmentation": min(1.0, max(0.0, 1.0 - allocated / reserved)) if reserved > 0 else None,
+            "inactive_split_fraction": (inactive / reserved) if reserved > 0 else None,
+            # The API stores the cumulative counters (as torch keeps them); deltas are for local readers.
+            "num_alloc_retries": retries,
+            "num_ooms": ooms,
+            "alloc_retries_delta": retries - self._last_retries if self._last_retries is not None else None,
+            "ooms_delta": ooms - self._last_ooms if self._last_ooms is not None else None,
+        }
+        self._last_retries, self._last_ooms = retries, ooms
+        return out

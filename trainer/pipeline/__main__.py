@@ -1,0 +1,7 @@
+"""``python -m trimtab.trainer.pipeline`` — see ``cli.py``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

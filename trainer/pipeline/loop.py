@@ -1,0 +1,228 @@
+"""The training loop: builds the five components where the device map puts them, runs the generation and scoring
+workers, and on this thread collects each step's samples, runs the PPO update and syncs the generation copy.
+
+Knobs are read from a mapping (``hook.knobs``, or any dict) at every step boundary and take effect there: a new
+``batch_size`` for the next generation calls, a new ``prefetch`` bound for the queue, a new ``sync_every`` for the
+next sync decision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from .channel import BusyTotals, PrefetchQueue
+from .config import COMPONENTS, DEFAULT_KNOBS, DeviceMap, Knobs, PipelineConfig, parse_device_map
+from .generation import GenerationWorker
+from .models import CausalLM, TokenScorer, frozen_copy
+from .ppo import Rollout, ppo_update
+from .scoring import ScoringWorker
+from .streams import inference_dtype
+from .task import GoodTokenRule, pretrain_reward_model
+from .weights import WeightSync
+
+PHASES = ("generation", "evaluation", "update", "communication")
+WORKER_PHASES = ("generation", "evaluation")   # timed in the worker threads, handed to the hook at step_end
+
+
+def set_cpu_threads(devices: DeviceMap, threads: int | None = None) -> int:
+    """Set torch's intra-op threads for this process (``threads``, or 1 when every component is on the CPU) and
+    return the number in force. Three threads issue ops here (trainer, generation, scoring), each with its own
+    OpenMP team; on a few cores those teams oversubscribe them and spin, and the small ops of the tiny config
+    gain nothing from splitting — one thread each ran the tiny pipeline 2× faster on 2 cores."""
+    all_cpu = all(getattr(devices, name).type == "cpu" for name in COMPONENTS)
+    if threads is None and all_cpu:
+        threads = 1
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+@dataclass
+class StepRecord:
+    step: int
+    samples: int
+    tokens: int
+    step_s: float
+    samples_per_s: float
+    generation_s: float          # busy seconds per phase in this step's wall time; workers overlap, so the
+    evaluation_s: float          # four may add up to more than step_s
+    update_s: float
+    communication_s: float
+    wait_s: float                # from the step's start until its samples were scored (the bubble the trainer sees)
+    reward_mean: float
+    policy_loss: float
+    value_loss: float
+    kl: float
+    clip_fraction: float
+    batch_size: int
+    prefetch: int
+    sync_every: int
+    synced: bool
+    generation_batch_sizes: list[int] = field(default_factory=list)
+    staleness_mean: float = 0.0  # actor updates the generating policy was behind, averaged over samples
+    queue_max_depth: int = 0     # most generated batches that waited unclaimed during this step
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        return (f"step {self.step:4d}  samples {self.samples}  {self.step_s:7.3f} s  "
+                f"{self.samples_per_s:8.1f} samples/s  gen {self.generation_s:.3f} eval {self.evaluation_s:.3f} "
+                f"update {self.update_s:.3f} comm {self.communication_s:.3f} s  reward {self.reward_mean:.3f}  "
+                f"[bs {self.batch_size} prefetch {self.prefetch} sync {self.sync_every}]")
+
+
+class Pipeline:
+    """One PPO job. Use as a context manager (or call ``close()``) so the worker threads stop."""
+
+    def __init__(self, config: PipelineConfig, device_map: DeviceMap | str | None = None,
+                 knobs: Mapping | None = None, hook=None, log: Callable[[str], None] | None = None):
+        self.config = config
+        self.devices = device_map if isinstance(device_map, DeviceMap) else parse_device_map(device_map)
+        self.hook = hook
+        self.knobs = knobs if knobs is not None else (hook.knobs if hook is not None else dict(DEFAULT_KNOBS))
+        self._log = log or (lambda _line: None)
+        torch.manual_seed(config.seed)
+        self._build_models()
+        self._totals = BusyTotals()
+        self.step_index = 0
+        self.syncs = 0
+        self._updates_in_version = {0: 0}   # sync number → actor updates the generation copy then held
+        self._steps_since_sync = 0
+        self._boundary_s: float | None = None   # where the last step ended: steps tile the wall clock
+        self._shuffle = torch.Generator().manual_seed(config.seed + 17)
+        self.current = Knobs.read(self.knobs)
+        self._start_workers()
+
+    def _build_models(self) -> None:
+        config, devices = self.config, self.devices
+        max_tokens = config.sequence_tokens
+        # Built on their devices: initialising a GPU-sized model on the CPU first would take seconds.
+        with torch.device(devices.actor):
+            self.actor = CausalLM(config.vocab_size, config.actor, max_tokens)
+        with torch.device(devices.critic):
+            self.critic = TokenScorer(config.vocab_size, config.critic, max_tokens)
+        self.ref = frozen_copy(self.actor, devices.ref, inference_dtype(devices.ref))
+        self.generation_model = frozen_copy(self.actor, devices.rollout, inference_dtype(devices.rollout))
+        rule = GoodTokenRule(config)
+        with torch.device(devices.reward):
+            reward_model = TokenScorer(config.vocab_size, config.reward, max_tokens)
+        self.reward_accuracy = pretrain_reward_model(reward_model, rule, config, devices.reward)
+        self._log(f"reward model: per-token accuracy {self.reward_accuracy:.3f} on the rule after "
+                  f"{config.reward_pretrain_steps} pre-training steps")
+        self.reward_model = frozen_copy(reward_model, devices.reward, inference_dtype(devices.reward))
+        self.rule = rule
+        fused = {"fused": True} if devices.actor.type == "cuda" else {}
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr, **fused)
+        fused = {"fused": True} if devices.critic.type == "cuda" else {}
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr, **fused)
+        self._sync = WeightSync(self.actor, self.generation_model, config.sync_via)
+
+    def _start_workers(self) -> None:
+        self.queue = PrefetchQueue(self.current.prefetch)
+        self._generator = GenerationWorker(self.generation_model, self.config, self.queue, self._totals,
+                                           self.step_index, self.current.batch_size, self.hook)
+        self._generator.version = self.syncs
+        self._scorer = ScoringWorker((self.ref, self.reward_model, self.critic), self.config, self.devices,
+                                     self.queue, self._totals)
+        self._generator.start()
+        self._scorer.start()
+
+    def _stop_workers(self) -> None:
+        self._generator.stop()
+        self._scorer.stop()
+
+    def restart_workers(self) -> None:
+        """Drop whatever was generated ahead and start the workers afresh at the current step (the grid benchmark
+        does this between settings, so no batch made under one setting is counted under the next)."""
+        self._stop_workers()
+        self._totals.take()
+        self._boundary_s = None
+        self._start_workers()
+
+    def apply_knobs(self) -> Knobs:
+        """Read the knobs at a step boundary and hand them to the workers."""
+        self.current = Knobs.read(self.knobs)
+        self._generator.batch_size = self.current.batch_size
+        if self.queue.capacity != self.current.prefetch:
+            self.queue.resize(self.current.prefetch)
+        return self.current
+
+    def sync_weights(self) -> None:
+        """Pause generation between calls, copy the trained weights into the generation copy, resume."""
+        with self._generator.paused():
+            self._sync.copy()
+            self.syncs += 1
+            self._updates_in_version[self.syncs] = self.step_index + 1
+            self._generator.version = self.syncs
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """A phase of the trainer's own thread: timed here and, with its CUDA events, by the hook. The workers'
+        phases go to the hook as seconds at ``step_end`` instead: its timer belongs to the training thread."""
+        with self._totals.timed(name), (self.hook.phase(name) if self.hook is not None else contextlib.nullcontext()):
+            yield
+
+    def step(self) -> StepRecord:
+        knobs = self.apply_knobs()
+        samples = self.config.samples_per_step
+        start = self._boundary_s if self._boundary_s is not None else time.perf_counter()
+        batches = self._scorer.collect(self.step_index, samples)
+        wait_s = time.perf_counter() - start
+        rollout = Rollout.concat(batches)
+        with self._phase("update"):
+            stats = ppo_update(self.actor, self.critic, self.actor_opt, self.critic_opt, rollout, self.config,
+                               self._shuffle)
+        self._steps_since_sync += 1
+        synced = self._steps_since_sync >= knobs.sync_every
+        if synced:
+            with self._phase("communication"):
+                self.sync_weights()
+            self._steps_since_sync = 0
+        busy = self._totals.take()
+        tokens = samples * self.config.sequence_tokens
+        if self.hook is not None:
+            self.hook.step_end(samples=samples, tokens=tokens, step=self.step_index,
+                               phases_s={phase: busy.get(phase, 0.0) for phase in WORKER_PHASES})
+        self._boundary_s = time.perf_counter()
+        step_s = self._boundary_s - start
+        # How many actor updates behind the policy being trained each sample's generating policy was.
+        staleness = sum((self.step_index - self._updates_in_version[b.policy_version]) * b.size
+                        for b in batches) / samples
+        record = StepRecord(
+            step=self.step_index, samples=samples, tokens=tokens, step_s=step_s, samples_per_s=samples / step_s,
+            **{f"{phase}_s": busy.get(phase, 0.0) for phase in PHASES}, wait_s=wait_s,
+            reward_mean=stats["reward_mean"], policy_loss=stats["policy_loss"], value_loss=stats["value_loss"],
+            kl=stats["kl"], clip_fraction=stats["clip_fraction"], batch_size=knobs.batch_size,
+            prefetch=knobs.prefetch, sync_every=knobs.sync_every, synced=synced,
+            generation_batch_sizes=[b.size for b in batches], staleness_mean=staleness,
+            queue_max_depth=self.queue.reset_max_depth())
+        self.step_index += 1
+        return record
+
+    def run(self, steps: int, on_record: Callable[[StepRecord], None] | None = None) -> list[StepRecord]:
+        """``steps`` steps; within one call each starts where the previous ended (its printing included), the
+        first where the call starts — so time spent between calls (another job's steps) is nobody's step."""
+        self._boundary_s = None
+        records = []
+        for _ in range(steps):
+            record = self.step()
+            records.append(record)
+            if on_record is not None:
+                on_record(record)
+        return records
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._stop_workers()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
