@@ -4,7 +4,9 @@ Builds two identical reference pipelines (same config, seed and fixed knobs): on
 (no hook), one through `trimtab.trainer.attach(...)` — reporting to a live server with ``--server`` (e.g. a
 `trimtab up` on the same machine), standalone otherwise. Runs them in alternating blocks of ``--block`` steps so
 drift (clocks, thermals, allocator growth) hits both alike, and reports the median step time of each and the
-overhead ratio (goal ≤ 1 %).
+overhead ratio (goal ≤ 1 %). Because step-to-step spread can exceed 1 %, it also measures the hook's own cost
+directly: wall time inside ``step_end`` on the training thread, and the CPU time of the reporter thread (which
+competes for the GIL), each per step and as a share of the median step.
 
     python bench/hook_overhead.py --config h200 --rounds 4 --block 5 --server http://127.0.0.1:9460 --token …
 """
@@ -16,6 +18,18 @@ import json
 import statistics
 import sys
 import time
+
+
+def thread_cpu_s(name_prefix: str):
+    """CPU seconds (user + system) used so far by the live thread whose name starts with ``name_prefix``."""
+    import threading
+
+    import psutil
+
+    ids = {t.native_id for t in threading.enumerate() if t.name.startswith(name_prefix)}
+    if not ids:
+        return None
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
 
 
 def main() -> int:
@@ -44,6 +58,17 @@ def main() -> int:
     hook = attach(job="hook-overhead", server=args.server, token=args.token, device_map=devices.as_hook_map(),
                   knobs=knob_declaration(Knobs.read(knobs), config.samples_per_step))
     times: dict[str, list[float]] = {"without": [], "with": []}
+    in_step_end: list[float] = []
+    step_end = hook.step_end
+
+    def timed_step_end(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return step_end(*a, **kw)
+        finally:
+            in_step_end.append(time.perf_counter() - t0)
+
+    hook.step_end = timed_step_end
     with Pipeline(config, devices, knobs=dict(knobs)) as plain, Pipeline(config, devices, hook=hook) as hooked:
         plain.run(args.warmup, None)
         hooked.run(args.warmup, None)
@@ -51,15 +76,24 @@ def main() -> int:
             for name, pipe in (("without", plain), ("with", hooked)):
                 times[name] += [r.step_s for r in pipe.run(args.block, None)]
     time.sleep(1.0)  # let the reporter post the last reports before closing
+    reporter_cpu_s = thread_cpu_s("trimtab-reporter")
     hook.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     overhead = med["with"] / med["without"] - 1
+    hooked_steps = args.warmup + args.rounds * args.block
+    per_step = {"step_end_s": sum(in_step_end) / max(1, len(in_step_end)),
+                "reporter_cpu_s": reporter_cpu_s / hooked_steps if reporter_cpu_s is not None else None}
     print(f"config {config.name}, knobs {knobs}, {args.rounds} rounds × {args.block} steps each, server {args.server}")
     print(f"median step without hook: {med['without'] * 1e3:.2f} ms   with hook: {med['with'] * 1e3:.2f} ms   "
           f"overhead {overhead * 100:+.2f} %   (goal ≤ 1 %)")
+    share = {k: (v / med["without"] if v is not None else None) for k, v in per_step.items()}
+    print(f"hook cost per step: step_end {per_step['step_end_s'] * 1e3:.3f} ms ({share['step_end_s'] * 100:.3f} % of a step), "
+          + (f"reporter thread CPU {per_step['reporter_cpu_s'] * 1e3:.3f} ms ({share['reporter_cpu_s'] * 100:.3f} %)"
+             if per_step["reporter_cpu_s"] is not None else "reporter thread CPU: not measurable here"))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"median_s": med, "overhead": overhead, "times_s": times, "knobs": knobs}, fh, indent=2)
+            json.dump({"median_s": med, "overhead": overhead, "times_s": times, "knobs": knobs,
+                       "hook_cost_per_step_s": per_step, "hook_cost_share_of_step": share}, fh, indent=2)
     return 0
 
 
