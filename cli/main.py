@@ -25,9 +25,9 @@ from trimtab.config import ConfigError, build_default_map, find_config_file, loa
 def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
     """trimtab keeps multi-GPU RL post-training jobs balanced.
 
-    A per-node agent samples GPU utilization, SM activity, memory, PCIe, NVLink and host load into a store
-    (SQLite by default, PostgreSQL for many nodes); `trimtab check` grades the balance of a node against the
-    seed's thresholds.
+    `trimtab up` runs this node's daemon (agent + REST API + /metrics, SQLite). A cluster runs `trimtab server`
+    on a head node and `trimtab agent --server URL` on every GPU node (or agents writing PostgreSQL directly).
+    `trimtab check` grades a node's balance against the brief's thresholds and exits 0 / 1 / 2.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S")
