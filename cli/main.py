@@ -43,7 +43,7 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
 
 
 def _register() -> None:
-    from trimtab.cli import agent_cmd, check_cmd, serve_cmd, systemd_cmd, token_cmd
+    from trimtab.cli import agent_cmd, check_cmd, serve_cmd, systemd_cmd, token_cmd, verl_cmd
 
     cli.add_command(agent_cmd.agent)
     cli.add_command(check_cmd.check)
@@ -51,6 +51,7 @@ def _register() -> None:
     cli.add_command(serve_cmd.server)
     cli.add_command(systemd_cmd.install_systemd)
     cli.add_command(token_cmd.token)
+    cli.add_command(verl_cmd.verl_tail)
 
 
 _register()
