@@ -14,8 +14,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 from trimtab.sdnotify import Notifier
 
@@ -27,8 +26,10 @@ class DaemonError(RuntimeError):
 
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
+    if host == "localhost":
+        return True
+    if not host:  # "" binds every interface
+        return False
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -118,7 +119,3 @@ def wait_loop(stop: threading.Event, tick: Callable[[], None], period_s: float =
             return
         tick()
 
-
-def state_path(state_dir: Path) -> Path:
-    state_dir.mkdir(parents=True, exist_ok=True)
-    return state_dir
