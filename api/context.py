@@ -10,12 +10,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 
 from trimtab.agent.readings import GPU_METRIC_NAMES
 from trimtab.agent.snapshot import LatestSnapshot
+from trimtab.rebalancer.rules import RuleSet, default_rules
+from trimtab.store.jobs import StoredJob
 from trimtab.store.queries import LatestSample, latest_gpu_samples
 
 
@@ -31,6 +33,10 @@ class ApiContext:
     ingest_writers: int = 0
     # Status of the parts around the API (agent, writer, rebalancer), for /healthz and the systemd STATUS line.
     component_status: Callable[[], dict[str, Any]] = lambda: {}
+    # The rules jobs are judged by (per-job overrides are checked against them at registration).
+    rules: RuleSet = field(default_factory=default_rules)
+    # Called with the job after each newly stored step report: the rebalancer's evaluation (None: no rebalancer).
+    after_report: Optional[Callable[[StoredJob], None]] = None
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     def latest_gpus(self, max_age_s: float = 300.0) -> list[LatestSample]:

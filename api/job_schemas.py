@@ -50,6 +50,10 @@ class JobIn(InputModel):
         description="Knobs the rebalancer may change (batch_size, prefetch, sync_every, …) with their bounds.")
     mode: Mode = Field("advise", description="auto: the rebalancer applies changes; advise: it only records "
                                              "decisions; off: no changes are delivered.")
+    rules: Optional[dict[str, Any]] = Field(
+        None, max_length=16, description="This job's overrides of the daemon's rules, in the rules file's shape: "
+                          "{\"controller\": {\"window_min_s\": 8}, \"rules\": {\"generation_bound\": {\"act_above\": 60}}} "
+                          "(or just the rules table). Unknown rules or keys and bad values are refused (422).")
 
 
 class KnobOut(Model):
@@ -65,6 +69,7 @@ class JobOut(Model):
     hostnames: list[str] = Field(description="Nodes the job runs on.")
     knobs: dict[str, KnobOut] = Field(description="Knobs with current value and bounds.")
     mode: Mode = Field(description="auto, advise or off.")
+    rules: Optional[dict[str, Any]] = Field(None, description="The job's overrides of the rules, as registered.")
     simulated: bool = Field(description="True when any of the job's nodes is a simulated node.")
     created_ms: int = Field(description="First registration, epoch milliseconds.")
     updated_ms: int = Field(description="Last registration, mode change or applied change, epoch milliseconds.")
@@ -88,7 +93,9 @@ class MemoryIn(InputModel):
     allocated_bytes: Optional[Count] = Field(None, description="torch.cuda allocated bytes.")
     reserved_bytes: Optional[Count] = Field(None, description="torch.cuda reserved (cached) bytes.")
     fragmentation: Optional[float] = Field(None, ge=0, le=1,
-                                           description="1 − allocated/reserved, a fraction 0–1 (healthy < 0.15).")
+                                           description="Free memory stranded in split blocks (torch's "
+                                                       "inactive_split_bytes) / reserved, a fraction 0–1 "
+                                                       "(healthy < 0.15).")
     num_alloc_retries: Optional[Count] = Field(None, description="Cumulative allocator retries (cudaMalloc after "
                                                                  "a cache flush) since the process started.")
     num_ooms: Optional[Count] = Field(None, description="Cumulative out-of-memory errors since the process started.")
@@ -136,7 +143,7 @@ class ReportOut(Model):
     tokens: Optional[int] = Field(description="Tokens in the step.")
     allocated_bytes: Optional[int] = Field(description="Allocated bytes.")
     reserved_bytes: Optional[int] = Field(description="Reserved bytes.")
-    fragmentation: Optional[float] = Field(description="1 − allocated/reserved, fraction.")
+    fragmentation: Optional[float] = Field(description="Free memory stranded in split blocks / reserved, fraction.")
     num_alloc_retries: Optional[int] = Field(description="Cumulative allocator retries.")
     num_ooms: Optional[int] = Field(description="Cumulative OOMs.")
     collective_latency_us: Optional[float] = Field(description="All-reduce probe latency, microseconds.")

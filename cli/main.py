@@ -35,9 +35,14 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
         logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-start plugin chatter says nothing useful
     try:
         path = find_config_file(config_path)
+        ctx.obj = {"rules_overrides": None, "config_path": path}
         if path is not None:
             params = {name: {p.name for p in cmd.params if p.name} for name, cmd in cli.commands.items()}
-            ctx.default_map = build_default_map(load_toml(path), params, str(path))
+            data = load_toml(path)
+            # [controller] and [rules.<name>] override the rules file (trimtab.rebalancer.rules), not options.
+            overrides = {k: data.pop(k) for k in ("controller", "rules") if k in data}
+            ctx.obj["rules_overrides"] = overrides or None
+            ctx.default_map = build_default_map(data, params, str(path))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
 

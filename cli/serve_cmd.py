@@ -24,6 +24,33 @@ def api_options(f):
     return f
 
 
+def rebalancer_options(f):
+    f = env_option("--rebalance/--no-rebalance", envvar="TRIMTAB_REBALANCE", default=True, show_default=True,
+                   help="Run the rebalancer (jobs in mode auto get knob changes, jobs in advise get decisions).")(f)
+    f = env_option("--rules-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                   help="A rules file in rules.toml's format; only the keys it names change. trimtab.toml's "
+                        "[controller] and [rules.<name>] tables apply on top.")(f)
+    return f
+
+
+def _start_rebalancer(ctx, rules_file, enabled: bool):
+    """Load the rules (a bad file stops start-up with its line and the reason) and start the rebalancer."""
+    from trimtab.rebalancer.rules import RulesError, load_rules
+    from trimtab.rebalancer.service import Rebalancer
+
+    obj = click.get_current_context().find_root().obj or {}
+    try:
+        ctx.rules = load_rules(rules_file, obj.get("rules_overrides"),
+                               overrides_source=str(obj.get("config_path") or "trimtab.toml"))
+    except RulesError as exc:
+        raise click.ClickException(f"rules rejected: {exc}") from None
+    if not enabled:
+        return None
+    rebalancer = Rebalancer(ctx.engine, ctx.rules).start()
+    ctx.after_report = rebalancer.after_report
+    return rebalancer
+
+
 def _open_store(url: str):
     from trimtab.store.engine import StoreError, migrate, open_engine
 
@@ -66,8 +93,9 @@ def _serve(ctx, host: str, port: int):
 @interval_option
 @simulate_options
 @agent_options
+@rebalancer_options
 def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, spool_dir, spool_max_mb, status_every,
-       duration):
+       duration, rules_file, rebalance):
     """Run this node's daemon: the agent, the REST API and /metrics in one process, on embedded SQLite.
 
     Uses NVML when an NVIDIA driver is present; otherwise starts a simulated node of 4 GPUs (or --simulate N),
@@ -91,7 +119,9 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     ctx = ApiContext(engine=engine, mode="up", state_dir=sd)
     runner = Agent(sources, StoreSink(url), spool_dir or default_spool_dir(), interval_s=interval, hostname=hostname,
                    status_every_s=status_every, spool_max_bytes=spool_max_mb * 1024 * 1024, on_batch=ctx.snapshot.update)
-    ctx.component_status = lambda: {"agent": runner.health()}
+    rebalancer = _start_rebalancer(ctx, rules_file, rebalance)
+    ctx.component_status = lambda: {"agent": runner.health(),
+                                    "rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}
     api = _serve(ctx, host, port)
     notifier = Notifier()
     stop = threading.Event()
@@ -99,12 +129,15 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     sim = "  *** SIMULATED node: no NVIDIA driver found, readings are synthetic ***" if runner.node.simulated else ""
     click.echo(f"{runner.banner()}\nAPI on http://{host}:{api.port} (docs: /docs, metrics: /metrics){sim}", err=True)
     notifier.ready(f"up: {len(runner.sampler.gpus)} GPUs, API {host}:{api.port}")
-    pinger = StatusPinger(notifier, runner.status_line, every_s=status_every, log_it=False)
+    status = (lambda: f"{runner.status_line()}; {rebalancer.status_line()}") if rebalancer else runner.status_line
+    pinger = StatusPinger(notifier, status, every_s=status_every, log_it=False)
     try:
         runner.run(stop, duration_s=duration, on_tick=pinger)
     finally:
         notifier.stopping()
         api.stop()
+        if rebalancer is not None:
+            rebalancer.stop()
         engine.dispose()
 
 
@@ -115,7 +148,8 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
             help="Period of the one-line status log.")
 @env_option("--duration", type=click.FloatRange(0, None, min_open=True), default=None, metavar="SECONDS",
             help="Stop after this long (default: run until SIGINT/SIGTERM).")
-def server(db_url, host, port, status_every, duration):
+@rebalancer_options
+def server(db_url, host, port, status_every, duration, rules_file, rebalance):
     """Run a head node: the REST API, /metrics and ingest for remote agents (`trimtab agent --server URL`).
 
     Give it the shared store with --db postgresql+psycopg://… . Agents may also write to that PostgreSQL
@@ -134,6 +168,8 @@ def server(db_url, host, port, status_every, duration):
     engine = _open_store(url)
     _guard_bind(engine, host, sd)
     ctx = ApiContext(engine=engine, mode="server", state_dir=sd)
+    rebalancer = _start_rebalancer(ctx, rules_file, rebalance)
+    ctx.component_status = lambda: {"rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}
     api = _serve(ctx, host, port)
     notifier = Notifier()
     stop = threading.Event()
@@ -145,7 +181,8 @@ def server(db_url, host, port, status_every, duration):
 
     def line() -> str:
         nodes = ctx.snapshot.nodes()
-        return f"server {host}:{api.port}: {len(nodes)} nodes shipping, {sum(len(n.samples) for n in nodes)} GPUs"
+        line = f"server {host}:{api.port}: {len(nodes)} nodes shipping, {sum(len(n.samples) for n in nodes)} GPUs"
+        return f"{line}; {rebalancer.status_line()}" if rebalancer else line
 
     pinger = StatusPinger(notifier, line, every_s=status_every)
     started = time.monotonic()
@@ -161,4 +198,6 @@ def server(db_url, host, port, status_every, duration):
     finally:
         notifier.stopping()
         api.stop()
+        if rebalancer is not None:
+            rebalancer.stop()
         engine.dispose()

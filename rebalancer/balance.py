@@ -1,21 +1,14 @@
 """The balance verdict of one node over a window: the seed's ``check_balance.py`` made real.
 
 Input is per-GPU window aggregates (means and maxima of each metric), thresholds come from
-``thresholds.toml`` (data, not code). Output is a :class:`BalanceReport` that `trimtab check`, the API and
+``rules.toml`` (data, not code). Output is a :class:`BalanceReport` that `trimtab check`, the API and
 Prometheus all render; nothing here reads a store or talks to a GPU.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from typing import Any, Mapping, Optional, Protocol, Sequence
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 OK, WATCH, ACT, NO_DATA, UNSUPPORTED = "ok", "watch", "act", "no_data", "unsupported"
 SEVERITY = {OK: 0, NO_DATA: 0, UNSUPPORTED: 0, WATCH: 1, ACT: 2}
@@ -35,8 +28,10 @@ class GpuWindow(Protocol):
 
 
 def load_thresholds(overrides: Optional[Mapping[str, Mapping[str, Any]]] = None) -> dict[str, dict[str, Any]]:
-    text = resources.files("trimtab.rebalancer").joinpath("thresholds.toml").read_text()
-    data = tomllib.loads(text)
+    """The node-level checks' thresholds, taken from the shipped ``rules.toml`` (one source for check and controller)."""
+    from trimtab.rebalancer.rules import load_rules, thresholds
+
+    data = thresholds(load_rules())
     for check, values in (overrides or {}).items():
         if check not in data:
             raise ValueError(f"unknown threshold check {check!r}; known: {', '.join(data)}")

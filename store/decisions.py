@@ -1,5 +1,7 @@
 """The rebalancer's record: every decision with the rule that fired, its evidence, the change it made (if any)
-and how it turned out. The API lists it; the rebalancer (a later issue) writes it through :func:`add_decision`.
+and how it turned out. The API lists it; the rebalancer files it with :func:`add_decision` (advice) or
+:func:`decide_change` (a change and its decision in one transaction, so a restart never finds one without the
+other) and closes it with :func:`close_decision`.
 """
 
 from __future__ import annotations
@@ -7,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, select, update
 
 from trimtab.store.engine import write_transaction
-from trimtab.store.jobs import now_ms, number
+from trimtab.store.jobs import StoredChange, now_ms, number, queue_change_in
 from trimtab.store.models import decisions, jobs
 
 
@@ -38,6 +40,37 @@ def add_decision(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, 
         return conn.execute(insert(decisions).values(job_id=job_id, ts_ms=fields.pop("ts_ms", None) or now_ms(),
                                                      rule=rule, evidence=dict(evidence), **fields)
                             .returning(decisions.c.id)).scalar_one()
+
+
+def decide_change(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, Any], knob: str, value: float,
+                  reason: str, **fields: Any) -> tuple[int, StoredChange]:
+    """Queue a rebalancer change and file its decision (outcome "pending") atomically: (decision id, change)."""
+    with write_transaction(engine) as conn:
+        change = queue_change_in(conn, job_id, knob, value, reason, source="rebalancer")
+        decision_id = conn.execute(insert(decisions).values(
+            job_id=job_id, ts_ms=fields.pop("ts_ms", None) or now_ms(), rule=rule, evidence=dict(evidence),
+            change_id=change.id, knob=knob, old_value=change.previous_value, new_value=value, outcome="pending",
+            **fields).returning(decisions.c.id)).scalar_one()
+    return decision_id, change
+
+
+def close_decision(engine: Engine, decision_id: int, outcome: str, evidence: Mapping[str, Any],
+                   rollback: Optional[tuple[int, str, float, str]] = None, **fields: Any) -> Optional[StoredChange]:
+    """Set a pending decision's outcome (kept, rolled_back, superseded, cancelled) and evidence; with ``rollback``
+    = (job id, knob, old value, reason) the change back is queued in the same transaction. Only a decision still
+    "pending" is closed (a second closer finds nothing to do): the change back is then not queued twice."""
+    with write_transaction(engine) as conn:
+        done = conn.execute(update(decisions).where(decisions.c.id == decision_id, decisions.c.outcome == "pending")
+                            .values(outcome=outcome, evidence=dict(evidence), **fields)).rowcount
+        if done and rollback is not None:
+            job_id, knob, value, reason = rollback
+            return queue_change_in(conn, job_id, knob, value, reason, source="rebalancer")
+    return None
+
+
+def set_applied_step(engine: Engine, decision_id: int, step: int) -> None:
+    with write_transaction(engine) as conn:
+        conn.execute(update(decisions).where(decisions.c.id == decision_id).values(applied_step=step))
 
 
 def list_decisions(engine: Engine, job_id: Optional[int], limit: int, offset: int) -> list[StoredDecision]:

@@ -37,6 +37,7 @@ class StoredJob:
     created_ms: int
     updated_ms: int
     last_report_ms: Optional[int] = None
+    rules: Optional[dict[str, Any]] = None  # the job's overrides of the rules file
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def number(value: Optional[float]):
 
 def _job(row, last_report_ms: Optional[int] = None) -> StoredJob:
     return StoredJob(row.id, row.name, row.ranks, row.device_map, row.hostnames, row.knobs, row.mode,
-                     row.owner_token_id, row.created_ms, row.updated_ms, last_report_ms)
+                     row.owner_token_id, row.created_ms, row.updated_ms, last_report_ms, row.rules or None)
 
 
 def _last_report(job_id) -> Any:
@@ -100,12 +101,13 @@ def list_jobs(engine: Engine, limit: int, offset: int) -> list[StoredJob]:
 
 def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str, list[int]], hostnames: list[str],
                  knobs: Mapping[str, Mapping[str, float]], mode: str, token_id: Optional[int],
-                 token_is_admin: bool) -> tuple[StoredJob, bool]:
+                 token_is_admin: bool, rules: Optional[Mapping[str, Any]] = None) -> tuple[StoredJob, bool]:
     """Create the job or update it (a restarted job registers again): (job, created). A job token owns the jobs
     it registers; another job token may take one over only once the owner is revoked. Pending changes that the
     new declaration no longer allows are cancelled."""
     values = dict(ranks=ranks, device_map=dict(device_map), hostnames=list(hostnames),
-                  knobs={k: dict(v) for k, v in knobs.items()}, mode=mode, updated_ms=now_ms())
+                  knobs={k: dict(v) for k, v in knobs.items()}, mode=mode, rules=dict(rules) if rules else None,
+                  updated_ms=now_ms())
     owner = None if token_is_admin else token_id
     with write_transaction(engine) as conn:
         row = conn.execute(select(jobs).where(jobs.c.name == name)).first()
@@ -187,13 +189,19 @@ def queue_change(engine: Engine, job_id: int, knob: str, value: float, reason: s
                  source: str = "manual") -> StoredChange:
     """Queue a change for the job's hook. A change still pending is superseded by this one (one in flight)."""
     with write_transaction(engine) as conn:
-        knobs = conn.execute(select(jobs.c.knobs).where(jobs.c.id == job_id)).scalar_one()
-        previous = knobs.get(knob, {}).get("value")
-        conn.execute(update(knob_changes).where(knob_changes.c.job_id == job_id, knob_changes.c.status == PENDING)
-                     .values(status=SUPERSEDED))
-        row = conn.execute(insert(knob_changes).values(
-            job_id=job_id, knob=knob, value=value, previous_value=previous, reason=reason, source=source,
-            status=PENDING, created_ms=now_ms()).returning(*_CHANGE_COLUMNS)).one()
+        return queue_change_in(conn, job_id, knob, value, reason, source)
+
+
+def queue_change_in(conn: Connection, job_id: int, knob: str, value: float, reason: str,
+                    source: str = "manual") -> StoredChange:
+    """:func:`queue_change` inside the caller's transaction (the rebalancer files its decision in the same one)."""
+    knobs = conn.execute(select(jobs.c.knobs).where(jobs.c.id == job_id)).scalar_one()
+    previous = knobs.get(knob, {}).get("value")
+    conn.execute(update(knob_changes).where(knob_changes.c.job_id == job_id, knob_changes.c.status == PENDING)
+                 .values(status=SUPERSEDED))
+    row = conn.execute(insert(knob_changes).values(
+        job_id=job_id, knob=knob, value=value, previous_value=previous, reason=reason, source=source,
+        status=PENDING, created_ms=now_ms()).returning(*_CHANGE_COLUMNS)).one()
     return _change(row)
 
 

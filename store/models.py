@@ -211,6 +211,7 @@ jobs = Table(
     Column("hostnames", JSON, nullable=False),  # [hostname, …]
     Column("knobs", JSON, nullable=False),  # {knob: {"value", "min", "max"}}; value follows applied changes
     Column("mode", String(8), nullable=False),  # auto | advise | off
+    Column("rules", JSON),  # the job's overrides of rules.toml ({"controller": …, "rules": {name: {key: value}}})
     Column("owner_token_id", Integer, ForeignKey("api_tokens.id", ondelete="SET NULL")),
     Column("created_ms", BigInteger, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),

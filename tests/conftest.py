@@ -1,5 +1,5 @@
 """Fixtures shared across test folders: the real PostgreSQL schema-per-test fixture lives with the store tests."""
 
-from tests.store.conftest import pg_url  # noqa: F401  (re-exported fixture)
+from tests.store.conftest import pg_url, store_engine  # noqa: F401  (re-exported fixtures)
 # The live API on loopback (uvicorn thread, fresh SQLite store), for the trainer hook's tests.
 from tests.api.conftest import make_api, migrated_sqlite, sqlite_api, stopping_servers  # noqa: F401,E402

@@ -38,8 +38,9 @@ def change_out(change: StoredChange) -> ChangeOut:
              summary="Post a step report",
              description="One rank's report of one step: step time and its phases, samples, tokens, allocator "
                          "statistics, collective latency. A resent (step, rank) is not stored twice. The response "
-                         "carries the job's pending knob changes: apply them at a step boundary on every rank, then "
-                         "acknowledge. Scope: job (the token that registered the job).")
+                         "carries the job's pending knob changes (the rebalancer evaluates the job as soon as the "
+                         "report is stored, so a change it decides arrives here): apply them at a step boundary on "
+                         "every rank, then acknowledge. Scope: job (the token that registered the job).")
 def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
                 token: StoredToken = Depends(require_scope("job"))) -> ReportAcceptedOut:
     job = _rank_of(ctx, name, token, body.rank)
@@ -48,6 +49,8 @@ def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = D
     if body.memory is not None:
         values.update(body.memory.model_dump())
     stored = job_store.add_report(ctx.engine, job.id, values)
+    if stored and ctx.after_report is not None:
+        ctx.after_report(job)  # the rebalancer: a change decided now rides on this very response
     pending = [] if job.mode == "off" else job_store.pending_changes(ctx.engine, job.id)
     return ReportAcceptedOut(stored=stored, pending_changes=[
         PendingChangeOut(change_id=c.id, knob=c.knob, value=c.value, reason=c.reason) for c in pending])

@@ -11,7 +11,9 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Response
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, require_scope
 from trimtab.api.job_schemas import JobIn, JobOut, JobsOut, ModeIn
+from trimtab.api.errors import invalid
 from trimtab.api.schemas import SLUG
+from trimtab.rebalancer.rules import RulesError, check_job_overrides
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob
 from trimtab.store.tokens import StoredToken
@@ -25,7 +27,7 @@ def job_name_path() -> str:
 
 def job_out(job: StoredJob, simulated_hosts: set[str]) -> JobOut:
     return JobOut(name=job.name, ranks=job.ranks, device_map=job.device_map, hostnames=job.hostnames,
-                  knobs=job.knobs, mode=job.mode, simulated=any(h in simulated_hosts for h in job.hostnames),
+                  knobs=job.knobs, mode=job.mode, rules=job.rules, simulated=any(h in simulated_hosts for h in job.hostnames),
                   created_ms=job.created_ms, updated_ms=job.updated_ms, last_report_ms=job.last_report_ms)
 
 
@@ -49,13 +51,20 @@ def job_for_write(ctx: ApiContext, name: str, token: StoredToken) -> StoredJob:
              description="Declares a job: ranks, device_map (component → local GPU indices), hostnames, knobs with "
                          "bounds (min ≤ value ≤ max) and mode. Idempotent per name: registering again (a restarted "
                          "job) updates the declaration and answers 200; the first registration answers 201. Pending "
-                         "changes the new bounds no longer allow are cancelled. Scope: job.")
+                         "changes the new bounds no longer allow are cancelled. Optional per-job rule overrides "
+                         "(\"rules\") are checked against the daemon's rules file. Scope: job.")
 def register(body: JobIn, response: Response, ctx: ApiContext = Depends(get_ctx),
              token: StoredToken = Depends(require_scope("job"))) -> JobOut:
+    if body.rules:
+        try:
+            check_job_overrides(ctx.rules, body.rules)
+        except RulesError as exc:
+            raise invalid(("body", "rules"), str(exc)) from None
     try:
         job, created = job_store.register_job(
             ctx.engine, body.name, body.ranks, body.device_map, body.hostnames,
-            {k: v.model_dump() for k, v in body.knobs.items()}, body.mode, token.id, token.scope == "admin")
+            {k: v.model_dump() for k, v in body.knobs.items()}, body.mode, token.id, token.scope == "admin",
+            rules=body.rules)
     except job_store.JobOwnedElsewhere as exc:
         raise HTTPException(403, str(exc)) from None
     if created:

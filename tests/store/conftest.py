@@ -38,15 +38,20 @@ def _pg_admin():
     return base, engine
 
 
-@pytest.fixture
-def pg_url():
-    """A URL selecting a fresh, empty schema ``trimtab_t_<random>`` through ``search_path``; dropped after."""
+def pg_admin_or_skip():
+    """(base URL, admin engine) of the test PostgreSQL; skips without one (fails under TRIMTAB_REQUIRE_PG=1)."""
     probe = _pg_admin()
     if isinstance(probe, str):
         if os.environ.get("TRIMTAB_REQUIRE_PG") == "1":
             pytest.fail(f"{probe}; TRIMTAB_REQUIRE_PG=1 forbids skipping", pytrace=False)
         pytest.skip(f"{probe}; set TRIMTAB_TEST_PG_URL to run the PostgreSQL tests")
-    base, admin = probe
+    return probe
+
+
+@pytest.fixture
+def pg_url():
+    """A URL selecting a fresh, empty schema ``trimtab_t_<random>`` through ``search_path``; dropped after."""
+    base, admin = pg_admin_or_skip()
     schema = f"trimtab_t_{secrets.token_hex(4)}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
@@ -106,3 +111,15 @@ def count(engine, table) -> int:
 
     with engine.connect() as conn:
         return conn.execute(select(func.count()).select_from(table)).scalar_one()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_engine(request, tmp_path):
+    """A migrated store, once on SQLite and once on a fresh PostgreSQL schema."""
+    from trimtab.store.engine import migrate, open_engine
+
+    url = f"sqlite:///{tmp_path}/trimtab.db" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    engine = open_engine(url)
+    migrate(engine)
+    yield engine
+    engine.dispose()

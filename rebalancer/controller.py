@@ -1,0 +1,325 @@
+"""The per-job controller: from what the store holds about a job (its steps, changes, decisions, GPU samples), what
+to do now — nothing, follow up the change in flight (keep it or roll it back), queue one new change, or record
+advice.
+
+``plan()`` is pure: it reads a :class:`JobState` and returns a :class:`Plan`, so every rule, the hysteresis, the
+cooldown, the bounds, the OOM ceiling, the rollback and the priority are tested on recorded windows without a
+server. The state lives only in the store (one pending decision at most per job, its change, the acks), so a
+restarted daemon picks up a change in flight where it was and never queues it twice.
+
+Order of business (DESIGN.md "Knobs", issue 5):
+1. mode ``off`` → nothing.
+2. A decision still pending → wait for the job to apply its change, then measure an equal window after it (past
+   the settle steps) and compare throughput: fell by more than the dead band → queue the old value back
+   ("rolled_back"), else "kept" (within the dead band it is kept but marked no-gain, and that move is not retried).
+3. Any other change pending (an admin's, a rollback) → wait.
+4. A window of steps after the last applied change (+ settle + cooldown) → grade every rule on it; the first rule
+   (by priority) that fires and has an action it may take acts (``auto``) or advises (``advise``). A safety rule
+   that fires and cannot act stops lower rules: speed never goes before memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from trimtab.rebalancer.balance import GpuWindow
+from trimtab.rebalancer.rules import Action, Rule, RuleSet
+from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
+from trimtab.rebalancer.window import JobStep, throughput, window
+from trimtab.store.decisions import StoredDecision
+from trimtab.store.jobs import StoredChange, StoredJob
+
+GpuFetch = Callable[[int, int], Sequence[GpuWindow]]  # (start_ms, end_ms) → the job's GPUs' window aggregates
+
+
+@dataclass(frozen=True)
+class JobState:
+    job: StoredJob
+    steps: Sequence[JobStep]                 # complete steps, oldest first
+    changes: Sequence[StoredChange]          # newest first
+    decisions: Sequence[StoredDecision]      # newest first (recent ones suffice)
+    gpus: GpuFetch
+    probe_baseline_us: Optional[float]
+    now_ms: int
+    has_gpus: bool                           # the job declared GPUs (a CPU job has no GPU memory to protect)
+
+
+@dataclass
+class NewChange:
+    rule: str
+    knob: str
+    old_value: float
+    new_value: float
+    reason: str
+
+
+@dataclass
+class Plan:
+    """What to do; at most one of ``change`` / ``advice_rule`` / ``close`` is set."""
+    note: str                                          # why, for logs and /healthz
+    change: Optional[NewChange] = None                 # queue it (auto) with a pending decision
+    advised: Optional[NewChange] = None                # advise mode: the change it would make
+    advice_rule: Optional[str] = None                  # record an advice-only decision for this rule
+    advice: Optional[str] = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    throughput_before: Optional[float] = None
+    close: Optional[int] = None                        # decision id to close …
+    outcome: Optional[str] = None                      # … with this outcome
+    throughput_after: Optional[float] = None
+    rollback_to: Optional[float] = None                # queue the knob back to this value
+    rollback_knob: Optional[str] = None
+    applied_step: Optional[int] = None                 # the change's step, for the decision row
+    measuring: Optional[int] = None                    # decision id being measured (its step is known now)
+    readings: list[Reading] = field(default_factory=list)
+
+
+def _integer_knob(spec: dict) -> bool:
+    return all(float(spec[k]).is_integer() for k in ("value", "min", "max"))
+
+
+def _next_value(action: Action, spec: dict) -> float:
+    current = float(spec["value"])
+    new = action.apply(current)
+    if _integer_knob(spec):
+        new = math.ceil(new - 1e-9) if action.direction > 0 else math.floor(new + 1e-9)
+        new = max(new, current + 1) if action.direction > 0 else min(new, current - 1)
+    return max(float(spec["min"]), min(float(spec["max"]), new))
+
+
+def _recent(decisions: Sequence[StoredDecision], now_ms: int, within_s: float) -> list[StoredDecision]:
+    return [d for d in decisions if now_ms - d.ts_ms <= within_s * 1000]
+
+
+def _blocked(state: JobState, rules: RuleSet, action: Action, new: float) -> Optional[str]:
+    """Why this move may not be tried now (a recent rollback of the same value, or a recent no-gain move in the
+    same direction), else None."""
+    for d in state.decisions:
+        verdict_ms = d.evidence.get("verdict_ms", d.ts_ms) if isinstance(d.evidence, dict) else d.ts_ms
+        if state.now_ms - verdict_ms > rules.controller.retry_after_s * 1000:
+            continue  # the clock runs from the verdict (a rollback), not from when the change was decided
+        if d.knob != action.knob or d.new_value is None or d.old_value is None:
+            continue
+        if d.outcome == "rolled_back" and float(d.new_value) == new:
+            return f"{action.knob}={new:g} was rolled back at decision {d.id}"
+        same_way = (d.new_value - d.old_value) * action.direction > 0
+        if d.outcome == "kept" and d.evidence.get("no_gain") and same_way and d.new_value == state.job.knobs[action.knob]["value"]:
+            return f"the last {action.describe()} (decision {d.id}) gained nothing measurable"
+    return None
+
+
+def _headroom(state: JobState, rules: RuleSet, readings: dict[str, Reading]) -> Optional[str]:
+    """None when a batch-size raise is safe, else why not."""
+    ctl = rules.controller
+    mem = next((r for r in readings.values() if r.signal == "mem_used_pct"), None)
+    if state.has_gpus:
+        if mem is None or mem.value is None:
+            return "GPU memory of the job's GPUs is unknown (no agent samples)"
+        if mem.value > ctl.raise_batch_max_mem_pct:
+            return f"GPU memory at {mem.value:.1f} % (raising needs < {ctl.raise_batch_max_mem_pct:g} %)"
+    frag = next((r for r in readings.values() if r.signal == "fragmentation_pct"), None)
+    if frag is not None and frag.value is not None and frag.value > ctl.raise_batch_max_fragmentation_pct:
+        return f"fragmentation at {frag.value:.1f} % (raising needs < {ctl.raise_batch_max_fragmentation_pct:g} %)"
+    return None
+
+
+def _choose(rule: Rule, state: JobState, rules: RuleSet,
+            readings: dict[str, Reading]) -> tuple[Optional[tuple[Action, float]], list[str]]:
+    skipped = []
+    for action in rule.actions:
+        spec = state.job.knobs.get(action.knob)
+        if spec is None:
+            skipped.append(f"{action.describe()}: the job declared no knob {action.knob!r}")
+            continue
+        new = _next_value(action, spec)
+        if new == float(spec["value"]):
+            bound = "max" if action.direction > 0 else "min"
+            skipped.append(f"{action.describe()}: {action.knob} is at its {bound} ({spec[bound]:g})")
+            continue
+        why = _blocked(state, rules, action, new)
+        if why is None and action.needs_memory_headroom and action.direction > 0:
+            why = _headroom(state, rules, readings)
+        if why is not None:
+            skipped.append(f"{action.describe()}: {why}")
+            continue
+        return (action, new), skipped
+    return None, skipped
+
+
+def _window_evidence(steps: Sequence[JobStep]) -> dict[str, Any]:
+    tp = throughput(steps)
+    return {"steps": [steps[0].step, steps[-1].step], "n_steps": len(steps),
+            "seconds": round(sum(s.step_time_s for s in steps), 3),
+            "samples_per_s": None if tp is None else round(tp, 3)}
+
+
+def period(job: StoredJob, rules: RuleSet) -> int:
+    """Steps per sync period (the period knob's value; 1 when the job has no such knob)."""
+    spec = job.knobs.get(rules.controller.period_knob)
+    try:
+        return max(1, int(round(float(spec["value"])))) if spec else 1
+    except (TypeError, ValueError, KeyError):
+        return 1
+
+
+def _first_window(steps: Sequence[JobStep], rules: RuleSet, every: int) -> Optional[list[JobStep]]:
+    """The earliest window after a change (the verdict comes as soon as an equal window exists)."""
+    ctl = rules.controller
+    for end in range(1, len(steps) + 1):
+        w = window(steps[:end], ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every)
+        if w is not None:
+            return w
+    return None
+
+
+def _last_applied_step(state: JobState) -> Optional[int]:
+    steps = [c.applied_step for c in state.changes if c.status == "applied" and c.applied_step is not None]
+    return max(steps) if steps else None
+
+
+def _gate_fragmentation(readings: dict[str, Reading], rules: RuleSet, retries: int) -> None:
+    """Fragmentation is a problem only under memory pressure: a fragmented cache on a GPU with room to spare
+    costs nothing. Without pressure (GPU memory below the memory rule's healthy line and no allocator retries in
+    the window) a firing fragmentation reading is downgraded to "watch"."""
+    frag = next((r for r in readings.values() if r.signal == "fragmentation_pct" and r.fires), None)
+    if frag is None:
+        return
+    memory_rule = next((r for r in rules.rules if r.signal == "mem_used_pct"), None)
+    mem = next((r for r in readings.values() if r.signal == "mem_used_pct"), None)
+    pressed = retries > 0 or (mem is not None and mem.value is not None and memory_rule is not None
+                              and mem.value >= memory_rule.healthy_below)
+    frag.detail["alloc_retries_in_window"] = retries
+    if not pressed:
+        frag.status = "watch"
+        mem_txt = "unknown" if mem is None or mem.value is None else f"{mem.value:.1f} %"
+        frag.message += f"; no memory pressure (GPU memory {mem_txt}, no allocator retries): not acting"
+
+
+def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dict[str, Reading]:
+    ctx = JobContext(all_steps=state.steps, probe_baseline_us=state.probe_baseline_us,
+                     ooms_since_step=_last_applied_step(state))
+    gpus: Optional[Sequence[GpuWindow]] = None
+    out = {}
+    for rule in rules.rules:
+        if rule.scope == "job":
+            out[rule.name] = job_reading(rule, win, ctx)
+        else:
+            if gpus is None:
+                gpus = list(state.gpus(win[0].start_ms, win[-1].end_ms)) if state.has_gpus else []
+            out[rule.name] = gpu_reading(rule, gpus, rules.controller.gpu_min_samples)
+    _gate_fragmentation(out, rules, alloc_retries(win, ctx))
+    return out
+
+
+def _follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
+    change = next((c for c in state.changes if c.id == open_d.change_id), None)
+    if change is None or change.status in ("superseded", "cancelled"):
+        why = "replaced by a newer change" if change is not None and change.status == "superseded" else \
+            "cancelled before the job applied it (mode switched or bounds changed)"
+        return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id,
+                    outcome="superseded" if change is not None and change.status == "superseded" else "cancelled",
+                    evidence={**open_d.evidence, "closed_because": why})
+    if change.status != "applied" or change.applied_step is None:
+        return Plan(note=f"waiting for the job to apply change {change.id} ({change.knob} → {change.value})")
+    knob_now = state.job.knobs.get(change.knob, {}).get("value")
+    if knob_now is None or float(knob_now) != float(change.value):
+        why = f"the job changed {change.knob} to {knob_now} itself (an OOM, or a new registration)"
+        return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id, outcome="superseded",
+                    evidence={**open_d.evidence, "closed_because": why}, applied_step=change.applied_step)
+    ctl = rules.controller
+    after_steps = [s for s in state.steps if s.step >= change.applied_step + ctl.settle_steps]
+    after = _first_window(after_steps, rules, period(state.job, rules))
+    if after is None:
+        return Plan(note=f"measuring throughput after change {change.id} (from step {change.applied_step + ctl.settle_steps})",
+                    applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None)
+    before_tp, after_tp = open_d.throughput_before_samples_per_s, throughput(after)
+    evidence = {**open_d.evidence, "after_window": _window_evidence(after), "verdict_ms": state.now_ms}
+    if any(r.name == open_d.rule and r.safety for r in rules.rules):
+        # A safety change (memory, fragmentation) is not undone for speed: it was made to stop an OOM.
+        if before_tp and after_tp:
+            evidence["gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)
+        return Plan(note=f"decision {open_d.id}: safety change kept", close=open_d.id, outcome="kept",
+                    evidence=evidence, throughput_after=after_tp, applied_step=change.applied_step)
+    if before_tp is None or after_tp is None or before_tp <= 0:
+        evidence["no_gain"] = True
+        return Plan(note=f"decision {open_d.id}: kept (throughput not measurable)", close=open_d.id, outcome="kept",
+                    evidence=evidence, throughput_after=after_tp, applied_step=change.applied_step)
+    gain_pct = 100.0 * (after_tp / before_tp - 1.0)
+    evidence["gain_pct"] = round(gain_pct, 2)
+    if gain_pct < -ctl.dead_band_pct:
+        old = open_d.old_value if open_d.old_value is not None else change.previous_value
+        return Plan(note=f"decision {open_d.id}: throughput {before_tp:.2f} → {after_tp:.2f} samples/s "
+                         f"({gain_pct:+.1f} %): rolling {change.knob} back to {old}",
+                    close=open_d.id, outcome="rolled_back", evidence=evidence, throughput_after=after_tp,
+                    rollback_to=old, rollback_knob=change.knob, applied_step=change.applied_step)
+    if gain_pct <= ctl.dead_band_pct:
+        evidence["no_gain"] = True
+    return Plan(note=f"decision {open_d.id}: throughput {before_tp:.2f} → {after_tp:.2f} samples/s ({gain_pct:+.1f} %): "
+                     f"kept", close=open_d.id, outcome="kept", evidence=evidence, throughput_after=after_tp,
+                applied_step=change.applied_step)
+
+
+def _advised_recently(state: JobState, rules: RuleSet, rule: str, knob: Optional[str], new: Optional[float]) -> bool:
+    return any(d.rule == rule and d.outcome == "advised" and d.knob == knob
+               and (new is None or (d.new_value is not None and float(d.new_value) == new))
+               for d in _recent(state.decisions, state.now_ms, rules.controller.advice_repeat_s))
+
+
+def plan(state: JobState, rules: RuleSet,
+         placement: Optional[Callable[[JobState, dict[str, Reading], Sequence[JobStep]], Optional[dict]]] = None) -> Plan:
+    """What the controller does now for this job (see the module docstring for the order)."""
+    job = state.job
+    if job.mode == "off":
+        return Plan(note="mode off")
+    open_d = next((d for d in state.decisions if d.outcome == "pending"), None)
+    if open_d is not None:
+        return _follow_up(state, rules, open_d)
+    pending = [c for c in state.changes if c.status == "pending"]
+    if pending:
+        return Plan(note=f"change {pending[0].id} ({pending[0].source}) is in flight")
+    ctl = rules.controller
+    last = _last_applied_step(state)
+    start = (last + ctl.settle_steps + ctl.cooldown_steps) if last is not None else 0
+    win = window([s for s in state.steps if s.step >= start], ctl.window_min_steps, ctl.window_min_s,
+                 ctl.window_max_steps, period(job, rules))
+    if win is None:
+        return Plan(note=f"collecting a window (steps from {start})")
+    readings = readings_for(state, rules, win)
+    tp = throughput(win)
+    base_evidence = {"window": _window_evidence(win), "mode": job.mode,
+                     "knobs": {k: v["value"] for k, v in job.knobs.items()}}
+    for rule in rules.rules:
+        reading = readings[rule.name]
+        if not reading.fires:
+            continue
+        evidence = {**base_evidence, "reading": reading.evidence()}
+        choice, skipped = _choose(rule, state, rules, readings)
+        if skipped:
+            evidence["skipped"] = skipped
+        advice = rule.advice
+        if rule.placement_advice and placement is not None:
+            proposal = placement(state, readings, win)
+            if proposal is not None:
+                evidence["placement"] = proposal
+                advice = f"{advice} Proposed device_map: {proposal.get('device_map')} — {proposal.get('expected_effect', '')}"
+        if choice is not None:
+            action, new = choice
+            old = float(job.knobs[action.knob]["value"])
+            change = NewChange(rule.name, action.knob, old, new,
+                               f"{rule.name}: {reading.message} → {action.describe()} ({old:g} → {new:g})")
+            if job.mode == "auto":
+                return Plan(note=change.reason, change=change, evidence=evidence, throughput_before=tp, advice=advice,
+                            readings=list(readings.values()))
+            if _advised_recently(state, rules, rule.name, action.knob, new):
+                return Plan(note=f"{rule.name}: advised before ({action.knob} → {new:g})", readings=list(readings.values()))
+            return Plan(note=f"advise: {change.reason}", advised=change, evidence=evidence, throughput_before=tp,
+                        advice=advice, readings=list(readings.values()))
+        if not _advised_recently(state, rules, rule.name, None, None):
+            return Plan(note=f"{rule.name}: fires, no action possible ({'; '.join(skipped) or 'advice only'})",
+                        advice_rule=rule.name, advice=advice, evidence=evidence, throughput_before=tp,
+                        readings=list(readings.values()))
+        if rule.safety:
+            return Plan(note=f"{rule.name}: fires and blocks lower-priority rules (advised before)",
+                        readings=list(readings.values()))
+    return Plan(note="no rule fires", readings=list(readings.values()))

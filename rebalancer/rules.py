@@ -1,0 +1,317 @@
+"""The rules file: the brief's thresholds, windows and actions as data (``rules.toml``), with overrides.
+
+Loading checks everything once, at start, so a typo never silently does nothing: an unknown rule or key, a value of
+the wrong type, healthy above act, an unknown knob operation — each is a :class:`RulesError` naming the file, the
+line and the reason. The controller and the balance checks read only the typed :class:`RuleSet`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SHIPPED = "rules.toml"
+OPS = ("mul", "div", "add")
+SCOPES = ("job", "gpu")
+KNOWN_SIGNALS = {
+    "ooms", "mem_used_pct", "fragmentation_pct", "collective_latency_x_baseline", "pcie_pct_of_peak",
+    "communication_share_pct", "generation_share_pct", "evaluation_share_pct", "utilization_spread_pts",
+}
+
+
+class RulesError(ValueError):
+    """A rules file or override cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Action:
+    knob: str
+    op: str
+    by: float
+    needs_memory_headroom: bool = False
+
+    def apply(self, value: float) -> float:
+        if self.op == "mul":
+            return value * self.by
+        if self.op == "div":
+            return value / self.by
+        return value + self.by
+
+    @property
+    def direction(self) -> int:
+        """+1 when the action raises the knob, −1 when it lowers it."""
+        up = (self.op == "mul" and self.by > 1) or (self.op == "div" and self.by < 1) or (self.op == "add" and self.by > 0)
+        return 1 if up else -1
+
+    def describe(self) -> str:
+        sym = {"mul": "×", "div": "÷", "add": "+" if self.by >= 0 else "−"}[self.op]
+        by = abs(self.by) if self.op == "add" else self.by
+        return f"{self.knob} {sym}{by:g}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    priority: int
+    scope: str
+    signal: str
+    unit: str
+    healthy_below: float
+    act_above: float
+    actions: tuple[Action, ...]
+    advice: str
+    safety: bool = False
+    placement_advice: bool = False
+    gpu_signal: Optional[str] = None
+    fallback_gpu_signal: Optional[str] = None
+
+    def grade(self, value: float) -> str:
+        if value > self.act_above:
+            return "act"
+        if value >= self.healthy_below:
+            return "watch"
+        return "ok"
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    window_min_steps: int = 1
+    window_min_s: float = 4.0
+    window_max_steps: int = 20
+    settle_steps: int = 1
+    cooldown_steps: int = 0
+    dead_band_pct: float = 3.0
+    retry_after_s: float = 600.0
+    advice_repeat_s: float = 600.0
+    raise_batch_max_mem_pct: float = 85.0
+    raise_batch_max_fragmentation_pct: float = 15.0
+    gpu_min_samples: int = 3
+    probe_baseline_steps: int = 5
+    period_knob: str = "sync_every"
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    controller: ControllerSettings
+    rules: tuple[Rule, ...] = field(default_factory=tuple)  # by priority
+
+    def __getitem__(self, name: str) -> Rule:
+        for rule in self.rules:
+            if rule.name == name:
+                return rule
+        raise KeyError(name)
+
+    def names(self) -> list[str]:
+        return [r.name for r in self.rules]
+
+    def with_overrides(self, overrides: Optional[Mapping[str, Any]], source: str = "per-job rules") -> "RuleSet":
+        """This set with ``{"controller": {...}, "rules": {name: {...}}}`` (or ``{name: {...}}``) applied."""
+        if not overrides:
+            return self
+        data = _as_document(self)
+        _merge(data, _normalise(overrides), source, text=None)
+        return _build(data, source, text=None)
+
+
+def _as_document(rs: RuleSet) -> dict[str, Any]:
+    rules = {}
+    for r in rs.rules:
+        d = {f.name: getattr(r, f.name) for f in fields(Rule) if f.name != "name"}
+        d["actions"] = [{f.name: getattr(a, f.name) for f in fields(Action)} for a in r.actions]
+        rules[r.name] = {k: v for k, v in d.items() if v is not None}
+    return {"controller": {f.name: getattr(rs.controller, f.name) for f in fields(ControllerSettings)},
+            "rules": rules}
+
+
+def _normalise(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(overrides, Mapping):
+        raise RulesError(f"overrides must be a table, got {type(overrides).__name__}")
+    for key in ("rules", "controller"):
+        if key in overrides and not isinstance(overrides[key], Mapping):
+            raise RulesError(f"{key} must be a table, got {type(overrides[key]).__name__}")
+    if "rules" in overrides or "controller" in overrides:
+        extra = set(overrides) - {"rules", "controller"}
+        if extra:
+            raise RulesError(f"unknown top-level keys {sorted(extra)}: expected [controller] and [rules.<name>]")
+        return {"controller": dict(overrides.get("controller", {})), "rules": dict(overrides.get("rules", {}))}
+    return {"controller": {}, "rules": dict(overrides)}
+
+
+def _line_of(text: Optional[str], table: str, key: Optional[str] = None) -> str:
+    """' (line N)' of ``[table]`` (or of ``key =`` inside it) in the file text, '' if not found."""
+    if not text:
+        return ""
+    lines = text.splitlines()
+    header = re.compile(r"^\s*\[\s*" + re.escape(table).replace(r"\.", r"\s*\.\s*") + r"\s*\]")
+    for i, line in enumerate(lines):
+        if header.match(line):
+            if key is None:
+                return f" (line {i + 1})"
+            for j in range(i + 1, len(lines)):
+                if lines[j].lstrip().startswith("["):
+                    break
+                if re.match(r"^\s*" + re.escape(key) + r"\s*=", lines[j]):
+                    return f" (line {j + 1})"
+            return f" (line {i + 1})"
+    return ""
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any], source: str, text: Optional[str]) -> None:
+    for key, value in extra.get("controller", {}).items():
+        if key not in base["controller"]:
+            raise RulesError(f"{source}{_line_of(text, 'controller', key)}: [controller] has no key {key!r}; "
+                             f"known: {', '.join(sorted(base['controller']))}")
+        base["controller"][key] = value
+    for name, values in extra.get("rules", {}).items():
+        if not isinstance(values, Mapping):
+            raise RulesError(f"{source}{_line_of(text, 'rules.' + str(name))}: rules.{name} must be a table")
+        if name not in base["rules"]:
+            raise RulesError(f"{source}{_line_of(text, 'rules.' + str(name))}: unknown rule {name!r}; "
+                             f"known: {', '.join(sorted(base['rules']))}")
+        allowed = {f.name for f in fields(Rule)} - {"name"}
+        for key, value in values.items():
+            if key not in allowed:
+                raise RulesError(f"{source}{_line_of(text, 'rules.' + name, key)}: rule {name!r} has no key {key!r}; "
+                                 f"known: {', '.join(sorted(allowed))}")
+            base["rules"][name][key] = value
+
+
+def _number(value: Any, where: str, integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RulesError(f"{where}: expected a number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise RulesError(f"{where}: expected a whole number, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet:
+    ctl_in = data.get("controller", {})
+    ctl = {}
+    for f in fields(ControllerSettings):
+        where = f"{source}{_line_of(text, 'controller', f.name)}: controller.{f.name}"
+        if f.type == "str":
+            value = ctl_in.get(f.name, f.default)
+            if not isinstance(value, str):
+                raise RulesError(f"{where}: expected text, got {value!r}")
+            ctl[f.name] = value
+            continue
+        value = _number(ctl_in.get(f.name, f.default), where, integer=f.type == "int")
+        if value < 0:
+            raise RulesError(f"{where}: must be ≥ 0, got {value}")
+        ctl[f.name] = value
+    if ctl["window_min_steps"] < 1 or ctl["window_max_steps"] < ctl["window_min_steps"]:
+        raise RulesError(f"{source}: controller needs 1 ≤ window_min_steps ≤ window_max_steps")
+    rules = []
+    for name, d in data.get("rules", {}).items():
+        def where(key: Optional[str] = None) -> str:
+            return f"{source}{_line_of(text, 'rules.' + name, key)}: rules.{name}" + (f".{key}" if key else "")
+
+        missing = [k for k in ("priority", "scope", "signal", "healthy_below", "act_above", "actions", "advice")
+                   if k not in d]
+        if missing:
+            raise RulesError(f"{where()}: missing {', '.join(missing)}")
+        if d["scope"] not in SCOPES:
+            raise RulesError(f"{where('scope')}: must be one of {SCOPES}, got {d['scope']!r}")
+        if d["signal"] not in KNOWN_SIGNALS:
+            raise RulesError(f"{where('signal')}: unknown signal {d['signal']!r}; known: {', '.join(sorted(KNOWN_SIGNALS))}")
+        healthy, act = _number(d["healthy_below"], where("healthy_below")), _number(d["act_above"], where("act_above"))
+        if healthy > act and d["signal"] != "ooms":
+            raise RulesError(f"{where('healthy_below')}: healthy_below ({healthy}) is above act_above ({act})")
+        if not isinstance(d["actions"], Sequence) or isinstance(d["actions"], str):
+            raise RulesError(f"{where('actions')}: must be a list of {{knob, op, by}} tables")
+        actions = []
+        for i, a in enumerate(d["actions"]):
+            w = f"{where('actions')}[{i}]"
+            if not isinstance(a, Mapping) or not {"knob", "op", "by"} <= set(a) \
+                    or set(a) - {"knob", "op", "by", "needs_memory_headroom"}:
+                raise RulesError(f"{w}: needs exactly knob, op, by (and optionally needs_memory_headroom), got {a!r}")
+            if a["op"] not in OPS:
+                raise RulesError(f"{w}: op must be one of {OPS}, got {a['op']!r}")
+            by = _number(a["by"], f"{w}.by")
+            if (a["op"] in ("mul", "div") and by <= 0) or (a["op"] == "add" and by == 0) or by == 1 and a["op"] != "add":
+                raise RulesError(f"{w}: by={by} would not change the knob")
+            if not isinstance(a["knob"], str) or not a["knob"]:
+                raise RulesError(f"{w}: knob must be a knob name")
+            actions.append(Action(a["knob"], a["op"], by, bool(a.get("needs_memory_headroom", False))))
+        for key in ("advice", "unit"):
+            if not isinstance(d.get(key, ""), str):
+                raise RulesError(f"{where(key)}: must be text")
+        for key in ("safety", "placement_advice"):
+            if not isinstance(d.get(key, False), bool):
+                raise RulesError(f"{where(key)}: must be true or false")
+        rules.append(Rule(name=name, priority=int(_number(d["priority"], where("priority"), integer=True)),
+                          scope=d["scope"], signal=d["signal"], unit=d.get("unit", ""), healthy_below=healthy,
+                          act_above=act, actions=tuple(actions), advice=d["advice"], safety=d.get("safety", False),
+                          placement_advice=d.get("placement_advice", False), gpu_signal=d.get("gpu_signal"),
+                          fallback_gpu_signal=d.get("fallback_gpu_signal")))
+    rules.sort(key=lambda r: (r.priority, r.name))
+    return RuleSet(ControllerSettings(**ctl), tuple(rules))
+
+
+def _parse(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # its message carries "(at line N, column M)"
+        raise RulesError(f"{source}: {exc}") from None
+
+
+def shipped_text() -> str:
+    return resources.files("trimtab.rebalancer").joinpath(SHIPPED).read_text(encoding="utf-8")
+
+
+def load_rules(path: Optional[str | Path] = None, overrides: Optional[Mapping[str, Any]] = None,
+               overrides_source: str = "trimtab.toml") -> RuleSet:
+    """The shipped rules, then ``path`` (a rules file: only the keys it names change), then ``overrides``
+    (``{"controller": …, "rules": …}`` from trimtab.toml). Raises :class:`RulesError` with file, line and reason."""
+    data = _parse(shipped_text(), SHIPPED)
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise RulesError(f"{p}: cannot read: {exc.strerror or exc}") from None
+        doc = _parse(text, str(p))
+        _merge(data, _normalise(doc), str(p), text)
+        rs = _build(data, str(p), text)
+    else:
+        rs = _build(data, SHIPPED, None)
+    if overrides:
+        data = _as_document(rs)
+        _merge(data, _normalise(overrides), overrides_source, None)
+        rs = _build(data, overrides_source, None)
+    return rs
+
+
+def default_rules() -> RuleSet:
+    return load_rules()
+
+
+def check_job_overrides(rules: RuleSet, overrides: Mapping[str, Any]) -> None:
+    """Raise :class:`RulesError` unless ``overrides`` (a job's registration "rules") apply cleanly."""
+    rules.with_overrides(overrides)
+
+
+def thresholds(rules: RuleSet) -> dict[str, dict[str, Any]]:
+    """The node-level checks as ``trimtab check`` grades them (the GPU-scope rules)."""
+    spread, pcie, memory = rules["utilization_spread"], rules["pcie"], rules["memory"]
+    return {
+        "utilization_spread": dict(signal=spread.gpu_signal or "sm_active_pct",
+                                   fallback_signal=spread.fallback_gpu_signal or "util_pct",
+                                   healthy_below=spread.healthy_below, act_above=spread.act_above, advice=spread.advice),
+        "pcie": dict(healthy_below=pcie.healthy_below, act_above=pcie.act_above, advice=pcie.advice),
+        "memory": dict(healthy_below=memory.healthy_below, act_above=memory.act_above, advice=memory.advice),
+    }
+
+
+__all__ = ["Action", "ControllerSettings", "Rule", "RuleSet", "RulesError", "check_job_overrides", "default_rules",
+           "load_rules", "thresholds"]

@@ -1,0 +1,201 @@
+"""The rebalancer inside `trimtab up` and `trimtab server`: loads each live job's state from the store, runs the
+controller's plan and writes what it decided (a change with its pending decision, a verdict, a rollback, advice).
+
+It is driven two ways: right after a step report is stored (so a change rides on the response to that very
+report and the job applies it at its next boundary, one step sooner than polling), and by a background loop that
+catches jobs whose last report came in while an evaluation was running. One evaluation per job at a time (a lock
+per job); an error in one job's evaluation is logged, counted on /healthz and never reaches the report's sender.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from sqlalchemy import Engine
+
+from trimtab.rebalancer.controller import JobState, Plan, plan
+from trimtab.rebalancer.placement_bridge import placement_for
+from trimtab.rebalancer.rules import RuleSet, RulesError, default_rules
+from trimtab.rebalancer.window import first_probes, load_steps
+from trimtab.store import decisions as decision_store
+from trimtab.store import jobs as job_store
+from trimtab.store.jobs import StoredJob, now_ms
+
+log = logging.getLogger("trimtab.rebalancer")
+LIVE_JOB_S = 600.0  # jobs that reported within this long are evaluated by the loop
+
+
+@dataclass
+class RebalancerStats:
+    evaluations: int = 0
+    changes_queued: int = 0
+    advised: int = 0
+    kept: int = 0
+    rolled_back: int = 0
+    errors: int = 0
+    last_error: Optional[str] = None
+    last_evaluation_ms: Optional[int] = None
+    notes: dict[str, str] = field(default_factory=dict)  # job → what it is doing
+
+
+class Rebalancer:
+    def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0):
+        self.engine = engine
+        self.rules = rules or default_rules()
+        self.interval_s = interval_s
+        self.stats = RebalancerStats()
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # -- driving -------------------------------------------------------------------------------------------
+
+    def start(self) -> "Rebalancer":
+        self._thread = threading.Thread(target=self._run, name="trimtab-rebalancer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.run_once()
+
+    def run_once(self) -> None:
+        """Evaluate every job that reported recently (and is not off)."""
+        try:
+            jobs = job_store.list_jobs(self.engine, limit=10_000, offset=0)
+        except Exception as exc:  # a dead store connection: next round
+            self._failed("listing jobs", exc)
+            return
+        cutoff = now_ms() - LIVE_JOB_S * 1000
+        for job in jobs:
+            if job.mode != "off" and job.last_report_ms is not None and job.last_report_ms >= cutoff:
+                self.evaluate(job, wait=True)
+
+    def after_report(self, job: StoredJob) -> None:
+        """Called by the report route once a report is stored; skips if that job is being evaluated already."""
+        if job.mode != "off":
+            self.evaluate(job, wait=False)
+
+    def _lock(self, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def evaluate(self, job: StoredJob, wait: bool = True) -> Optional[Plan]:
+        lock = self._lock(job.name)
+        if not lock.acquire(blocking=wait):
+            return None
+        try:
+            fresh = job_store.get_job(self.engine, job.name) or job
+            result = self._evaluate(fresh)
+            self.stats.notes[job.name] = result.note
+            return result
+        except Exception as exc:
+            self._failed(f"job {job.name!r}", exc)
+            return None
+        finally:
+            lock.release()
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{what}: {type(exc).__name__}: {exc}"[:300]
+        log.warning("rebalancer: %s failed: %s", what, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+
+    # -- one evaluation ------------------------------------------------------------------------------------
+
+    def rules_for(self, job: StoredJob) -> RuleSet:
+        try:
+            return self.rules.with_overrides(job.rules, source=f"job {job.name} rules")
+        except RulesError as exc:  # validated at registration; a rules file changed since — fall back, loudly
+            log.warning("rebalancer: %s; using the daemon's rules for this job", exc)
+            return self.rules
+
+    def load_state(self, job: StoredJob, rules: RuleSet) -> JobState:
+        from trimtab.store.queries import gpu_aggregates
+
+        engine = self.engine
+        gpu_indices = sorted({i for ids in job.device_map.values() for i in ids})
+
+        def gpus(start_ms: int, end_ms: int):
+            out = []
+            for host in job.hostnames or [None]:
+                out += [g for g in gpu_aggregates(engine, start_ms, end_ms, hostname=host)
+                        if g.gpu_index in gpu_indices]
+            return out
+
+        probes = first_probes(engine, job.id, rules.controller.probe_baseline_steps)
+        baseline = statistics.median(probes) if len(probes) >= rules.controller.probe_baseline_steps else None
+        return JobState(job=job, steps=load_steps(engine, job.id, job.ranks),
+                        changes=job_store.list_changes(engine, job.id, limit=50, offset=0),
+                        decisions=decision_store.list_decisions(engine, job.id, limit=200, offset=0),
+                        gpus=gpus, probe_baseline_us=baseline, now_ms=now_ms(), has_gpus=bool(gpu_indices))
+
+    def _evaluate(self, job: StoredJob) -> Plan:
+        rules = self.rules_for(job)
+        state = self.load_state(job, rules)
+        result = plan(state, rules, placement=placement_for)
+        self.stats.evaluations += 1
+        self.stats.last_evaluation_ms = now_ms()
+        self._execute(job, result)
+        return result
+
+    def _execute(self, job: StoredJob, p: Plan) -> None:
+        engine = self.engine
+        if p.close is not None:
+            rollback = None
+            if p.outcome == "rolled_back" and p.rollback_to is not None and p.rollback_knob is not None:
+                rollback = (job.id, p.rollback_knob, p.rollback_to, f"rollback: {p.note}")
+            fields: dict[str, Any] = {"throughput_after_samples_per_s": p.throughput_after}
+            if p.applied_step is not None:
+                fields["applied_step"] = p.applied_step
+            decision_store.close_decision(engine, p.close, p.outcome or "kept", p.evidence, rollback=rollback,
+                                          **fields)
+            if p.outcome == "rolled_back":
+                self.stats.rolled_back += 1
+            elif p.outcome == "kept":
+                self.stats.kept += 1
+            log.info("rebalancer: job %s: %s", job.name, p.note)
+        elif p.measuring is not None and p.applied_step is not None:
+            decision_store.set_applied_step(engine, p.measuring, p.applied_step)
+        if p.change is not None:
+            c = p.change
+            decision_store.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value, c.reason,
+                                         throughput_before_samples_per_s=p.throughput_before, advice=p.advice)
+            self.stats.changes_queued += 1
+            log.info("rebalancer: job %s: %s", job.name, p.note)
+        elif p.advised is not None:
+            c = p.advised
+            decision_store.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,
+                                        new_value=c.new_value, throughput_before_samples_per_s=p.throughput_before,
+                                        outcome="advised", advice=f"{c.reason}. {p.advice or ''}".strip())
+            self.stats.advised += 1
+            log.info("rebalancer: job %s (advise): %s", job.name, p.note)
+        elif p.advice_rule is not None:
+            decision_store.add_decision(engine, job.id, p.advice_rule, p.evidence, outcome="advised", advice=p.advice,
+                                        throughput_before_samples_per_s=p.throughput_before)
+            self.stats.advised += 1
+            log.info("rebalancer: job %s: %s", job.name, p.note)
+
+    # -- status ----------------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        s = self.stats
+        alive = self._thread is not None and self._thread.is_alive()
+        return {"state": "running" if alive else "stopped", "rules": len(self.rules.rules),
+                "evaluations": s.evaluations, "changes_queued": s.changes_queued, "kept": s.kept,
+                "rolled_back": s.rolled_back, "advised": s.advised, "errors": s.errors, "last_error": s.last_error,
+                "last_evaluation_ms": s.last_evaluation_ms, "jobs": dict(s.notes)}
+
+    def status_line(self) -> str:
+        s = self.stats
+        return (f"rebalancer: {len(s.notes)} jobs, {s.changes_queued} changes ({s.kept} kept, {s.rolled_back} "
+                f"rolled back), {s.advised} advised" + (f", {s.errors} errors" if s.errors else ""))

@@ -1,0 +1,185 @@
+"""Each rule's signal over a window: from the job's step reports (job scope) or the agent's samples of the job's
+GPUs (GPU scope), graded against the rule, with the figures that go into a decision's evidence.
+
+Hysteresis lives here: a job signal fires only when it is above ``act_above`` over the whole window *and* over
+each half of it (so one slow step cannot fire a rule, yet a phase that happens every few steps — a weight sync
+every 2nd step — is judged by its share of the time, not by the steps that lack it). Phase shares are time-weighted
+(phase seconds / step seconds); fragmentation and latency are means of the steps that carry them. A GPU signal
+fires when its window mean is above the line, with enough samples on every GPU. Missing data never fires
+(``status == "no_data"``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from trimtab.rebalancer.balance import GpuWindow, _mem_pct, _pcie_pct
+from trimtab.rebalancer.rules import Rule
+from trimtab.rebalancer.window import JobStep
+
+NO_DATA = "no_data"
+
+
+@dataclass
+class Reading:
+    rule: str
+    signal: str
+    unit: str
+    status: str                          # ok | watch | act | no_data
+    value: Optional[float]               # window mean (job) or the window's worst GPU (GPU)
+    per_step: list[Optional[float]] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def fires(self) -> bool:
+        return self.status == "act"
+
+    def evidence(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"signal": self.signal, "unit": self.unit, "value": _round(self.value),
+                               "status": self.status, "message": self.message}
+        if self.per_step:
+            out["per_step"] = [_round(v) for v in self.per_step]
+        out.update(self.detail)
+        return out
+
+
+def _round(v: Optional[float]) -> Optional[float]:
+    return None if v is None else round(float(v), 3)
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a job signal may look at besides the window: every loaded step (for OOM deltas) and the probe baseline."""
+    all_steps: Sequence[JobStep]
+    probe_baseline_us: Optional[float]
+    ooms_since_step: Optional[int] = None  # the last change's step: an OOM in its settle step still counts
+
+
+Aggregate = Callable[[Sequence[JobStep]], Optional[float]]
+
+
+def _halves(window: Sequence[JobStep]) -> list[Sequence[JobStep]]:
+    if len(window) < 2:
+        return [window]
+    mid = len(window) // 2
+    return [window[:mid], window[mid:]]
+
+
+def _sustained(rule: Rule, window: Sequence[JobStep], aggregate: Aggregate, values: list[Optional[float]],
+               what: str) -> Reading:
+    base = dict(rule=rule.name, signal=rule.signal, unit=rule.unit, per_step=values)
+    whole = aggregate(window)
+    if whole is None:
+        return Reading(status=NO_DATA, value=None, message=f"no {what} in the window's reports", **base)
+    halves = [aggregate(h) for h in _halves(window)]
+    lowest = min((h for h in halves if h is not None), default=whole)
+    status = "act" if whole > rule.act_above and lowest > rule.act_above else \
+        ("watch" if rule.grade(whole) != "ok" else "ok")
+    n = sum(v is not None for v in values)
+    msg = (f"{what} {whole:.1f} {rule.unit} over steps {window[0].step}–{window[-1].step} ({n} with data; lower "
+           f"half-window {lowest:.1f}; act above {rule.act_above:g})")
+    return Reading(status=status, value=whole, message=msg,
+                   detail={"steps": [s.step for s in window], "halves": [_round(h) for h in halves]}, **base)
+
+
+def _share(phase: str) -> Aggregate:
+    def aggregate(steps: Sequence[JobStep]) -> Optional[float]:
+        known = [s for s in steps if s.phases_s.get(phase) is not None]
+        seconds = sum(s.step_time_s for s in known)
+        return 100.0 * sum(s.phases_s[phase] for s in known) / seconds if known and seconds > 0 else None
+    return aggregate
+
+
+def _mean_of(values_of: Callable[[JobStep], Optional[float]]) -> Aggregate:
+    def aggregate(steps: Sequence[JobStep]) -> Optional[float]:
+        known = [v for v in map(values_of, steps) if v is not None]
+        return statistics.fmean(known) if known else None
+    return aggregate
+
+
+def _ooms(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Reading:
+    first = window[0].step if ctx.ooms_since_step is None else min(window[0].step, ctx.ooms_since_step)
+    last = window[-1].step
+    before = [s.num_ooms for s in ctx.all_steps if s.step < first and s.num_ooms is not None]
+    inside = [s.num_ooms for s in ctx.all_steps if first <= s.step <= last and s.num_ooms is not None]
+    base = dict(rule=rule.name, signal=rule.signal, unit=rule.unit)
+    if not inside:
+        return Reading(status=NO_DATA, value=None, message="no allocator statistics in the window", **base)
+    new = max(inside) - (before[-1] if before else 0)
+    status = "act" if new > rule.act_above else "ok"
+    return Reading(status=status, value=float(new), message=f"{new} OOM(s) in steps {first}–{last}",
+                   detail={"num_ooms_cumulative": max(inside)}, **base)
+
+
+def _latency(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Reading:
+    if ctx.probe_baseline_us is None or ctx.probe_baseline_us <= 0:
+        return Reading(rule=rule.name, signal=rule.signal, unit=rule.unit, status=NO_DATA, value=None,
+                       message="no collective-latency baseline yet (the hook's probe is off or too few probes)")
+    def ratio(s: JobStep) -> Optional[float]:
+        return None if s.collective_latency_us is None else s.collective_latency_us / ctx.probe_baseline_us
+
+    reading = _sustained(rule, window, _mean_of(ratio), [ratio(s) for s in window], "collective latency vs baseline")
+    reading.detail["baseline_us"] = _round(ctx.probe_baseline_us)
+    return reading
+
+
+def job_reading(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Reading:
+    signal = rule.signal
+    if signal == "ooms":
+        return _ooms(rule, window, ctx)
+    if signal == "collective_latency_x_baseline":
+        return _latency(rule, window, ctx)
+    if signal == "fragmentation_pct":
+        def frag(s: JobStep) -> Optional[float]:
+            return None if s.fragmentation is None else 100.0 * s.fragmentation
+
+        return _sustained(rule, window, _mean_of(frag), [frag(s) for s in window], "allocator fragmentation")
+    phase = signal.removesuffix("_share_pct")
+    return _sustained(rule, window, _share(phase), [s.share_pct(phase) for s in window], f"{phase} share of the step")
+
+
+def alloc_retries(window: Sequence[JobStep], ctx: JobContext) -> int:
+    """Allocator retries (cudaMalloc after flushing the cache: the symptom of fragmentation that hurts) in the
+    window."""
+    first = window[0].step
+    before = [s.num_alloc_retries for s in ctx.all_steps if s.step < first and s.num_alloc_retries is not None]
+    inside = [s.num_alloc_retries for s in window if s.num_alloc_retries is not None]
+    return max(inside) - (before[-1] if before else 0) if inside else 0
+
+
+def gpu_reading(rule: Rule, gpus: Sequence[GpuWindow], min_samples: int) -> Reading:
+    base = dict(rule=rule.name, signal=rule.signal, unit=rule.unit)
+    if not gpus:
+        return Reading(status=NO_DATA, value=None, message="no agent samples of the job's GPUs in the window", **base)
+    thin = [g.gpu_index for g in gpus if g.n_samples < min_samples]
+    if thin:
+        return Reading(status=NO_DATA, value=None,
+                       message=f"fewer than {min_samples} agent samples of GPU {thin} in the window", **base)
+    if rule.signal == "utilization_spread_pts":
+        key = rule.gpu_signal or "sm_active_pct"
+        if any(g.mean.get(key) is None for g in gpus):
+            key = rule.fallback_gpu_signal or "util_pct"
+        values = {g.gpu_index: g.mean.get(key) for g in gpus}
+        if any(v is None for v in values.values()):
+            return Reading(status=NO_DATA, value=None, message=f"{key} not measured on every GPU", **base)
+        if len(values) < 2:
+            return Reading(status="ok", value=0.0, message="one GPU: no spread", detail={key: values}, **base)
+        spread = max(values.values()) - min(values.values())
+        return Reading(status=rule.grade(spread), value=spread, detail={"per_gpu_" + key: _rounded(values)},
+                       message=f"{key} spread {spread:.1f} pts across GPUs {sorted(values)}", **base)
+    pct: Callable[[GpuWindow], Optional[float]] = _mem_pct if rule.signal == "mem_used_pct" else _pcie_pct
+    values = {g.gpu_index: pct(g) for g in gpus}
+    known = {i: v for i, v in values.items() if v is not None}
+    if not known:
+        return Reading(status=NO_DATA, value=None, message=f"{rule.signal} not measured on these GPUs", **base)
+    worst_gpu = max(known, key=lambda i: known[i])
+    worst = known[worst_gpu]
+    return Reading(status=rule.grade(worst), value=worst, detail={"per_gpu": _rounded(values), "gpu": worst_gpu},
+                   message=f"GPU {worst_gpu} at {worst:.1f} {rule.unit} (window mean)", **base)
+
+
+def _rounded(values: dict[int, Optional[float]]) -> dict[str, Optional[float]]:
+    return {str(i): _round(v) for i, v in sorted(values.items())}

@@ -1,0 +1,118 @@
+"""A job's recent steps as the controller sees them: the ranks' step reports folded into one row per step, and the
+window of steps a rule is judged on.
+
+A step counts once every rank has reported it (or a later step has arrived, so the missing rank's report is lost,
+not late). Across ranks a step lasts as long as its slowest rank, its samples add up, and each phase takes the
+slowest rank's time: the job waits for the slowest. Throughput is samples over wall time of whole steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from sqlalchemy import Engine, select
+
+from trimtab.store.models import job_reports
+
+PHASES = ("generation", "evaluation", "communication", "update", "other")
+
+
+@dataclass(frozen=True)
+class JobStep:
+    step: int
+    ranks: int                          # how many ranks reported it
+    step_time_s: float
+    samples: Optional[float]
+    phases_s: dict[str, Optional[float]]
+    fragmentation: Optional[float]      # the worst rank's, fraction 0–1
+    num_ooms: Optional[int]             # cumulative, the highest rank's
+    collective_latency_us: Optional[float]
+    start_ms: int                       # wall clock span of the step, from the reports' arrival
+    end_ms: int
+    num_alloc_retries: Optional[int] = None  # cumulative, the highest rank's
+
+    def share_pct(self, phase: str) -> Optional[float]:
+        value = self.phases_s.get(phase)
+        if value is None or self.step_time_s <= 0:
+            return None
+        return 100.0 * value / self.step_time_s
+
+
+def _fold(step: int, rows: Sequence) -> JobStep:
+    def worst(name: str) -> Optional[float]:
+        values = [getattr(r, name) for r in rows if getattr(r, name) is not None]
+        return max(values) if values else None
+
+    samples = [r.samples for r in rows if r.samples is not None]
+    step_time = max(r.step_time_s for r in rows)
+    latencies = [r.collective_latency_us for r in rows if r.collective_latency_us is not None]
+    end_ms = max(r.received_ms for r in rows)
+    ooms, retries = worst("num_ooms"), worst("num_alloc_retries")
+    return JobStep(step=step, ranks=len(rows), step_time_s=step_time, samples=float(sum(samples)) if samples else None,
+                   phases_s={p: worst(f"{p}_s") for p in PHASES}, fragmentation=worst("fragmentation"),
+                   num_ooms=int(ooms) if ooms is not None else None,
+                   num_alloc_retries=int(retries) if retries is not None else None,
+                   collective_latency_us=statistics.median(latencies) if latencies else None,
+                   start_ms=end_ms - int(step_time * 1000), end_ms=end_ms)
+
+
+def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, limit: int = 400) -> list[JobStep]:
+    """Complete steps ≥ ``since_step``, oldest first (at most the newest ``limit``)."""
+    r = job_reports.c
+    query = (select(r.step, r.rank, r.received_ms, r.step_time_s, r.generation_s, r.evaluation_s, r.communication_s,
+                    r.update_s, r.other_s, r.samples, r.fragmentation, r.num_ooms, r.num_alloc_retries, r.collective_latency_us)
+             .where(r.job_id == job_id, r.step >= since_step).order_by(r.step.desc(), r.rank).limit(limit * max(1, ranks)))
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    by_step: dict[int, list] = {}
+    for row in rows:
+        by_step.setdefault(row.step, []).append(row)
+    if not by_step:
+        return []
+    newest = max(by_step)
+    steps = [_fold(s, rs) for s, rs in sorted(by_step.items())
+             if len({x.rank for x in rs}) >= ranks or s < newest]
+    return steps[-limit:]
+
+
+def first_probes(engine: Engine, job_id: int, n: int) -> list[float]:
+    """The job's first ``n`` collective-latency probe values (its own baseline)."""
+    r = job_reports.c
+    query = (select(r.collective_latency_us).where(r.job_id == job_id, r.collective_latency_us.is_not(None))
+             .order_by(r.step, r.rank).limit(n))
+    with engine.connect() as conn:
+        return [float(v) for v in conn.execute(query).scalars()]
+
+
+def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: int,
+           period: int = 1) -> Optional[list[JobStep]]:
+    """The newest steps covering at least ``min_steps`` steps and ``min_s`` seconds (at most ``max_steps``), in
+    whole multiples of ``period`` steps; None when ``steps`` cannot cover that yet.
+
+    ``period`` is the job's sync interval: with a weight sync every 2nd step, steps alternate fast and slow, and a
+    window of 5 steps holding 3 syncs would read 8 % slower than one holding 2 — enough to roll back a good change.
+    """
+    period = max(1, int(period))
+    cap = max(period, max_steps - max_steps % period)
+    chosen: list[JobStep] = []
+    total_s = 0.0
+    for step in reversed(steps):
+        chosen.append(step)
+        total_s += step.step_time_s
+        whole = len(chosen) % period == 0
+        if whole and len(chosen) >= min_steps and total_s >= min_s:
+            return list(reversed(chosen))
+        if len(chosen) >= cap:
+            return list(reversed(chosen)) if len(chosen) >= min_steps else None
+    return None
+
+
+def throughput(steps: Sequence[JobStep]) -> Optional[float]:
+    """Samples per second over whole steps; None without sample counts."""
+    seconds = sum(s.step_time_s for s in steps)
+    samples = [s.samples for s in steps]
+    if not steps or seconds <= 0 or any(v is None for v in samples):
+        return None
+    return sum(samples) / seconds

@@ -1,0 +1,182 @@
+"""The rebalancer on a real store (SQLite file and PostgreSQL): a change and its decision are filed together, a
+restarted daemon (a new Rebalancer on the same store) picks the change in flight up without queueing it twice,
+the verdict (kept / rolled back) is written once, and an error in an evaluation is counted, not raised."""
+
+from __future__ import annotations
+
+import pytest
+
+from trimtab.rebalancer import service as service_mod
+from trimtab.rebalancer.service import Rebalancer
+from trimtab.store import decisions as decision_store
+from trimtab.store import jobs as job_store
+from trimtab.store.engine import migrate, open_engine
+
+RANKS = 2
+KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},
+         "sync_every": {"value": 1, "min": 1, "max": 8}}
+
+
+
+
+@pytest.fixture
+def engine(store_engine):
+    """A migrated store on SQLite and on PostgreSQL (the shared ``store_engine`` fixture)."""
+    return store_engine
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path):
+    engine = open_engine(f"sqlite:///{tmp_path}/trimtab.db")
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def register(engine, mode="auto"):
+    job, created = job_store.register_job(engine, "grpo", RANKS, {}, ["node-a"], KNOBS, mode, None, True)
+    assert created
+    return job
+
+
+def report(engine, job, first: int, n: int, step_time: float, gen: float, samples: int = 64) -> None:
+    """``n`` steps from ``first``, every rank reporting its half of the samples."""
+    for step in range(first, first + n):
+        for rank in range(RANKS):
+            assert job_store.add_report(engine, job.id, dict(
+                step=step, rank=rank, step_time_s=step_time, generation_s=gen, evaluation_s=0.5,
+                communication_s=0.2, update_s=step_time - gen - 0.7, other_s=0.0, samples=samples // RANKS))
+
+
+def ack(engine, job, change_id: int, step: int) -> None:
+    for rank in range(RANKS):
+        assert job_store.ack_change(engine, job.id, change_id, rank, step) is not None
+
+
+def changes(engine, job):
+    return job_store.list_changes(engine, job.id, limit=100, offset=0)  # newest first
+
+
+def decisions(engine, job):
+    return decision_store.list_decisions(engine, job.id, limit=100, offset=0)  # newest first
+
+
+def first_change(engine, job):
+    """Batch 1 (45 s steps, 44 s generating, 64 samples) → the rebalancer queues batch 4 with a pending decision."""
+    report(engine, job, 0, 3, step_time=45.0, gen=44.0)
+    rb = Rebalancer(engine)
+    p = rb.evaluate(job)
+    assert p is not None and p.change is not None, p and p.note
+    [c] = changes(engine, job)
+    [d] = decisions(engine, job)
+    assert (c.knob, c.value, c.previous_value, c.source, c.status) == ("batch_size", 4, 1, "rebalancer", "pending")
+    assert (d.rule, d.outcome, d.change_id, d.knob, d.old_value, d.new_value) == \
+        ("generation_bound", "pending", c.id, "batch_size", 1, 4)
+    assert d.throughput_before_samples_per_s == pytest.approx(64 / 45)
+    assert d.evidence["window"]["steps"] == [2, 2]
+    assert rb.health()["changes_queued"] == 1 and rb.health()["errors"] == 0
+    return c, d
+
+
+def test_restart_mid_change_recovers_from_the_store_and_keeps_a_gain(engine):
+    job = register(engine)
+    c, d = first_change(engine, job)
+
+    # the daemon restarts before the job applied the change: nothing is queued twice
+    for _ in range(2):
+        p = Rebalancer(engine).evaluate(job)
+        assert p.note == f"waiting for the job to apply change {c.id} (batch_size → 4)"
+    assert [x.id for x in changes(engine, job)] == [c.id] and [x.id for x in decisions(engine, job)] == [d.id]
+
+    # both ranks apply it from step 3; batch 4 runs 12 s steps of 64 samples
+    ack(engine, job, c.id, 3)
+    assert job_store.get_job(engine, "grpo").knobs["batch_size"]["value"] == 4
+    report(engine, job, 3, 1, step_time=12.0, gen=11.0)  # the settle step only
+    rb = Rebalancer(engine)
+    p = rb.evaluate(job)
+    assert p.measuring == d.id and p.close is None
+    assert decisions(engine, job)[0].applied_step == 3 and decisions(engine, job)[0].outcome == "pending"
+
+    report(engine, job, 4, 2, step_time=12.0, gen=11.0)
+    rb = Rebalancer(engine)  # another restart
+    p = rb.evaluate(job)
+    assert (p.close, p.outcome) == (d.id, "kept")
+    [kept] = decisions(engine, job)
+    assert kept.outcome == "kept" and kept.applied_step == 3
+    assert kept.throughput_after_samples_per_s == pytest.approx(64 / 12)
+    assert kept.evidence["gain_pct"] == 275.0 and kept.evidence["after_window"]["steps"] == [4, 4]
+    assert rb.health()["kept"] == 1 and rb.health()["rolled_back"] == 0
+    assert [(x.id, x.status, x.applied_step) for x in changes(engine, job)] == [(c.id, "applied", 3)]
+
+    # the next evaluation judges the window after the change: still generation-bound → batch 4 → 16
+    p = Rebalancer(engine).evaluate(job)
+    assert (p.change.knob, p.change.old_value, p.change.new_value) == ("batch_size", 4, 16)
+    assert p.evidence["window"]["steps"] == [5, 5]
+    assert len(changes(engine, job)) == 2 and decisions(engine, job)[0].outcome == "pending"
+
+
+def test_worse_throughput_rolls_back_exactly_once_and_is_not_retried(engine):
+    job = register(engine)
+    c, d = first_change(engine, job)
+    ack(engine, job, c.id, 3)
+    report(engine, job, 3, 3, step_time=60.0, gen=59.0)  # batch 4: slower per sample (64 / 60 s)
+
+    rb = Rebalancer(engine)
+    p = rb.evaluate(job)
+    assert (p.close, p.outcome, p.rollback_to) == (d.id, "rolled_back", 1)
+    for again in (rb, Rebalancer(engine)):  # evaluating again, and after a restart: no second rollback
+        p = again.evaluate(job)
+        assert p.change is None and p.close is None and "is in flight" in p.note
+    newest, first = changes(engine, job)
+    assert first.id == c.id
+    assert (newest.knob, newest.value, newest.previous_value, newest.status, newest.source) == \
+        ("batch_size", 1, 4, "pending", "rebalancer")
+    assert newest.reason.startswith("rollback: ")
+    [rolled] = decisions(engine, job)
+    assert rolled.outcome == "rolled_back" and rolled.applied_step == 3
+    assert rolled.throughput_after_samples_per_s == pytest.approx(64 / 60)
+    assert rolled.evidence["gain_pct"] == pytest.approx(-25.0)
+    assert rb.health()["rolled_back"] == 1
+
+    # the job applies the rollback; still generation-bound, but batch 4 was rolled back: prefetch instead
+    ack(engine, job, newest.id, 6)
+    assert job_store.get_job(engine, "grpo").knobs["batch_size"]["value"] == 1
+    report(engine, job, 6, 2, step_time=45.0, gen=44.0)
+    p = Rebalancer(engine).evaluate(job)
+    assert (p.change.knob, p.change.old_value, p.change.new_value) == ("prefetch", 0, 2)
+    assert "batch_size=4 was rolled back" in p.evidence["skipped"][0]
+    assert [x.value for x in changes(engine, job)] == [2, 1, 4]
+
+
+def test_advise_mode_records_advice_once_and_queues_nothing(sqlite_engine):
+    job = register(sqlite_engine, mode="advise")
+    report(sqlite_engine, job, 0, 3, step_time=45.0, gen=44.0)
+    rb = Rebalancer(sqlite_engine)
+    rb.evaluate(job)
+    Rebalancer(sqlite_engine).evaluate(job)
+    [d] = decisions(sqlite_engine, job)
+    assert (d.rule, d.outcome, d.knob, d.old_value, d.new_value, d.change_id) == \
+        ("generation_bound", "advised", "batch_size", 1, 4, None)
+    assert "batch_size ×4 (1 → 4)" in d.advice
+    assert changes(sqlite_engine, job) == []
+    assert rb.health()["advised"] == 1
+
+
+def test_an_error_in_an_evaluation_is_counted_not_raised(sqlite_engine, monkeypatch):
+    job = register(sqlite_engine)
+    report(sqlite_engine, job, 0, 3, step_time=45.0, gen=44.0)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("job_reports unreadable")
+
+    monkeypatch.setattr(service_mod, "load_steps", broken)
+    rb = Rebalancer(sqlite_engine)
+    assert rb.evaluate(job) is None
+    rb.after_report(job)
+    health = rb.health()
+    assert health["errors"] == 2 and health["evaluations"] == 0
+    assert health["last_error"] == "job 'grpo': RuntimeError: job_reports unreadable"
+    assert "2 errors" in rb.status_line()
+    assert changes(sqlite_engine, job) == [] and decisions(sqlite_engine, job) == []
+    monkeypatch.undo()
+    assert rb.evaluate(job).change is not None and rb.health()["errors"] == 2
