@@ -2,8 +2,13 @@
 
 Names follow dcgm-exporter where DCGM has the field, in dcgm-exporter's units and labels, so dashboards built for
 DCGM work; everything else is ``trimtab_*`` in base units. A metric a GPU does not report is absent, never 0.
-Nothing here calls NVML: GPU series come from :meth:`ApiContext.latest_gpus`, balance verdicts from one store
-query per scrape, and a failing store drops only the series it feeds (counted in ``trimtab_scrape_errors_total``).
+Nothing here calls NVML: GPU series come from :meth:`ApiContext.latest_gpus`; balance verdicts, job series and
+rebalancer counters from a fixed number of store queries per scrape, whatever the number of jobs (see
+:func:`read_jobs`); a failing store drops only the series it feeds (counted in ``trimtab_scrape_errors_total``).
+
+Job series (``trimtab_job_*``, labels ``job`` and ``mode``) cover the jobs that reported in the last 10 minutes,
+over each job's newest window of steps; the counters ``trimtab_rebalancer_decisions_total`` and
+``trimtab_rebalancer_changes_total`` count every job's settled decisions and changes in the store.
 
 Labels of every per-GPU series: ``gpu`` (index), ``UUID``, ``modelName``, ``Hostname`` (dcgm-exporter's spelling),
 ``hostname`` (trimtab's, shared with the per-node series); plus ``simulated="true"`` on every series of a
@@ -171,10 +176,137 @@ def node_families(simulated_by_host: Mapping[str, bool]) -> Iterator[Metric]:
         yield family
 
 
-def job_metric_families(ctx: ApiContext) -> Iterator[Metric]:
-    """Job metrics (step time and phases, throughput, fragmentation) and rebalancer decisions: filled in by the
-    trainer-hook and rebalancer issues. Keep them ``trimtab_job_*`` / ``trimtab_decision_*`` in base units."""
-    return iter(())
+# -- jobs and the rebalancer -----------------------------------------------------------------------------------
+
+# Settled outcomes only: a counter must never go down, and a pending decision (or change) becomes one of these.
+SETTLED_DECISIONS = ("advised", "kept", "rolled_back", "superseded", "cancelled")
+SETTLED_CHANGES = ("applied", "superseded", "cancelled")
+
+
+@dataclass
+class JobScrape:
+    """What one scrape read about jobs: the live jobs graded over their newest window, and per-job counts of
+    decisions and changes (all jobs in the store)."""
+
+    summaries: list  # list[trimtab.rebalancer.job_report.JobSummary]
+    decisions: list[tuple[str, str, Optional[str], int]]  # (job, rule, outcome, count)
+    changes: list[tuple[str, str, str, int]]              # (job, source, status, count)
+    simulated_jobs: set[str]
+
+
+def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
+    """A fixed number of store queries whatever the number of jobs: the jobs, their newest steps, the probe
+    baselines not known yet, the simulated hosts, and two GROUP BY counts."""
+    import time
+
+    from sqlalchemy import func, select
+
+    from trimtab.rebalancer.job_report import LIVE_JOB_S, job_summaries
+    from trimtab.store import jobs as job_store
+    from trimtab.store.models import decisions, jobs, knob_changes
+
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    every = job_store.list_jobs(engine, limit=100_000, offset=0)
+    since = now - int(LIVE_JOB_S * 1000)
+    live = [j for j in every if j.last_report_ms is not None and j.last_report_ms >= since]
+    simulated_hosts = job_store.simulated_hostnames(engine)
+    summaries = job_summaries(engine, live, rules, now, decisions=0, simulated_hosts=simulated_hosts)
+    d, c = decisions.c, knob_changes.c
+    with engine.connect() as conn:
+        decided = conn.execute(select(jobs.c.name, d.rule, d.outcome, func.count()).join_from(decisions, jobs)
+                               .group_by(jobs.c.name, d.rule, d.outcome)).all()
+        changed = conn.execute(select(jobs.c.name, c.source, c.status, func.count()).join_from(knob_changes, jobs)
+                               .group_by(jobs.c.name, c.source, c.status)).all()
+    return JobScrape(summaries=summaries, decisions=[tuple(r) for r in decided], changes=[tuple(r) for r in changed],
+                     simulated_jobs={j.name for j in every if any(h in simulated_hosts for h in j.hostnames)})
+
+
+def _job_labels(job: str, mode: Optional[str], simulated: bool, **extra: str) -> dict[str, str]:
+    labels = {"job": job, **({"mode": mode} if mode is not None else {}), **extra}
+    return _simulated(labels, simulated)
+
+
+def job_families(data: JobScrape) -> Iterator[Metric]:
+    """Per live job (labels job, mode): throughput, step time, phase shares, fragmentation, collective latency and
+    its baseline over the job's newest window, knob values and bounds, the grade of each job row; then the
+    rebalancer's decisions and changes as counters. Unknown values are absent series."""
+    from trimtab.rebalancer.balance import NO_DATA
+    from trimtab.rebalancer.window import PHASES
+
+    jobs = data.summaries
+
+    def base(j) -> dict[str, str]:
+        return _job_labels(j.name, j.mode, j.simulated)
+
+    window = "over the job's newest window of steps (the rebalancer's window)"
+    yield from _gauges((
+        ("trimtab_job_samples_per_second", f"Throughput {window}: samples / step time. Unit: samples/s.",
+         lambda j: j.samples_per_s),
+        ("trimtab_job_step_time_seconds", f"Mean step time (the slowest rank's) {window}. Unit: seconds.",
+         lambda j: j.step_time_s),
+        ("trimtab_job_fragmentation_ratio", f"Mean allocator fragmentation (1 - allocated/reserved, worst rank) "
+         f"{window}. Unit: ratio 0-1.", lambda j: j.fragmentation),
+        ("trimtab_job_collective_latency_seconds", f"Mean small all-reduce probe latency {window}. Unit: seconds.",
+         lambda j: None if j.collective_latency_us is None else j.collective_latency_us / 1e6),
+        ("trimtab_job_collective_latency_baseline_seconds", "The job's own collective-latency baseline: median of "
+         "its first probes (the collective_latency rule compares against it). Unit: seconds.",
+         lambda j: None if j.probe_baseline_us is None else j.probe_baseline_us / 1e6),
+        ("trimtab_job_last_report_timestamp_seconds", "When the job's newest step report arrived (Unix time).",
+         lambda j: None if j.last_report_ms is None else j.last_report_ms / 1000),
+    ), jobs, base)
+    yield from _gauges((
+        ("trimtab_job_phase_share_ratio", f"Share of step time spent in a phase (generation, evaluation, "
+         f"communication, update, other) {window}. Unit: ratio 0-1.", lambda jp: jp[0].phase_shares.get(jp[1])),
+    ), [(j, p) for j in jobs for p in PHASES], lambda jp: {**base(jp[0]), "phase": jp[1]})
+    knobs = [(j, k, spec) for j in jobs for k, spec in sorted(j.knobs.items())]
+    yield from _gauges((
+        ("trimtab_job_knob_value", "Current value of a job's knob (batch_size, prefetch, sync_every; follows "
+         "applied changes).", lambda x: x[2].get("value")),
+        ("trimtab_job_knob_min", "Lowest value the job allows for the knob.", lambda x: x[2].get("min")),
+        ("trimtab_job_knob_max", "Highest value the job allows for the knob.", lambda x: x[2].get("max")),
+    ), knobs, lambda x: {**base(x[0]), "knob": x[1]})
+    rows = [(j, v) for j in jobs for v in j.verdicts if v.status != NO_DATA]
+    yield from _gauges((
+        ("trimtab_job_check_status", "Grade of a job row (check: step_composition, fragmentation, "
+         "collective_latency) over the job's newest window: 0 ok, 1 watch, 2 act, as `trimtab check`; absent "
+         "without data.", lambda jv: SEVERITY[jv[1].status]),
+    ), rows, lambda jv: {**base(jv[0]), "check": jv[1].check})
+
+    pending_d: Counter[str] = Counter()
+    pending_c: Counter[str] = Counter()
+    decided = CounterMetricFamily("trimtab_rebalancer_decisions", "Rebalancer decisions by job, rule and outcome "
+                                  "(advised, kept, rolled_back, superseded, cancelled), counted once settled; "
+                                  "decisions still measuring are trimtab_rebalancer_decisions_pending.")
+    for job, rule, outcome, n in sorted(data.decisions, key=lambda r: tuple(str(x) for x in r)):
+        if outcome in SETTLED_DECISIONS:
+            decided.add_sample("trimtab_rebalancer_decisions_total",
+                               _job_labels(job, None, job in data.simulated_jobs, rule=rule, outcome=outcome), n)
+        elif outcome == "pending":
+            pending_d[job] += n
+    changed = CounterMetricFamily("trimtab_rebalancer_changes", "Knob changes by job, source (rebalancer, manual) "
+                                  "and status (applied, superseded, cancelled), counted once settled; changes "
+                                  "waiting for the job are trimtab_rebalancer_changes_pending.")
+    for job, source, status, n in sorted(data.changes):
+        if status in SETTLED_CHANGES:
+            changed.add_sample("trimtab_rebalancer_changes_total",
+                               _job_labels(job, None, job in data.simulated_jobs, source=source, status=status), n)
+        elif status == "pending":
+            pending_c[job] += n
+    yield from _gauges((
+        ("trimtab_rebalancer_decisions_pending", "Decisions whose change is in flight or being measured (0 or 1 "
+         "per job).", lambda j: pending_d[j.name]),
+        ("trimtab_rebalancer_changes_pending", "Knob changes queued and not yet applied by the job (0 or 1 per "
+         "job).", lambda j: pending_c[j.name]),
+    ), jobs, base)
+    for family in (decided, changed):
+        if family.samples:
+            yield family
+
+
+def job_metric_families(ctx: ApiContext, data: Optional[JobScrape] = None) -> Iterator[Metric]:
+    """Job metrics (``trimtab_job_*``) and rebalancer decisions (``trimtab_rebalancer_*``) from the store; ``data``
+    when the scrape has read it already."""
+    yield from job_families(data if data is not None else read_jobs(ctx.engine, ctx.rules))
 
 
 # Scrape errors are counted for the life of the process (a counter must not reset per scrape).
@@ -205,7 +337,8 @@ def _guarded(part: str, read: Callable[[], list]) -> list:
 
 def _error_family() -> Metric:
     family = CounterMetricFamily("trimtab_scrape_errors", "Scrapes of /metrics that left out a part's series because "
-                                 "reading it failed (part: gpus, balance).", labels=["part"])
+                                 "reading it failed (part: gpus = the latest GPU samples, balance = what comes from "
+                                 "the store: node verdicts, jobs and rebalancer decisions).", labels=["part"])
     with _errors_lock:
         for part in SCRAPE_PARTS:
             family.add_metric([part], _errors[part])
@@ -219,25 +352,33 @@ class TrimtabCollector:
         self.ctx = ctx
 
     def collect(self) -> Iterator[Metric]:
-        from trimtab.rebalancer.node_report import node_reports
-
         rows = _guarded("gpus", self.ctx.latest_gpus)
-        reports = _guarded("balance", lambda: node_reports(self.ctx.engine, BALANCE_WINDOW_S))
+        store = _guarded("balance", lambda: [self._read_store()])
+        reports, jobs = store[0] if store else ([], None)
         simulated = {r.hostname: r.simulated for r in rows}
         simulated.update({r.hostname: r.simulated for r in reports})
         yield from gpu_families(rows)
         yield from node_families(simulated)
         yield from balance_families(reports)
-        yield from job_metric_families(self.ctx)
+        if jobs is not None:
+            yield from job_metric_families(self.ctx, jobs)
         yield _error_family()
+
+    def _read_store(self) -> tuple[list[BalanceReport], JobScrape]:
+        """Jobs first: while any job reports, node verdicts leave the job checks to the job series."""
+        from trimtab.rebalancer.node_report import node_reports
+
+        jobs = read_jobs(self.ctx.engine, self.ctx.rules)
+        return node_reports(self.ctx.engine, BALANCE_WINDOW_S, live_jobs=bool(jobs.summaries)), jobs
 
 
 def render_metrics(ctx: ApiContext) -> bytes:
-    """The exposition of ``ctx`` now (serve it with :data:`CONTENT_TYPE`). Blocking (one store query): call it
+    """The exposition of ``ctx`` now (serve it with :data:`CONTENT_TYPE`). Blocking (store queries): call it
     from a sync route, which FastAPI runs in its thread pool."""
     registry = CollectorRegistry(auto_describe=False)  # no describe(): register() must not run a collect()
     registry.register(TrimtabCollector(ctx))
     return generate_latest(registry)
 
 
-__all__ = ["CONTENT_TYPE", "DCGM_METRICS", "TrimtabCollector", "job_metric_families", "render_metrics"]
+__all__ = ["CONTENT_TYPE", "DCGM_METRICS", "JobScrape", "TrimtabCollector", "job_families", "job_metric_families",
+           "read_jobs", "render_metrics"]

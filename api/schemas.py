@@ -193,6 +193,64 @@ class BalanceOut(Model):
     reports: list[BalanceReportOut] = Field(description="One report per node with samples in the window.")
 
 
+class JobKnobStateOut(Model):
+    value: Union[int, float] = Field(description="Current value (follows applied changes).")
+    min: Union[int, float] = Field(description="Lower bound.")
+    max: Union[int, float] = Field(description="Upper bound.")
+
+
+class JobDecisionRowOut(Model):
+    id: int = Field(description="Decision id (GET /v1/decisions has its evidence).")
+    ts_ms: int = Field(description="When it was decided, epoch milliseconds.")
+    rule: str = Field(description="The rule that fired.")
+    change: str = Field(description="The change made or advised ('batch_size 1 → 4'), or 'advice only'.")
+    knob: Optional[str] = Field(description="The knob changed; null for advice without a change.")
+    old_value: Optional[Union[int, float]] = Field(description="The knob's value before.")
+    new_value: Optional[Union[int, float]] = Field(description="The knob's new value.")
+    outcome: Optional[str] = Field(description="advised, pending, kept, rolled_back, superseded or cancelled.")
+    applied_step: Optional[int] = Field(description="The step the job applied the change at.")
+    throughput_before_samples_per_s: Optional[float] = Field(description="Throughput over the window before, "
+                                                                         "samples/s.")
+    throughput_after_samples_per_s: Optional[float] = Field(description="Throughput over the window after, "
+                                                                        "samples/s.")
+
+
+class JobCheckOut(Model):
+    name: str = Field(description="The job.")
+    mode: Literal["auto", "advise", "off"] = Field(description="How the rebalancer treats it.")
+    ranks: int = Field(description="Number of ranks.")
+    hostnames: list[str] = Field(description="Nodes the job runs on.")
+    simulated: bool = Field(description="True when any of the job's nodes is a simulated node.")
+    status: Literal["ok", "watch", "act"] = Field(description="The worst of the job's rows.")
+    knobs: dict[str, JobKnobStateOut] = Field(description="Knobs with current value and bounds.")
+    last_report_ms: Optional[int] = Field(description="When the newest step report arrived, epoch milliseconds.")
+    generated_at_ms: int = Field(description="When this was graded, epoch milliseconds.")
+    window_steps: Optional[list[int]] = Field(description="First and last step of the graded window; null before "
+                                                          "any complete step.")
+    n_steps: int = Field(description="Steps in the window.")
+    window_s: float = Field(description="Step time the window covers, seconds.")
+    full_window: bool = Field(description="False while the job has fewer steps than the controller's window needs.")
+    samples_per_s: Optional[float] = Field(description="Throughput over the window, samples/s.")
+    step_time_s: Optional[float] = Field(description="Mean step time over the window, seconds.")
+    phase_shares: dict[str, Optional[float]] = Field(description="Phase → share of step time over the window, "
+                                                                 "ratio 0-1 (null: not reported).")
+    fragmentation: Optional[float] = Field(description="Mean allocator fragmentation over the window, ratio 0-1.")
+    collective_latency_us: Optional[float] = Field(description="Mean collective-latency probe over the window, µs.")
+    probe_baseline_us: Optional[float] = Field(description="The job's baseline: median of its first probes, µs.")
+    verdicts: list[VerdictOut] = Field(description="step_composition, fragmentation and collective_latency, graded "
+                                                   "by the rules (as the rebalancer sees them).")
+    decisions: list[JobDecisionRowOut] = Field(description="The job's most recent rebalancer decisions, newest "
+                                                           "first.")
+
+
+class BalanceJobsOut(Model):
+    status: Literal["ok", "watch", "act", "no_data"] = Field(
+        description="Worst status over the jobs; no_data when no job reported recently.")
+    simulated: bool = Field(description="True when any listed job runs on a simulated node.")
+    window_s: float = Field(description="Jobs that reported within max(window_s, 600) seconds are listed.")
+    jobs: list[JobCheckOut] = Field(description="One entry per job, by name.")
+
+
 # -- events --------------------------------------------------------------------------------------------------
 
 

@@ -25,9 +25,23 @@ class CheckError(Exception):
     """Why check could not produce a verdict."""
 
 
-def _reports_from_store(db_url: str, window_s: float, node):
+def _load_rules(rules_file):
+    """The rules the daemon grades jobs by: the shipped file, --rules-file, then trimtab.toml's tables."""
+    from trimtab.rebalancer.rules import RulesError, load_rules
+
+    obj = click.get_current_context().find_root().obj or {}
+    try:
+        return load_rules(rules_file, obj.get("rules_overrides"),
+                          overrides_source=str(obj.get("config_path") or "trimtab.toml"))
+    except RulesError as exc:
+        raise CheckError(f"rules rejected: {exc}") from exc
+
+
+def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = True):
+    """(node reports, job summaries) from the store. Job sections replace the nodes' "no job data" rows."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from trimtab.rebalancer.job_report import live_job_summaries
     from trimtab.rebalancer.node_report import node_reports
     from trimtab.store.engine import StoreError, mask_url, open_engine
 
@@ -37,39 +51,69 @@ def _reports_from_store(db_url: str, window_s: float, node):
     try:
         engine = open_engine(db_url)
         try:
-            reports = node_reports(engine, window_s, hostname=node)
+            now_ms = int(time.time() * 1000)
+            summaries = live_job_summaries(engine, window_s, rules, hostname=node, now_ms=now_ms) if jobs else []
+            reports = node_reports(engine, window_s, hostname=node, now_ms=now_ms, live_jobs=bool(summaries))
         finally:
             engine.dispose()
     except (StoreError, SQLAlchemyError) as exc:
         raise CheckError(f"cannot read the store {mask_url(db_url)}: {' '.join(str(exc).split())[:300]}") from exc
     if not reports:
         who = f"node {node!r}" if node else "any node"
-        raise CheckError(f"no samples from {who} in the last {window_s:g} s in {mask_url(db_url)}: is `trimtab agent` running?")
-    return reports
+        message = f"no samples from {who} in the last {window_s:g} s in {mask_url(db_url)}: is `trimtab agent` running?"
+        if not summaries:
+            raise CheckError(message)
+        click.echo(f"trimtab check: {message} (showing the jobs only)", err=True)
+    return reports, summaries
 
 
-def _reports_from_server(server_url: str, window_s: float, node):
-    """The same reports from a running `trimtab up`/`trimtab server` (GET /v1/balance)."""
+def _reports_from_store(db_url: str, window_s: float, node):
+    return _from_store(db_url, window_s, node, jobs=False)[0]
+
+
+def _get(url: str, params: dict):
     import httpx
 
+    try:
+        return httpx.get(url, params=params, timeout=15.0)
+    except httpx.HTTPError as exc:
+        raise CheckError(f"cannot reach {url}: {exc}") from exc
+
+
+def _from_server(server_url: str, window_s: float, node):
+    """The same from a running `trimtab up`/`trimtab server`: GET /v1/balance (nodes) and GET /v1/balance/jobs
+    (jobs; a server without that route has no job sections)."""
     from trimtab.rebalancer.balance import BalanceReport
+    from trimtab.rebalancer.job_report import JOB_CHECKS, JobSummary
 
     params = {"window_s": window_s, **({"node": node} if node else {})}
     url = server_url.rstrip("/") + "/v1/balance"
-    try:
-        resp = httpx.get(url, params=params, timeout=15.0)
-    except httpx.HTTPError as exc:
-        raise CheckError(f"cannot reach {url}: {exc}") from exc
+    resp = _get(url, params)
     if resp.status_code != 200:
         raise CheckError(f"{url} answered HTTP {resp.status_code}: {resp.text[:300]}")
     try:
         reports = [BalanceReport.from_dict(r) for r in resp.json()["reports"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckError(f"{url} answered something that is not a balance report: {exc}") from exc
+    summaries = []
+    jobs_resp = _get(url + "/jobs", params)
+    if jobs_resp.status_code == 200:
+        try:
+            summaries = [JobSummary.from_dict(j) for j in jobs_resp.json()["jobs"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckError(f"{url}/jobs answered something that is not a list of jobs: {exc}") from exc
+    elif jobs_resp.status_code != 404:
+        raise CheckError(f"{url}/jobs answered HTTP {jobs_resp.status_code}: {jobs_resp.text[:300]}")
+    if summaries:  # the server's node reports drop them too; an older server's may not
+        for r in reports:
+            r.verdicts = [v for v in r.verdicts if not (v.check in JOB_CHECKS and v.status == "no_data")]
     if not reports:
         who = f"node {node!r}" if node else "any node"
-        raise CheckError(f"the server has no samples from {who} in the last {window_s:g} s")
-    return reports
+        message = f"the server has no samples from {who} in the last {window_s:g} s"
+        if not summaries:
+            raise CheckError(message)
+        click.echo(f"trimtab check: {message} (showing the jobs only)", err=True)
+    return reports, summaries
 
 
 def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, node):
@@ -98,39 +142,47 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
 @click.option("--live", is_flag=True, help="Sample this node now for --window seconds instead of reading the store.")
 @env_option("--server", "server_url", default=None, metavar="URL",
             help="Ask a running `trimtab up`/`trimtab server` at URL (GET /v1/balance) instead of reading the store.")
+@env_option("--rules-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+            help="Grade jobs by this rules file (rules.toml's format; only the keys it names change), as the daemon's "
+                 "--rules-file; trimtab.toml's [controller] and [rules.<name>] apply on top. Not with --server.")
 @simulate_options
 @env_option("--interval", type=click.FloatRange(0.05, 60), default=1.0, show_default=True, metavar="SECONDS",
             help="Sampling period with --live.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def check(db_url, window, node, live, server_url, simulate, scenario, seed, interval, as_json):
+def check(db_url, window, node, live, server_url, rules_file, simulate, scenario, seed, interval, as_json):
     """Print the balance report (the seed's check_balance.py made real) and exit 0 balanced, 1 out of balance, 2 error.
 
     Per GPU: utilization, SM activity, memory %, PCIe GB/s and % of link peak, NVLink. Verdicts: utilization
-    spread (act > 40 pts), PCIe (act > 90 % of peak), memory (act > 98 %); the job rows (step composition,
-    fragmentation, collective latency) fill in once jobs report through the trainer hook.
+    spread (act > 40 pts), PCIe (act > 90 % of peak), memory (act > 98 %). Then one section per job that reported
+    through the trainer hook within the window (at least the last 10 minutes): its mode, knobs, throughput, the rows
+    step composition, fragmentation and collective latency over its newest window of steps, and its recent
+    rebalancer decisions. A job row at "act" counts as out of balance.
     """
+    jobs = []
     try:
         if live or simulate:
             reports = _reports_live(window, interval, simulate, scenario, seed, node)
         elif server_url:
-            reports = _reports_from_server(server_url, window, node)
+            reports, jobs = _from_server(server_url, window, node)
         else:
-            reports = _reports_from_store(db_url or default_db_url(), window, node)
+            reports, jobs = _from_store(db_url or default_db_url(), window, node, _load_rules(rules_file))
     except CheckError as exc:
         if as_json:
             click.echo(json.dumps({"status": "error", "error": str(exc)}))
         click.echo(f"trimtab check: {exc}", err=True)
         sys.exit(EXIT_ERROR)
 
-    balanced = all(r.balanced for r in reports)
+    statuses = [r.status for r in reports] + [j.status for j in jobs]
+    balanced = "act" not in statuses
     if as_json:
-        status = "act" if not balanced else ("watch" if any(r.status == "watch" for r in reports) else "ok")
+        status = "act" if not balanced else ("watch" if "watch" in statuses else "ok")
         click.echo(json.dumps({"status": status, "balanced": balanced, "window_s": window,
                                "generated_at_ms": int(time.time() * 1000),
-                               "simulated": any(r.simulated for r in reports),
-                               "nodes": [r.to_dict() for r in reports]}, indent=2))
+                               "simulated": any(r.simulated for r in reports) or any(j.simulated for j in jobs),
+                               "nodes": [r.to_dict() for r in reports],
+                               "jobs": [j.to_dict() for j in jobs]}, indent=2))
     else:
-        from trimtab.cli.render import render_report
+        from trimtab.cli.render import render_job, render_report
 
-        click.echo("\n\n".join(render_report(r) for r in reports))
+        click.echo("\n\n".join([render_report(r) for r in reports] + [render_job(j) for j in jobs]))
     sys.exit(EXIT_OK if balanced else EXIT_IMBALANCE)

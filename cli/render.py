@@ -1,4 +1,4 @@
-"""Human-readable rendering of balance reports: a per-GPU table and one line per verdict."""
+"""Human-readable rendering of balance reports (a per-GPU table and one line per verdict) and of job sections."""
 
 from __future__ import annotations
 
@@ -36,6 +36,66 @@ def render_report(r: BalanceReport) -> str:
         if v.advice and v.status in (WATCH, ACT):
             lines.append(f"        → {v.advice}")
     verdict = {OK: "BALANCED", WATCH: "BALANCED (watch the rows marked WATCH)", ACT: "OUT OF BALANCE"}[r.status]
+    lines.append("")
+    lines.append(f"verdict: {verdict}")
+    return "\n".join(lines)
+
+
+def _age(ms: Optional[int], now_ms: int) -> str:
+    if ms is None:
+        return "never"
+    s = max(0.0, (now_ms - ms) / 1000)
+    if s < 120:
+        return f"{s:.0f} s ago"
+    if s < 7200:
+        return f"{s / 60:.0f} min ago"
+    return f"{s / 3600:.1f} h ago"
+
+
+def _knob(spec: dict) -> str:
+    return f"{_value(spec.get('value'))} ({_value(spec.get('min'))}–{_value(spec.get('max'))})"
+
+
+def _value(v) -> str:
+    return "?" if v is None else f"{v:g}" if isinstance(v, (int, float)) else str(v)
+
+
+def render_job(j) -> str:
+    """One job's section (a :class:`trimtab.rebalancer.job_report.JobSummary`): knobs, window, the three job rows
+    and the recent decisions."""
+    head = f"job {j.name}  mode {j.mode}  ranks {j.ranks}" + (f"  on {', '.join(j.hostnames)}" if j.hostnames else "")
+    if j.simulated:
+        head += "  [SIMULATED node]"
+    lines = [head]
+    lines.append("knobs: " + (", ".join(f"{k} {_knob(v)}" for k, v in sorted(j.knobs.items())) or "none declared"))
+    if j.window_steps:
+        first, last = j.window_steps
+        span = f"step {first}" if first == last else f"steps {first}–{last}"
+        lines.append(f"window: {span} ({j.n_steps} steps, {j.window_s:.1f} s), "
+                     f"{_num(j.samples_per_s, '{:.2f}')} samples/s, step {_num(j.step_time_s, '{:.2f}')} s; "
+                     f"last report {_age(j.last_report_ms, j.generated_at_ms)}")
+    else:
+        lines.append(f"window: no complete step yet; last report {_age(j.last_report_ms, j.generated_at_ms)}")
+    lines.append("")
+    for v in j.verdicts:
+        lines.append(f"  {MARK[v.status]} {v.check:<20} {v.message}")
+        if v.advice and v.status in (WATCH, ACT):
+            lines.append(f"        → {v.advice}")
+    lines.append("")
+    if j.decisions:
+        lines.append(f"recent decisions (newest first, last {len(j.decisions)}):")
+        for d in j.decisions:
+            tp = ""
+            if d.throughput_before_samples_per_s is not None:
+                tp = f"  {d.throughput_before_samples_per_s:.2f}"
+                after = d.throughput_after_samples_per_s
+                tp += f" → {after:.2f} samples/s" if after is not None else " samples/s before"
+            step = f" at step {d.applied_step}" if d.applied_step is not None else ""
+            lines.append(f"  {_age(d.ts_ms, j.generated_at_ms):>11}  {d.rule:<20} {d.change:<24} "
+                         f"{d.outcome or '?'}{step}{tp}")
+    else:
+        lines.append("recent decisions: none")
+    verdict = {OK: "BALANCED", WATCH: "BALANCED (watch the rows marked WATCH)", ACT: "OUT OF BALANCE"}[j.status]
     lines.append("")
     lines.append(f"verdict: {verdict}")
     return "\n".join(lines)

@@ -1,4 +1,9 @@
-"""Builds the balance report of each node from the store's window aggregates (used by `trimtab check` and the API)."""
+"""Builds the balance report of each node from the store's window aggregates (used by `trimtab check` and the API).
+
+A node's report grades its GPUs. The job-level checks (step composition, fragmentation, collective latency) are
+graded per job (:mod:`trimtab.rebalancer.job_report`); a node's report carries them as "no job data" rows only
+while no job reports through the trainer hook, so nobody reads "no job data" next to a job that does report.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,29 @@ import time
 from collections import defaultdict
 from typing import Any, Mapping, Optional
 
-from trimtab.rebalancer.balance import BalanceReport, assess
+from sqlalchemy import select
+
+from trimtab.rebalancer.balance import NO_DATA, BalanceReport, assess
+
+
+def any_live_job(engine, window_s: float, now_ms: int) -> bool:
+    """Did any job report within ``window_s`` (at least the last 10 minutes)? One indexed query."""
+    from trimtab.rebalancer.job_report import live_since_ms
+    from trimtab.store.models import job_reports
+
+    query = select(job_reports.c.id).where(job_reports.c.received_ms >= live_since_ms(window_s, now_ms)).limit(1)
+    with engine.connect() as conn:
+        return conn.execute(query).first() is not None
 
 
 def node_reports(engine, window_s: float, hostname: Optional[str] = None, now_ms: Optional[int] = None,
-                 thresholds: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[BalanceReport]:
-    """One report per node with samples in the last ``window_s`` seconds (all nodes, or just ``hostname``)."""
+                 thresholds: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                 live_jobs: Optional[bool] = None) -> list[BalanceReport]:
+    """One report per node with samples in the last ``window_s`` seconds (all nodes, or just ``hostname``).
+
+    ``live_jobs``: whether jobs are graded separately (their rows then leave the node reports); None: look it up
+    (any job that reported within the window, or the last 10 minutes)."""
+    from trimtab.rebalancer.job_report import JOB_CHECKS
     from trimtab.store.queries import gpu_aggregates
 
     end_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -20,4 +42,8 @@ def node_reports(engine, window_s: float, hostname: Optional[str] = None, now_ms
     for agg in gpu_aggregates(engine, start_ms, end_ms, hostname=hostname):
         if agg.n_samples:
             by_node[(agg.hostname, agg.simulated)].append(agg)
-    return [assess(host, sim, window_s, aggs, thresholds) for (host, sim), aggs in sorted(by_node.items())]
+    reports = [assess(host, sim, window_s, aggs, thresholds) for (host, sim), aggs in sorted(by_node.items())]
+    if reports and (live_jobs if live_jobs is not None else any_live_job(engine, window_s, end_ms)):
+        for r in reports:
+            r.verdicts = [v for v in r.verdicts if not (v.check in JOB_CHECKS and v.status == NO_DATA)]
+    return reports

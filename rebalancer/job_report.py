@@ -1,0 +1,370 @@
+"""Each live job graded as `trimtab check`, ``GET /v1/balance/jobs`` and ``/metrics`` show it: the job's newest
+window of steps (the controller's window settings, changes ignored), the rows step composition, fragmentation and
+collective latency graded by the rules (ok / watch / act), its knobs, throughput and recent decisions.
+
+The grading is the controller's own (:func:`trimtab.rebalancer.signals.job_reading`: a row acts only when its
+signal is above the line over the whole window and over each half of it), so a row that says ``act`` is one the
+rebalancer would act on (fragmentation aside: the controller also wants memory pressure, see the row's message).
+
+Reading is batched for the scrape: one query for the jobs, one for the newest steps of all of them, one for the
+probe baselines not yet known (a complete baseline — the median of a job's first probes — never changes, so it is
+kept per engine), whatever the number of jobs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import weakref
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from sqlalchemy import Engine, and_, func, select
+
+from trimtab.rebalancer.balance import ACT, NO_DATA, OK, SEVERITY, WATCH, Verdict
+from trimtab.rebalancer.rules import Rule, RuleSet, RulesError, default_rules
+from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, job_reading
+from trimtab.rebalancer.window import PHASES, JobStep, _fold, throughput, window
+from trimtab.store import decisions as decision_store
+from trimtab.store import jobs as job_store
+from trimtab.store.jobs import StoredJob
+from trimtab.store.models import job_reports, jobs
+
+LIVE_JOB_S = 600.0       # a job that reported within this long (or within the check's window, if longer) is shown
+RECENT_DECISIONS = 5
+JOB_CHECKS = ("step_composition", "fragmentation", "collective_latency")
+PHASE_RULES = (("generation", "generation_bound"), ("evaluation", "evaluation_bound"),
+               ("communication", "communication_bound"))
+NO_STEPS = "no step reports yet"
+
+
+def live_since_ms(window_s: float, now_ms: int) -> int:
+    """Jobs whose last report is at or after this are live for a check over ``window_s``."""
+    return now_ms - int(max(window_s, LIVE_JOB_S) * 1000)
+
+
+@dataclass
+class DecisionRow:
+    """One decision as `trimtab check` lists it."""
+    id: int
+    ts_ms: int
+    rule: str
+    knob: Optional[str]
+    old_value: Optional[float]
+    new_value: Optional[float]
+    outcome: Optional[str]
+    applied_step: Optional[int]
+    throughput_before_samples_per_s: Optional[float]
+    throughput_after_samples_per_s: Optional[float]
+
+    @property
+    def change(self) -> str:
+        if self.knob is None:
+            return "advice only"
+        return f"{self.knob} {_fmt(self.old_value)} → {_fmt(self.new_value)}"
+
+
+@dataclass
+class JobSummary:
+    """A job's newest window, graded. Shares and fragmentation are ratios 0–1; ``None`` is unknown, never 0."""
+    name: str
+    mode: str
+    ranks: int
+    hostnames: list[str]
+    simulated: bool
+    knobs: dict[str, dict[str, float]]
+    last_report_ms: Optional[int]
+    generated_at_ms: int
+    window_steps: Optional[list[int]]            # [first, last] step of the window
+    n_steps: int
+    window_s: float                              # step time the window covers, seconds
+    full_window: bool                            # False: fewer steps than the controller's window needs yet
+    samples_per_s: Optional[float]
+    step_time_s: Optional[float]                 # mean over the window
+    phase_shares: dict[str, Optional[float]]     # phase → share of step time, 0–1
+    fragmentation: Optional[float]               # mean of the window's steps, 0–1
+    collective_latency_us: Optional[float]       # mean of the window's probes
+    probe_baseline_us: Optional[float]           # median of the job's first probes
+    verdicts: list[Verdict] = field(default_factory=list)
+    decisions: list[DecisionRow] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        worst = max((SEVERITY[v.status] for v in self.verdicts), default=0)
+        return {0: OK, 1: WATCH, 2: ACT}[worst]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status
+        for row, dec in zip(d["decisions"], self.decisions):
+            row["change"] = dec.change
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "JobSummary":
+        """Inverse of :meth:`to_dict` (extra keys, e.g. ``status`` or the API's, are ignored)."""
+        def pick(klass, item):
+            return klass(**{k: v for k, v in item.items() if k in klass.__dataclass_fields__})
+
+        out = pick(cls, d)
+        out.verdicts = [pick(Verdict, v) for v in d.get("verdicts", [])]
+        out.decisions = [pick(DecisionRow, x) for x in d.get("decisions", [])]
+        return out
+
+
+def _fmt(v: Optional[float]) -> str:
+    if v is None:
+        return "?"
+    return f"{v:g}" if isinstance(v, (int, float)) else str(v)
+
+
+def rules_for(job: StoredJob, rules: RuleSet) -> RuleSet:
+    """The rules the job is judged by: the daemon's, with the job's registration overrides (as the rebalancer)."""
+    try:
+        return rules.with_overrides(job.rules, source=f"job {job.name} rules")
+    except RulesError:
+        return rules
+
+
+# -- reading, batched -----------------------------------------------------------------------------------------
+
+
+def live_jobs(engine: Engine, since_ms: int, hostname: Optional[str] = None) -> list[StoredJob]:
+    """Jobs whose newest step report arrived at or after ``since_ms`` (one query), by name."""
+    out = [j for j in job_store.list_jobs(engine, limit=100_000, offset=0)
+           if j.last_report_ms is not None and j.last_report_ms >= since_ms]
+    return [j for j in out if hostname is None or hostname in j.hostnames]
+
+
+def newest_steps(engine: Engine, jobs_: Sequence[StoredJob], depth: int) -> dict[int, list[JobStep]]:
+    """The newest ``depth`` steps of every job, complete ones (as ``window.load_steps``), oldest first: one query."""
+    if not jobs_:
+        return {}
+    r = job_reports.c
+    newest = select(func.max(job_reports.c.step)).where(job_reports.c.job_id == jobs.c.id).scalar_subquery()
+    tops = select(jobs.c.id.label("job_id"), newest.label("top")).where(jobs.c.id.in_([j.id for j in jobs_])).subquery()
+    query = (select(r.job_id, r.step, r.rank, r.received_ms, r.step_time_s, r.generation_s, r.evaluation_s,
+                    r.communication_s, r.update_s, r.other_s, r.samples, r.fragmentation, r.num_ooms,
+                    r.num_alloc_retries, r.collective_latency_us)
+             .select_from(job_reports.join(tops, and_(r.job_id == tops.c.job_id, r.step > tops.c.top - depth)))
+             .order_by(r.job_id, r.step, r.rank))
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    by_job: dict[int, dict[int, list]] = {}
+    for row in rows:
+        by_job.setdefault(row.job_id, {}).setdefault(row.step, []).append(row)
+    ranks = {j.id: j.ranks for j in jobs_}
+    out: dict[int, list[JobStep]] = {}
+    for job_id, by_step in by_job.items():
+        top = max(by_step)
+        out[job_id] = [_fold(s, rs) for s, rs in sorted(by_step.items())
+                       if len({x.rank for x in rs}) >= ranks[job_id] or s < top]
+    return out
+
+
+# Complete baselines per engine: (job id, probes needed) → median µs. The first probes of a job never change.
+_baselines: "weakref.WeakKeyDictionary[Engine, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
+_baselines_lock = threading.Lock()
+
+
+def probe_baselines(engine: Engine, wanted: Mapping[int, int]) -> dict[int, Optional[float]]:
+    """Job id → median of its first ``wanted[job id]`` collective-latency probes (None: fewer probes so far).
+    One query for the jobs whose baseline is not known yet."""
+    with _baselines_lock:
+        known = dict(_baselines.get(engine, {}))
+    out: dict[int, Optional[float]] = {j: known.get((j, n)) for j, n in wanted.items()}
+    missing = [j for j in wanted if out[j] is None]
+    if not missing:
+        return out
+    r = job_reports.c
+    rn = func.row_number().over(partition_by=r.job_id, order_by=(r.step, r.rank)).label("rn")
+    inner = (select(r.job_id, r.collective_latency_us, rn)
+             .where(r.job_id.in_(missing), r.collective_latency_us.is_not(None)).subquery())
+    query = (select(inner.c.job_id, inner.c.collective_latency_us)
+             .where(inner.c.rn <= max(wanted[j] for j in missing)).order_by(inner.c.job_id, inner.c.rn))
+    probes: dict[int, list[float]] = {}
+    with engine.connect() as conn:
+        for job_id, value in conn.execute(query):
+            probes.setdefault(job_id, []).append(float(value))
+    for job_id in missing:
+        n = wanted[job_id]
+        first = probes.get(job_id, [])[:n]
+        if n > 0 and len(first) >= n:
+            out[job_id] = statistics.median(first)
+            with _baselines_lock:
+                _baselines.setdefault(engine, {})[(job_id, n)] = out[job_id]
+    return out
+
+
+# -- grading ----------------------------------------------------------------------------------------------------
+
+
+def _verdict(check: str, rule: Rule, reading: Reading, message: Optional[str] = None) -> Verdict:
+    status = reading.status if reading.status in SEVERITY else NO_DATA
+    return Verdict(check=check, status=status, value=reading.value, unit=rule.unit, healthy_below=rule.healthy_below,
+                   act_above=rule.act_above, message=message or reading.message,
+                   advice=rule.advice if status in (WATCH, ACT) else None)
+
+
+def _no_data(check: str, rule: Optional[Rule], message: str) -> Verdict:
+    return Verdict(check=check, status=NO_DATA, value=None, unit=rule.unit if rule else "",
+                   healthy_below=rule.healthy_below if rule else None, act_above=rule.act_above if rule else None,
+                   message=message)
+
+
+def _composition(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext, tp: Optional[float]) -> Verdict:
+    graded = [(phase, rules[name], job_reading(rules[name], win, ctx)) for phase, name in PHASE_RULES]
+    known = [g for g in graded if g[2].value is not None]
+    if not known:
+        return _no_data("step_composition", rules[PHASE_RULES[0][1]],
+                        "no phase timings in the window's step reports (generation / evaluation / communication)")
+    # The worst phase: the highest grade, then the one closest to (or furthest past) its own act line.
+    phase, rule, reading = max(known, key=lambda g: (SEVERITY.get(g[2].status, 0),
+                                                     g[2].value / g[1].act_above if g[1].act_above > 0 else g[2].value))
+    parts = []
+    for p, r, rd in graded:
+        mark = {ACT: " ACT", WATCH: " watch"}.get(rd.status, "")
+        share = "n/a" if rd.value is None else f"{rd.value:.1f} %"
+        parts.append(f"{p} {share}{mark} (guide < {r.healthy_below:g}, act > {r.act_above:g})")
+    steps = f"steps {win[0].step}–{win[-1].step}" if win[0].step != win[-1].step else f"step {win[0].step}"
+    rate = f", {tp:.2f} samples/s" if tp is not None else ""
+    message = " · ".join(parts) + f"; {steps}{rate}"
+    if reading.status == ACT:
+        message = f"{phase}-bound: " + message
+    return _verdict("step_composition", rule, reading, message)
+
+
+def _fragmentation(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext) -> Verdict:
+    rule = rules["fragmentation"]
+    reading = job_reading(rule, win, ctx)
+    if reading.value is None:
+        return _no_data("fragmentation", rule, "no allocator statistics in the window's step reports")
+    retries = alloc_retries(win, ctx)
+    message = f"{reading.message}; {retries} allocator retries in the window"
+    if reading.status == ACT and retries == 0:
+        message += " (the rebalancer acts on fragmentation only under memory pressure)"
+    return _verdict("fragmentation", rule, reading, message)
+
+
+def _latency(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext, mean_us: Optional[float]) -> Verdict:
+    rule = rules["collective_latency"]
+    if mean_us is None:
+        return _no_data("collective_latency", rule, "no collective-latency probes in the window (the hook's probe "
+                                                    "is off, or it probes less often)")
+    reading = job_reading(rule, win, ctx)
+    if ctx.probe_baseline_us is None:
+        return _no_data("collective_latency", rule,
+                        f"window mean {mean_us:.1f} µs; no baseline yet (fewer than "
+                        f"{rules.controller.probe_baseline_steps} probes so far)")
+    message = f"{reading.message}; window mean {mean_us:.1f} µs vs baseline {ctx.probe_baseline_us:.1f} µs"
+    return _verdict("collective_latency", rule, reading, message)
+
+
+def _shares(win: Sequence[JobStep]) -> dict[str, Optional[float]]:
+    """Time-weighted share of each phase over the steps that report it (as the rules see it), 0–1."""
+    out: dict[str, Optional[float]] = {}
+    for phase in PHASES:
+        known = [s for s in win if s.phases_s.get(phase) is not None]
+        seconds = sum(s.step_time_s for s in known)
+        out[phase] = sum(s.phases_s[phase] for s in known) / seconds if known and seconds > 0 else None
+    return out
+
+
+def _mean(values) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
+def _pick_window(steps: Sequence[JobStep], rules: RuleSet) -> tuple[list[JobStep], bool]:
+    ctl = rules.controller
+    win = window(steps, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps)
+    if win is not None:
+        return win, True
+    return list(steps[-ctl.window_max_steps:]), False
+
+
+def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us: Optional[float], now_ms: int,
+          simulated: bool = False, decisions: Sequence[DecisionRow] = ()) -> JobSummary:
+    """The summary of one job from its loaded steps (oldest first) and probe baseline; no store access."""
+    rules = rules_for(job, rules)
+    base = dict(name=job.name, mode=job.mode, ranks=job.ranks, hostnames=list(job.hostnames), simulated=simulated,
+                knobs={k: dict(v) for k, v in job.knobs.items()}, last_report_ms=job.last_report_ms,
+                generated_at_ms=now_ms, decisions=list(decisions))
+    if not steps:
+        return JobSummary(**base, window_steps=None, n_steps=0, window_s=0.0, full_window=False, samples_per_s=None,
+                          step_time_s=None, phase_shares={p: None for p in PHASES}, fragmentation=None,
+                          collective_latency_us=None, probe_baseline_us=baseline_us,
+                          verdicts=[_no_data(c, None, NO_STEPS) for c in JOB_CHECKS])
+    win, full = _pick_window(steps, rules)
+    ctx = JobContext(all_steps=steps, probe_baseline_us=baseline_us)
+    tp = throughput(win)
+    mean_latency = _mean(s.collective_latency_us for s in win)
+    verdicts = [_composition(rules, win, ctx, tp), _fragmentation(rules, win, ctx),
+                _latency(rules, win, ctx, mean_latency)]
+    if not full:
+        ctl = rules.controller
+        note = (f" (only {len(win)} steps, {sum(s.step_time_s for s in win):.1f} s so far: the controller waits for "
+                f"{ctl.window_min_s:g} s of steps)")
+        for v in verdicts:
+            if v.status != NO_DATA:
+                v.message += note
+    return JobSummary(**base, window_steps=[win[0].step, win[-1].step], n_steps=len(win),
+                      window_s=sum(s.step_time_s for s in win), full_window=full, samples_per_s=tp,
+                      step_time_s=statistics.fmean(s.step_time_s for s in win), phase_shares=_shares(win),
+                      fragmentation=_mean(s.fragmentation for s in win), collective_latency_us=mean_latency,
+                      probe_baseline_us=baseline_us, verdicts=verdicts)
+
+
+def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:
+    if n <= 0:
+        return []
+    return [DecisionRow(d.id, d.ts_ms, d.rule, d.knob, d.old_value, d.new_value, d.outcome, d.applied_step,
+                        d.throughput_before_samples_per_s, d.throughput_after_samples_per_s)
+            for d in decision_store.list_decisions(engine, job.id, limit=n, offset=0)]
+
+
+def job_summaries(engine: Engine, jobs_: Sequence[StoredJob], rules: Optional[RuleSet] = None,
+                  now_ms: Optional[int] = None, decisions: int = RECENT_DECISIONS,
+                  simulated_hosts: Optional[set[str]] = None) -> list[JobSummary]:
+    """Every job in ``jobs_`` graded. A fixed number of queries (``simulated_hosts``: the simulated nodes' names,
+    if the caller has read them), plus one per job for its last ``decisions`` decisions (0: none, as /metrics)."""
+    rules = rules or default_rules()
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    if not jobs_:
+        return []
+    per_job = {j.id: rules_for(j, rules) for j in jobs_}
+    depth = max(rs.controller.window_max_steps for rs in per_job.values()) + 1
+    steps = newest_steps(engine, jobs_, depth)
+    probing = {j.id: per_job[j.id].controller.probe_baseline_steps for j in jobs_
+               if any(s.collective_latency_us is not None for s in steps.get(j.id, []))}
+    baselines = probe_baselines(engine, probing) if probing else {}
+    if simulated_hosts is None:
+        simulated_hosts = job_store.simulated_hostnames(engine)
+    return [grade(j, rules, steps.get(j.id, []), baselines.get(j.id), now,
+                  simulated=any(h in simulated_hosts for h in j.hostnames),
+                  decisions=_decision_rows(engine, j, decisions)) for j in jobs_]
+
+
+def job_summary(engine: Engine, job: StoredJob, rules: Optional[RuleSet] = None, now_ms: Optional[int] = None,
+                decisions: int = RECENT_DECISIONS) -> JobSummary:
+    """One job graded over its newest window, with its knobs, throughput and last ``decisions`` decisions."""
+    return job_summaries(engine, [job], rules, now_ms, decisions)[0]
+
+
+def job_verdicts(engine: Engine, job: StoredJob, rules: Optional[RuleSet] = None,
+                 now_ms: Optional[int] = None) -> list[Verdict]:
+    """The rows step_composition, fragmentation and collective_latency of the job's newest window."""
+    return job_summary(engine, job, rules, now_ms, decisions=0).verdicts
+
+
+def live_job_summaries(engine: Engine, window_s: float, rules: Optional[RuleSet] = None,
+                       hostname: Optional[str] = None, now_ms: Optional[int] = None,
+                       decisions: int = RECENT_DECISIONS) -> list[JobSummary]:
+    """The jobs that reported within ``window_s`` (at least the last 10 minutes), graded: what check shows."""
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    return job_summaries(engine, live_jobs(engine, live_since_ms(window_s, now), hostname), rules, now, decisions)
+
+
+__all__ = ["DecisionRow", "JOB_CHECKS", "JobSummary", "LIVE_JOB_S", "grade", "job_summaries", "job_summary",
+           "job_verdicts", "live_job_summaries", "live_jobs", "live_since_ms", "newest_steps", "probe_baselines"]
