@@ -46,7 +46,7 @@ def test_memory_statistics_give_fragmentation_and_deltas_at_most_every_few_secon
              "inactive_split_bytes.all.current": 8, "num_alloc_retries": 3, "num_ooms": 1}
     sampler = MemorySampler(every_s=5.0, stats_fn=lambda: dict(stats), enabled_fn=lambda: True)
     first = sampler.maybe_sample(100.0)
-    assert first["fragmentation"] == pytest.approx(0.25) and first["inactive_split_fraction"] == pytest.approx(0.1)
+    assert first["fragmentation"] == pytest.approx(0.1) and first["cached_free_fraction"] == pytest.approx(0.25)
     assert first["alloc_retries_delta"] is None and first["num_alloc_retries"] == 3
     assert sampler.maybe_sample(104.9) is None  # ~150 µs a call on the H200: not every step
     stats.update({"num_alloc_retries": 5, "num_ooms": 1})
@@ -73,7 +73,7 @@ def test_knob_declarations_keep_integers_integral_and_refuse_nonsense():
 
 def test_the_wire_form_is_exactly_the_apis_fields_and_never_sends_made_up_values():
     report = StepReport(step=3, rank=1, step_time_s=2.0, phases_s={"generation": 1.0, "update": math.nan},
-                        samples=16, tokens=None, memory={"fragmentation": 0.2, "inactive_split_fraction": 0.05,
+                        samples=16, tokens=None, memory={"fragmentation": 0.2, "cached_free_fraction": 0.05,
                                                          "ooms_delta": 0, "num_ooms": 0},
                         collective_latency_us=42.0, component="actor", collective_baseline_us=30.0, local_gpu=0)
     assert report.to_wire() == {"step": 3, "rank": 1, "step_time_s": 2.0, "phases": {"generation": 1.0},

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--server", default=None, help="trimtab server URL; standalone without it")
     parser.add_argument("--token", default=None)
     parser.add_argument("--job", default="ppo-demo")
+    parser.add_argument("--mode", choices=("auto", "advise", "off"), default=None,
+                        help="register the job in this rebalancer mode (default: keep the server's; new jobs: advise)")
     parser.add_argument("--json", dest="json_path", type=Path, default=None, help="write per-step records here")
     parser.add_argument("--cpu-threads", type=int, default=None,
                         help="torch intra-op threads (default: 1 when everything runs on the CPU, else torch's)")
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = set_cpu_threads(devices, args.cpu_threads)
     start = Knobs.read({"batch_size": args.batch_size, "prefetch": args.prefetch, "sync_every": args.sync_every})
     hook = attach(job=args.job, server=args.server, token=args.token, device_map=devices.as_hook_map(),
-                  knobs=knob_declaration(start, config.samples_per_step))
+                  knobs=knob_declaration(start, config.samples_per_step), mode=args.mode)
     print(f"config {config.name}: actor {config.actor}, {config.samples_per_step} samples/step, "
           f"{config.prompt_tokens}+{config.response_tokens} tokens, sync via {config.sync_via}; {devices}; "
           f"{threads} CPU threads", flush=True)

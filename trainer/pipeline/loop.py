@@ -139,8 +139,10 @@ class Pipeline:
 
     def restart_workers(self) -> None:
         """Drop whatever was generated ahead and start the workers afresh at the current step (the grid benchmark
-        does this between settings, so no batch made under one setting is counted under the next)."""
+        does this between settings, so no batch made under one setting is counted under the next). The knobs are
+        read first: new workers must not start a batch of the previous setting."""
         self._stop_workers()
+        self.current = Knobs.read(self.knobs)
         self._totals.take()
         self._boundary_s = None
         self._start_workers()

@@ -1,0 +1,140 @@
+"""The benchmark trimtab is judged by (issue 5): the reference pipeline from the brief's bad defaults under the
+rebalancer in ``auto``, against the best static setting of the knob grid and against the defaults, all measured in
+this one run, on this one machine.
+
+Steps: start `trimtab up` (real NVML agent where a driver exists, else a simulated node) on a loopback port; build
+the pipeline once; measure the best static setting of the grid (``--best``, from BENCHMARKS.md); then attach the
+hook in mode ``auto`` at the defaults and run until the rebalancer has had nothing to change for ``--tail`` steps in
+a row, or ``--max-steps`` / ``--budget-s``; then measure the best static setting again. Best = the mean of the two
+static measurements (they bracket the auto run, so clock or thermal drift hits both sides alike). The defaults are
+the auto run's own first steps at (1, 0, 1) plus ``--default-steps`` separate ones (0: none — on the H200 a
+batch-1 step takes 45 s). Prints every step, every decision, and:
+
+    reached   = throughput of the last --tail steps / best static        (goal ≥ 0.95)
+    steps     = first step from which 3 steps' throughput ≥ 95 % of best (goal ≤ 40)
+    × default = reached throughput / defaults                            (goal ≥ 2)
+
+    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4     # on the H200
+    python bench/rebalance.py --config tiny --device-map cpu --best 64,2,1          # here (CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+START_S = time.perf_counter()
+
+
+def knobs_of(text: str) -> dict:
+    b, p, s = (int(x) for x in text.split(","))
+    return {"batch_size": b, "prefetch": p, "sync_every": s}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="tiny")
+    ap.add_argument("--device-map", default=None)
+    ap.add_argument("--best", default="64,2,4", help="best static batch,prefetch,sync_every of the grid")
+    ap.add_argument("--best-steps", type=int, default=16, help="measured steps of the best static, before and after")
+    ap.add_argument("--default-steps", type=int, default=0, help="separate steps at the defaults (besides the "
+                                                                 "auto run's first steps)")
+    ap.add_argument("--max-steps", type=int, default=60)
+    ap.add_argument("--tail", type=int, default=10, help="steps measured after the rebalancer settles")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="bound on the auto run")
+    ap.add_argument("--daemon-args", default="--interval 1", help="extra `trimtab up` arguments")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    from trimtab.trainer import attach
+    from trimtab.trainer.pipeline.config import preset
+    from trimtab.trainer.pipeline.loop import Pipeline, set_cpu_threads
+    from trimtab.trainer.pipeline.config import parse_device_map
+    from trimtab.trainer.pipeline import story
+
+    config = preset(args.config)
+    devices = parse_device_map(args.device_map)
+    set_cpu_threads(devices)
+    daemon = story.start_daemon(args=args.daemon_args.split())
+    print(f"trimtab up at {daemon.url} (state {daemon.state_dir}); config {config.name}; {devices}", flush=True)
+    try:
+        best_knobs, defaults = knobs_of(args.best), story.default_knobs()
+        with Pipeline(config, devices, knobs=dict(best_knobs), log=lambda line: print(line, flush=True)) as pipe:
+            print(f"[{time.perf_counter() - START_S:6.1f} s] models built", flush=True)
+            best_before, best_records = story.measure_static(pipe, best_knobs, warmup=2, steps=args.best_steps)
+            print(f"[{time.perf_counter() - START_S:6.1f} s] best static {args.best}: {best_before:.2f} samples/s "
+                  f"over {len(best_records)} steps", flush=True)
+            default_records = []
+            if args.default_steps:
+                _, default_records = story.measure_static(pipe, defaults, warmup=0, steps=args.default_steps)
+            job = f"bench-{config.name}-{int(time.time())}"
+            hook = attach(job=job, server=daemon.url, token=daemon.token, device_map=devices.as_hook_map(),
+                          knobs=story.declaration(defaults, config), mode="auto")
+            t0 = time.perf_counter()
+            run = story.run_auto(pipe, hook, args.max_steps, args.budget_s, args.tail,
+                                 show=lambda r: print(f"  auto {r.line()}", flush=True),
+                                 settled=story.rebalancer_idle(daemon, job))
+            hook.close()
+            auto_s = time.perf_counter() - t0
+            best_after, after_records = story.measure_static(pipe, best_knobs, warmup=2, steps=args.best_steps)
+            print(f"[{time.perf_counter() - START_S:6.1f} s] best static {args.best} again: {best_after:.2f} "
+                  f"samples/s over {len(after_records)} steps", flush=True)
+        decisions = story.api_get(daemon, f"/v1/decisions?job={job}&limit=100")["decisions"]
+        changes = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]
+    finally:
+        daemon.stop()
+    records = run.records
+    best_tp = (best_before + best_after) / 2
+    default_records = default_records + [r for r in records[:len(records)] if story.knob_tuple(r) == (1, 0, 1)]
+    default_tp = story.throughput(default_records) or 0.0
+    tail = records[-args.tail:]
+    reached = story.throughput(tail) or 0.0
+    within = story.steps_to_within(records, best_tp)
+    print("\ndecisions (oldest first):")
+    print("| id | rule | change | applied at step | before samples/s | after samples/s | gain | outcome |")
+    print("|---:|---|---|---:|---:|---:|---:|---|")
+    for d in reversed(decisions):
+        change = f"{d['knob']} {d['old_value']} → {d['new_value']}" if d["knob"] else "advice"
+        gain = d["evidence"].get("gain_pct")
+        fmt = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
+        print(f"| {d['id']} | {d['rule']} | {change} | {d['applied_step'] if d['applied_step'] is not None else ''} | "
+              f"{fmt(d['throughput_before_samples_per_s'])} | {fmt(d['throughput_after_samples_per_s'])} | "
+              f"{'' if gain is None else f'{gain:+.1f} %'} | {d['outcome']} |")
+    print("\nacknowledgements: " + "; ".join(
+        f"change {c['change_id']} {c['knob']}={c['value']}: " + ", ".join(
+            f"rank {a['rank']} at step {a['applied_at_step']}" for a in c["acks"]) for c in reversed(changes)))
+    settings = []
+    for r in records:
+        k = story.knob_tuple(r)
+        if not settings or settings[-1][0] != k:
+            settings.append([k, r.step, 0])
+        settings[-1][2] += 1
+    print("knob path: " + " → ".join(f"{k[0]}/{k[1]}/{k[2]} ({n} steps)" for k, _, n in settings))
+    summary = {
+        "config": config.name, "device_map": str(devices), "best_static": args.best,
+        "best_static_samples_per_s": round(best_tp, 3), "best_static_before": round(best_before, 3),
+        "best_static_after": round(best_after, 3), "defaults_samples_per_s": round(default_tp, 3),
+        "default_steps": len(default_records),
+        "auto_steps": len(records), "auto_seconds": round(auto_s, 1), "stopped_because": run.stopped_because,
+        "reached_samples_per_s": round(reached, 3), "reached_fraction_of_best": round(reached / best_tp, 4),
+        "steps_to_within_5pct": within, "ratio_to_defaults": round(reached / default_tp, 2) if default_tp else None,
+        "final_knobs": dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(records[-1]))),
+        "decisions": len(decisions), "wall_s": round(time.perf_counter() - START_S, 1),
+    }
+    print(f"\nbest static {args.best}: {best_tp:.2f} samples/s (before {best_before:.2f}, after {best_after:.2f}); "
+          f"defaults: {default_tp:.2f} samples/s ({len(default_records)} steps); auto reached "
+          f"{reached:.2f} samples/s over its last {len(tail)} steps = {100 * reached / best_tp:.1f} % of best "
+          f"(goal ≥ 95 %), {summary['ratio_to_defaults']}× the defaults (goal ≥ 2×); within 5 % of best from step "
+          f"{within} (goal ≤ 40); {len(records)} auto steps in {auto_s:.0f} s ({run.stopped_because})")
+    print(json.dumps(summary))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "decisions": decisions, "changes": changes,
+                                         "records": [r.as_dict() for r in records]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
