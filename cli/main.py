@@ -27,12 +27,14 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
 
     `trimtab up` runs this node's daemon (agent + REST API + /metrics, SQLite). A cluster runs `trimtab server`
     on a head node and `trimtab agent --server URL` on every GPU node (or agents writing PostgreSQL directly).
-    `trimtab check` grades a node's balance against the brief's thresholds and exits 0 / 1 / 2.
+    `trimtab check` grades a node's balance (and each job's step composition) against the brief's thresholds and
+    exits 0 / 1 / 2. `trimtab demo` shows the rebalancer fixing a badly configured job on this CPU.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if log_level.lower() != "debug":
         logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-start plugin chatter says nothing useful
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns what matters
     try:
         path = find_config_file(config_path)
         ctx.obj = {"rules_overrides": None, "config_path": path}
@@ -48,10 +50,11 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
 
 
 def _register() -> None:
-    from trimtab.cli import agent_cmd, check_cmd, serve_cmd, systemd_cmd, token_cmd, verl_cmd
+    from trimtab.cli import agent_cmd, check_cmd, demo_cmd, serve_cmd, systemd_cmd, token_cmd, verl_cmd
 
     cli.add_command(agent_cmd.agent)
     cli.add_command(check_cmd.check)
+    cli.add_command(demo_cmd.demo)
     cli.add_command(serve_cmd.up)
     cli.add_command(serve_cmd.server)
     cli.add_command(systemd_cmd.install_systemd)

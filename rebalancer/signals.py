@@ -138,7 +138,7 @@ def job_reading(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Readi
 
         return _sustained(rule, window, _mean_of(frag), [frag(s) for s in window], "allocator fragmentation")
     phase = signal.removesuffix("_share_pct")
-    return _sustained(rule, window, _share(phase), [s.share_pct(phase) for s in window], f"{phase} share of the step")
+    return _sustained(rule, window, _share(phase), [s.share_pct(phase) for s in window], f"{phase} share")
 
 
 def alloc_retries(window: Sequence[JobStep], ctx: JobContext) -> int:

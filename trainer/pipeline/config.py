@@ -73,7 +73,11 @@ H200 = PipelineConfig(
     reward_pretrain_steps=60, reward_pretrain_batch=32, reward_lr=1e-3, sync_via="host",
 )
 
-PRESETS = {"tiny": TINY, "h200": H200}
+# `trimtab demo`: the tiny models with longer responses, so on a CPU decoding dominates a step as it does on a GPU
+# (with 16 response tokens a CPU step is mostly Python overhead and the story stops at batch 4).
+DEMO = replace(TINY, name="demo", response_tokens=48)
+
+PRESETS = {"tiny": TINY, "h200": H200, "demo": DEMO}
 
 
 def preset(name: str, **overrides) -> PipelineConfig:
