@@ -1,0 +1,90 @@
+"""The rebalancer wired into the API and the daemon: a change decided on a report rides on that report's response,
+per-job rules are checked at registration, a bad rules file stops the daemon with its line, and /healthz shows the
+rebalancer."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.procs import stop, trimtab, wait_http
+from trimtab.rebalancer.service import Rebalancer
+
+KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},
+         "sync_every": {"value": 1, "min": 1, "max": 8}}
+JOB = {"name": "ppo", "ranks": 1, "device_map": {}, "hostnames": ["cpu-box"], "knobs": KNOBS, "mode": "auto"}
+
+
+def report(step: int, step_time: float = 45.0, gen: float = 44.0) -> dict:
+    return {"step": step, "rank": 0, "step_time_s": step_time, "samples": 64,
+            "phases": {"generation": gen, "evaluation": 0.5, "update": 0.3, "communication": 0.05}}
+
+
+@pytest.fixture
+def loop_api(sqlite_api):
+    sqlite_api.ctx.after_report = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules).after_report
+    return sqlite_api
+
+
+def test_a_change_decided_on_a_report_comes_back_in_that_reports_response(loop_api):
+    api = loop_api
+    assert api.post("/v1/jobs", JOB, scope="job").status_code == 201
+    body = api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()
+    assert [(c["knob"], c["value"]) for c in body["pending_changes"]] == [("batch_size", 4)]
+    assert body["pending_changes"][0]["reason"].startswith("generation_bound:")
+    decision = api.get("/v1/decisions", job="ppo").json()["decisions"][0]
+    assert (decision["rule"], decision["outcome"], decision["old_value"], decision["new_value"]) == \
+        ("generation_bound", "pending", 1, 4)
+    assert decision["evidence"]["reading"]["value"] == pytest.approx(100 * 44.0 / 45.0, abs=0.01)
+    # A resent report stores nothing and decides nothing new: still exactly one change.
+    again = api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()
+    assert again["stored"] is False and len(api.get("/v1/jobs/ppo/changes").json()["changes"]) == 1
+
+
+def test_advise_mode_answers_reports_without_changes_but_records_the_advice(loop_api):
+    api = loop_api
+    assert api.post("/v1/jobs", {**JOB, "mode": "advise"}, scope="job").status_code == 201
+    body = api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()
+    assert body["pending_changes"] == []
+    [decision] = api.get("/v1/decisions", job="ppo").json()["decisions"]
+    assert decision["outcome"] == "advised" and decision["new_value"] == 4 and decision["change_id"] is None
+
+
+def test_per_job_rules_are_checked_at_registration_and_used(loop_api):
+    api = loop_api
+    bad = api.post("/v1/jobs", {**JOB, "rules": {"rules": {"generation_bound": {"act_abov": 60}}}}, scope="job")
+    assert bad.status_code == 422 and "has no key 'act_abov'" in bad.text
+    bad = api.post("/v1/jobs", {**JOB, "rules": {"rules": {"generation_bound": {"act_above": "high"}}}}, scope="job")
+    assert bad.status_code == 422 and "expected a number" in bad.text
+    ok = api.post("/v1/jobs", {**JOB, "rules": {"rules": {"generation_bound": {"act_above": 99.0}}}}, scope="job")
+    assert ok.status_code == 201 and ok.json()["rules"] == {"rules": {"generation_bound": {"act_above": 99.0}}}
+    body = api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()
+    assert body["pending_changes"] == []  # 97.8 % generation is below this job's own act line
+
+
+def test_a_bad_rules_file_stops_the_daemon_with_its_line(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[controller]\nwindow_min_s = 2.0\n\n[rules.pcie]\nact_above = 95.0\nhealthy_below = 99.0\n")
+    proc = trimtab("up", "--simulate", "1", "--port", "0", "--rules-file", str(rules),
+                   env={"TRIMTAB_STATE_DIR": str(tmp_path / "state")})
+    try:
+        _, err = proc.communicate(timeout=60)  # it must exit by itself, before serving anything
+    finally:
+        stop(proc)
+    assert proc.returncode == 1, err
+    assert f"rules rejected: {rules} (line 6): rules.pcie.healthy_below: healthy_below (99.0) is above act_above" in err
+
+
+def test_up_runs_the_rebalancer_and_says_so_on_healthz(tmp_path):
+    from tests.support.procs import free_port
+
+    port = free_port()
+    proc = trimtab("up", "--simulate", "1", "--port", str(port), "--status-every", "1",
+                   env={"TRIMTAB_STATE_DIR": str(tmp_path / "state")})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
+        rebalancer = health["components"]["rebalancer"]
+        assert rebalancer["state"] == "running" and rebalancer["rules"] == 9 and rebalancer["errors"] == 0
+    finally:
+        stop(proc)
