@@ -1,1 +1,1 @@
-"""Filled by a later issue."""
+"""The REST API, Prometheus /metrics and /healthz around the store, the agent snapshot and the rebalancer."""

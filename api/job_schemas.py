@@ -203,7 +203,9 @@ class DecisionOut(Model):
     job: str = Field(description="The job.")
     ts_ms: int = Field(description="When, epoch milliseconds.")
     rule: str = Field(description="The rule that fired (utilization_balance, pcie, step_composition, …).")
-    evidence: dict[str, Any] = Field(description="The window values that made it fire.")
+    evidence: dict[str, Any] = Field(description="The window's figures that made it fire (signal, value, per-step "
+                                                 "values, halves, skipped actions and why), and once judged the "
+                                                 "after-window, gain_pct and each rank's acknowledged step.")
     change_id: Optional[int] = Field(description="The knob change made, if any.")
     knob: Optional[str] = Field(description="Knob changed.")
     old_value: Optional[Union[int, float]] = Field(description="Value before.")
@@ -211,7 +213,9 @@ class DecisionOut(Model):
     applied_step: Optional[int] = Field(description="Step at which the change took effect.")
     throughput_before_samples_per_s: Optional[float] = Field(description="Throughput before, samples/s.")
     throughput_after_samples_per_s: Optional[float] = Field(description="Throughput after, samples/s.")
-    outcome: Optional[str] = Field(description="advised, pending, kept or rolled_back.")
+    outcome: Optional[str] = Field(description="advised (advise mode, or no action possible), pending (change in "
+                                               "flight), kept, rolled_back, superseded (replaced before its "
+                                               "verdict) or cancelled (mode switched off / bounds changed).")
     advice: Optional[str] = Field(description="Advice for a person (placement, dtype, …).")
 
 

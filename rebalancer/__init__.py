@@ -1,1 +1,1 @@
-"""Decides: balance verdicts from thresholds (data, not code) and, later, the closed-loop controller."""
+"""Decides: the rules file, balance verdicts, the per-job controller and the service that runs it in up and server."""

@@ -234,7 +234,8 @@ def _follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         return Plan(note=f"measuring throughput after change {change.id} (from step {change.applied_step + ctl.settle_steps})",
                     applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None)
     before_tp, after_tp = open_d.throughput_before_samples_per_s, throughput(after)
-    evidence = {**open_d.evidence, "after_window": _window_evidence(after), "verdict_ms": state.now_ms}
+    evidence = {**open_d.evidence, "after_window": _window_evidence(after), "verdict_ms": state.now_ms,
+                "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
     if any(r.name == open_d.rule and r.safety for r in rules.rules):
         # A safety change (memory, fragmentation) is not undone for speed: it was made to stop an OOM.
         if before_tp and after_tp:

@@ -1,4 +1,4 @@
-"""The rebalancer's decisions with their evidence and outcome (filled once the rebalancer runs)."""
+"""The rebalancer's decisions with their evidence and outcome, newest first."""
 
 from __future__ import annotations
 

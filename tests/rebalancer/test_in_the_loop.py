@@ -88,3 +88,16 @@ def test_up_runs_the_rebalancer_and_says_so_on_healthz(tmp_path):
         assert rebalancer["state"] == "running" and rebalancer["rules"] == 9 and rebalancer["errors"] == 0
     finally:
         stop(proc)
+
+
+def test_rule_overrides_in_trimtab_toml_are_checked_at_start(tmp_path):
+    config = tmp_path / "trimtab.toml"
+    config.write_text("[rules.pcie]\nact_abov = 95.0\n")
+    proc = trimtab("--config", str(config), "up", "--simulate", "1", "--port", "0",
+                   env={"TRIMTAB_STATE_DIR": str(tmp_path / "state")})
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 1, err
+    assert f"rules rejected: {config}: rule 'pcie' has no key 'act_abov'" in err

@@ -105,6 +105,7 @@ def test_restart_mid_change_recovers_from_the_store_and_keeps_a_gain(engine):
     assert kept.outcome == "kept" and kept.applied_step == 3
     assert kept.throughput_after_samples_per_s == pytest.approx(64 / 12)
     assert kept.evidence["gain_pct"] == 275.0 and kept.evidence["after_window"]["steps"] == [4, 4]
+    assert kept.evidence["acks"] == [{"rank": 0, "applied_at_step": 3}, {"rank": 1, "applied_at_step": 3}]
     assert rb.health()["kept"] == 1 and rb.health()["rolled_back"] == 0
     assert [(x.id, x.status, x.applied_step) for x in changes(engine, job)] == [(c.id, "applied", 3)]
 
