@@ -25,7 +25,7 @@ from sqlalchemy import Engine, and_, func, select
 from trimtab.rebalancer.balance import ACT, NO_DATA, OK, SEVERITY, WATCH, Verdict
 from trimtab.rebalancer.rules import Rule, RuleSet, RulesError, default_rules
 from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, job_reading
-from trimtab.rebalancer.window import PHASES, JobStep, _fold, throughput, window
+from trimtab.rebalancer.window import PHASES, JobStep, fold_step, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob
@@ -158,7 +158,7 @@ def newest_steps(engine: Engine, jobs_: Sequence[StoredJob], depth: int) -> dict
     out: dict[int, list[JobStep]] = {}
     for job_id, by_step in by_job.items():
         top = max(by_step)
-        out[job_id] = [_fold(s, rs) for s, rs in sorted(by_step.items())
+        out[job_id] = [fold_step(s, rs) for s, rs in sorted(by_step.items())
                        if len({x.rank for x in rs}) >= ranks[job_id] or s < top]
     return out
 

@@ -40,7 +40,7 @@ class JobStep:
         return 100.0 * value / self.step_time_s
 
 
-def _fold(step: int, rows: Sequence) -> JobStep:
+def fold_step(step: int, rows: Sequence) -> JobStep:
     def worst(name: str) -> Optional[float]:
         values = [getattr(r, name) for r in rows if getattr(r, name) is not None]
         return max(values) if values else None
@@ -72,7 +72,7 @@ def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, lim
     if not by_step:
         return []
     newest = max(by_step)
-    steps = [_fold(s, rs) for s, rs in sorted(by_step.items())
+    steps = [fold_step(s, rs) for s, rs in sorted(by_step.items())
              if len({x.rank for x in rs}) >= ranks or s < newest]
     return steps[-limit:]
 
