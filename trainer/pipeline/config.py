@@ -145,7 +145,7 @@ def _device(value, cuda_count: int) -> torch.device:
     return device
 
 
-def _parse_pairs(text: str) -> dict[str, list]:
+def parse_pairs(text: str) -> dict[str, list]:
     """``actor=0,1;critic=2;reward=3;ref=0`` → {"actor": ["0", "1"], ...}."""
     out = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
@@ -170,7 +170,7 @@ def parse_device_map(text: str | None, cuda_count: int | None = None) -> DeviceM
     if text.startswith("{"):
         declared = {k: v if isinstance(v, list) else [v] for k, v in json.loads(text).items()}
     elif "=" in text:
-        declared = _parse_pairs(text)
+        declared = parse_pairs(text)
     else:
         declared = {"actor": [text]}
     unknown = set(declared) - set(COMPONENTS)

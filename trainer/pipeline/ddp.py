@@ -47,12 +47,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .channel import PrefetchQueue
-from .config import COMPONENTS, DeviceMap, PipelineConfig, _parse_pairs, parse_device_map
-from .generation import GenerationWorker
+from .config import COMPONENTS, DeviceMap, PipelineConfig, parse_pairs, parse_device_map
 from .loop import Pipeline
-from .scoring import ScoringWorker
-from .task import PromptSource
 
 log = logging.getLogger("trimtab.trainer.pipeline.ddp")
 
@@ -85,7 +81,7 @@ def parse_job_map(text: str, world: Optional[int] = None) -> dict[str, list]:
     if text.startswith("{"):
         declared = {k: _devices_of(v) for k, v in json.loads(text).items()}
     elif "=" in text:
-        declared = _parse_pairs(text)
+        declared = parse_pairs(text)
     else:
         raise ValueError(f"job device map {text!r}: give cpu, cuda, JSON or 'actor=0,1;critic=2;…'")
     unknown = set(declared) - set(COMPONENTS)
@@ -290,6 +286,7 @@ class DataParallelPipeline(Pipeline):
         self._broadcast = broadcast
         self._probe_dirs = probe_dirs
         self.grads: Optional[GradAverager] = None
+        self.data_seed_offset = self.rank * RANK_SEED_STRIDE  # rank 0 sees what the single-process pipeline sees
         super().__init__(config, device_map, knobs=knobs, hook=hook, log=log)
 
     @property
@@ -307,22 +304,6 @@ class DataParallelPipeline(Pipeline):
                                   self._probe_dirs)
         self.grads.guard(self.actor_opt)
         self.grads.guard(self.critic_opt)
-
-    def _start_workers(self) -> None:
-        # Pipeline._start_workers, with this rank's own data seeds set before the threads start.
-        self.queue = PrefetchQueue(self.current.prefetch)
-        self._generator = GenerationWorker(self.generation_model, self.config, self.queue, self._totals,
-                                           self.step_index, self.current.batch_size, self.hook)
-        self._generator.version = self.syncs
-        if self.rank:
-            offset = self.rank * RANK_SEED_STRIDE
-            self._generator._prompts = PromptSource(self.config, seed_offset=self.step_index + offset)
-            self._generator._sampler = torch.Generator(device=self._generator.device).manual_seed(
-                self.config.seed + 13 + self.step_index + offset)
-        self._scorer = ScoringWorker((self.ref, self.reward_model, self.critic), self.config, self.devices,
-                                     self.queue, self._totals)
-        self._generator.start()
-        self._scorer.start()
 
     def close(self) -> None:
         super().close()

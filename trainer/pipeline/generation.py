@@ -69,7 +69,7 @@ class GenerationWorker:
     """Thread: reserve a slot in the queue, generate one batch, put it; pause between calls while weights sync."""
 
     def __init__(self, model: CausalLM, config: PipelineConfig, queue: PrefetchQueue, totals: BusyTotals,
-                 first_step: int, batch_size: int, hook=None):
+                 first_step: int, batch_size: int, hook=None, data_seed_offset: int = 0):
         self.model = model
         self.device = next(model.parameters()).device
         self.batch_size = batch_size     # set by the trainer at step boundaries; read at the start of each call
@@ -78,8 +78,10 @@ class GenerationWorker:
         self._queue = queue
         self._totals = totals
         self._hook = hook
-        self._prompts = PromptSource(config, seed_offset=first_step)
-        self._sampler = torch.Generator(device=self.device).manual_seed(config.seed + 13 + first_step)
+        # data_seed_offset: another rank of a data-parallel job draws other prompts and samples (0: rank 0's).
+        self._prompts = PromptSource(config, seed_offset=first_step + data_seed_offset)
+        self._sampler = torch.Generator(device=self.device).manual_seed(config.seed + 13 + first_step +
+                                                                        data_seed_offset)
         self._streams = WorkerStreams()
         self._step = first_step
         self._remaining = config.samples_per_step

@@ -123,10 +123,13 @@ class Pipeline:
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr, **fused)
         self._sync = WeightSync(self.actor, self.generation_model, config.sync_via)
 
+    data_seed_offset = 0  # a data-parallel rank sets its own (trimtab.trainer.pipeline.ddp)
+
     def _start_workers(self) -> None:
         self.queue = PrefetchQueue(self.current.prefetch)
         self._generator = GenerationWorker(self.generation_model, self.config, self.queue, self._totals,
-                                           self.step_index, self.current.batch_size, self.hook)
+                                           self.step_index, self.current.batch_size, self.hook,
+                                           data_seed_offset=self.data_seed_offset)
         self._generator.version = self.syncs
         self._scorer = ScoringWorker((self.ref, self.reward_model, self.critic), self.config, self.devices,
                                      self.queue, self._totals)
