@@ -81,10 +81,15 @@ class Rebalancer:
             if job.mode != "off" and job.last_report_ms is not None and job.last_report_ms >= cutoff:
                 self.evaluate(job, wait=True)
 
-    def after_report(self, job: StoredJob) -> None:
-        """Called by the report route once a report is stored; skips if that job is being evaluated already."""
-        if job.mode != "off":
-            self.evaluate(job, wait=False)
+    def after_report(self, job: StoredJob, step: int) -> None:
+        """Called by the report route once a report is stored. Only the report that completes its step (the last
+        rank's) evaluates — with 64 ranks the other 63 would reread the same window for nothing — and it skips if
+        the job is being evaluated already (the loop catches up)."""
+        if job.mode == "off":
+            return
+        if job.ranks > 1 and job_store.ranks_reported(self.engine, job.id, step) < job.ranks:
+            return
+        self.evaluate(job, wait=False)
 
     def _lock(self, name: str) -> threading.Lock:
         with self._locks_guard:

@@ -58,7 +58,7 @@ def fold_step(step: int, rows: Sequence) -> JobStep:
                    start_ms=end_ms - int(step_time * 1000), end_ms=end_ms)
 
 
-def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, limit: int = 400) -> list[JobStep]:
+def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, limit: int = 200) -> list[JobStep]:
     """Complete steps ≥ ``since_step``, oldest first (at most the newest ``limit``)."""
     r = job_reports.c
     query = (select(r.step, r.rank, r.received_ms, r.step_time_s, r.generation_s, r.evaluation_s, r.communication_s,

@@ -166,6 +166,14 @@ def add_report(engine: Engine, job_id: int, report: Mapping[str, Any]) -> bool:
         return conn.execute(stmt).first() is not None
 
 
+def ranks_reported(engine: Engine, job_id: int, step: int) -> int:
+    """How many ranks have reported ``step`` (one indexed count: the unique (job, step, rank) index)."""
+    r = job_reports.c
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(job_reports)
+                            .where(r.job_id == job_id, r.step == step)).scalar_one()
+
+
 def list_reports(engine: Engine, job_id: int, limit: int, offset: int) -> list[dict[str, Any]]:
     """Newest steps first, ranks in order; each report as a dict of its columns."""
     r = job_reports.c

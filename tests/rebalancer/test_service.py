@@ -173,7 +173,7 @@ def test_an_error_in_an_evaluation_is_counted_not_raised(sqlite_engine, monkeypa
     monkeypatch.setattr(service_mod, "load_steps", broken)
     rb = Rebalancer(sqlite_engine)
     assert rb.evaluate(job) is None
-    rb.after_report(job)
+    rb.after_report(job, 2)  # step 2 is complete (both ranks reported): it evaluates, and fails
     health = rb.health()
     assert health["errors"] == 2 and health["evaluations"] == 0
     assert health["last_error"] == "job 'grpo': RuntimeError: job_reports unreadable"
@@ -181,3 +181,19 @@ def test_an_error_in_an_evaluation_is_counted_not_raised(sqlite_engine, monkeypa
     assert changes(sqlite_engine, job) == [] and decisions(sqlite_engine, job) == []
     monkeypatch.undo()
     assert rb.evaluate(job).change is not None and rb.health()["errors"] == 2
+
+
+def test_only_the_report_that_completes_a_step_evaluates(sqlite_engine):
+    job = register(sqlite_engine)  # 2 ranks
+    report(sqlite_engine, job, 0, 1, step_time=45.0, gen=44.0)
+    assert job_store.add_report(sqlite_engine, job.id, dict(step=1, rank=0, step_time_s=45.0, generation_s=44.0,
+                                                             samples=32))
+    rb = Rebalancer(sqlite_engine)
+    rb.after_report(job, 1)  # rank 1 has not reported step 1: no evaluation (nothing read, nothing decided)
+    assert rb.health()["evaluations"] == 0 and changes(sqlite_engine, job) == []
+    assert job_store.add_report(sqlite_engine, job.id, dict(step=1, rank=1, step_time_s=45.0, generation_s=44.0,
+                                                             samples=32))
+    rb.after_report(job, 1)  # the last rank's report completes the step: it evaluates and decides
+    assert rb.health()["evaluations"] == 1
+    [c] = changes(sqlite_engine, job)
+    assert (c.knob, c.value) == ("batch_size", 4)
