@@ -146,8 +146,18 @@ class Rebalancer:
 
     def _evaluate(self, job: StoredJob) -> Plan:
         rules = self.rules_for(job)
-        state = self.load_state(job, rules)
-        result = plan(state, rules, placement=placement_for)
+        result = self._plan_and_execute(job, rules)
+        if result.close is not None and result.rollback_to is None:
+            # A verdict that queued nothing: the window it was judged on is the next decision's "before" window,
+            # so decide now and let the next change ride on this same report's response (a step sooner: 25 s at
+            # batch 4 on the H200).
+            fresh = job_store.get_job(self.engine, job.name) or job
+            follow = self._plan_and_execute(fresh, rules)
+            result = follow if (follow.change or follow.advised or follow.advice_rule) else result
+        return result
+
+    def _plan_and_execute(self, job: StoredJob, rules: RuleSet) -> Plan:
+        result = plan(self.load_state(job, rules), rules, placement=placement_for)
         self.stats.evaluations += 1
         self.stats.last_evaluation_ms = now_ms()
         self._execute(job, result)

@@ -101,3 +101,46 @@ def test_rule_overrides_in_trimtab_toml_are_checked_at_start(tmp_path):
         stop(proc)
     assert proc.returncode == 1, err
     assert f"rules rejected: {config}: rule 'pcie' has no key 'act_abov'" in err
+
+
+def test_a_daemon_killed_mid_change_resumes_it_from_the_store_and_applies_it_once(tmp_path):
+    import signal
+
+    from tests.support.procs import free_port
+
+    port, state = free_port(), tmp_path / "state"
+    url = f"http://127.0.0.1:{port}"
+
+    def start():
+        proc = trimtab("up", "--simulate", "1", "--port", str(port), env={"TRIMTAB_STATE_DIR": str(state)})
+        wait_http(f"{url}/healthz", proc=proc)
+        return proc
+
+    proc = start()
+    try:
+        admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
+        assert httpx.post(f"{url}/v1/jobs", json=JOB, headers=admin).status_code == 201
+        first = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(0), headers=admin).json()
+        [change] = first["pending_changes"]
+        assert (change["knob"], change["value"]) == ("batch_size", 4)
+        stop(proc, signal.SIGKILL)  # the daemon dies with the change in flight, before the job applied it
+
+        proc = start()
+        again = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(1), headers=admin).json()
+        assert again["pending_changes"] == first["pending_changes"]  # the same change, not a second one
+        ack = {"change_id": change["change_id"], "applied_at_step": 2, "rank": 0}
+        assert httpx.post(f"{url}/v1/jobs/ppo/acks", json=ack, headers=admin).status_code == 200
+        stop(proc, signal.SIGKILL)  # and dies again while measuring the change
+
+        proc = start()
+        for step in (2, 3):  # the settle step, then a 12 s step at batch 4: 4× the throughput
+            body = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(step, step_time=12.0, gen=11.0),
+                              headers=admin).json()
+        [kept, *_] = httpx.get(f"{url}/v1/decisions", params={"job": "ppo"}).json()["decisions"][::-1]
+        assert (kept["outcome"], kept["applied_step"], kept["change_id"]) == ("kept", 2, change["change_id"])
+        assert kept["throughput_after_samples_per_s"] == pytest.approx(64 / 12)
+        changes = httpx.get(f"{url}/v1/jobs/ppo/changes").json()["changes"]
+        assert [c["change_id"] for c in changes if c["value"] == 4] == [change["change_id"]]  # applied once
+        assert [c["value"] for c in body["pending_changes"]] == [16]  # the verdict's report carries the next change
+    finally:
+        stop(proc)
