@@ -133,7 +133,7 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, before_steps: int, ke
         reading = d["evidence"].get("reading", {})
         if reading.get("message"):
             click.echo(f"        why: {reading['message']}")
-    click.echo("\nOn a GPU node: `trimtab up`, attach the hook to your trainer (README, "The rebalancer"), then "
+    click.echo("\nOn a GPU node: `trimtab up`, attach the hook to your trainer (README, 'The rebalancer'), then "
                "`trimtab check` and GET /v1/decisions show the same story for your job.")
     if not bounds_ok:  # never expected: the hook and the controller both clamp
         click.echo("warning: a knob ended outside its declared bounds", err=True)
