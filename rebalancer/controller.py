@@ -197,8 +197,13 @@ def _gate_fragmentation(readings: dict[str, Reading], rules: RuleSet, retries: i
 
 
 def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dict[str, Reading]:
+    # OOMs count from the last change's step (its settle step is left out of the window), minus those an "oom"
+    # decision already reported: an OOM is advised once, not in every later window.
+    advised = [d.evidence.get("reading", {}).get("num_ooms_cumulative") for d in state.decisions
+               if d.rule == "oom" and isinstance(d.evidence, dict)]
+    advised = [int(v) for v in advised if isinstance(v, (int, float))]
     ctx = JobContext(all_steps=state.steps, probe_baseline_us=state.probe_baseline_us,
-                     ooms_since_step=_last_applied_step(state))
+                     ooms_since_step=_last_applied_step(state), ooms_reported=max(advised) if advised else None)
     gpus: Optional[Sequence[GpuWindow]] = None
     out = {}
     for rule in rules.rules:

@@ -56,6 +56,7 @@ class JobContext:
     all_steps: Sequence[JobStep]
     probe_baseline_us: Optional[float]
     ooms_since_step: Optional[int] = None  # the last change's step: an OOM in its settle step still counts
+    ooms_reported: Optional[int] = None    # cumulative OOMs an "oom" decision already reported
 
 
 Aggregate = Callable[[Sequence[JobStep]], Optional[float]]
@@ -108,7 +109,8 @@ def _ooms(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Reading:
     base = dict(rule=rule.name, signal=rule.signal, unit=rule.unit)
     if not inside:
         return Reading(status=NO_DATA, value=None, message="no allocator statistics in the window", **base)
-    new = max(inside) - (before[-1] if before else 0)
+    baseline = max(before[-1] if before else 0, ctx.ooms_reported or 0)
+    new = max(0, max(inside) - baseline)
     status = "act" if new > rule.act_above else "ok"
     return Reading(status=status, value=float(new), message=f"{new} OOM(s) in steps {first}–{last}",
                    detail={"num_ooms_cumulative": max(inside)}, **base)

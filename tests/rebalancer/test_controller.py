@@ -554,6 +554,15 @@ def test_an_oom_on_the_step_a_change_took_effect_fires_the_oom_rule():
     st = state(history, job(batch=16, batch_max=31), changes=[change(value=32, previous=16)], decisions=[closed])
     p = plan(st, RULES)
     assert p.change is None and p.advice_rule == "oom"
+    assert p.evidence["reading"]["num_ooms_cumulative"] == 1
+    # once that OOM is advised, later windows do not keep finding it: the generation rule may act again
+    advised = decision(id=9, outcome="advised", change_id=None, knob=None, old=None, new=None, rule="oom",
+                       ts_ms=NOW - 60_000, evidence=p.evidence)
+    later = history + steps(13, 2, ooms=1)
+    p = plan(state(later, job(batch=16, batch_max=31), changes=[change(value=32, previous=16)],
+                   decisions=[advised, closed]), RULES)
+    assert p.change is not None and (p.change.rule, p.change.knob, p.change.new_value) == \
+        ("generation_bound", "batch_size", 31)
 
 
 def test_a_window_spans_whole_sync_periods():
