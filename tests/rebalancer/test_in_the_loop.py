@@ -4,6 +4,8 @@ rebalancer."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -144,3 +146,26 @@ def test_a_daemon_killed_mid_change_resumes_it_from_the_store_and_applies_it_onc
         assert [c["value"] for c in body["pending_changes"]] == [16]  # the verdict's report carries the next change
     finally:
         stop(proc)
+
+
+@pytest.mark.postgres
+def test_the_head_node_rebalances_jobs_on_postgresql(pg_url, tmp_path):
+    from tests.support.procs import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = trimtab("server", "--db", pg_url, "--port", str(port), "--status-every", "1",
+                     env={"TRIMTAB_STATE_DIR": str(tmp_path / "state")})
+    try:
+        wait_http(f"{url}/healthz", proc=server)
+        admin = {"Authorization": f"Bearer {(tmp_path / 'state' / 'admin.token').read_text().strip()}"}
+        assert httpx.post(f"{url}/v1/jobs", json={**JOB, "ranks": 2}, headers=admin).status_code == 201
+        r0 = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(0), headers=admin).json()
+        assert r0["pending_changes"] == []  # rank 1 has not reported step 0 yet
+        r1 = httpx.post(f"{url}/v1/jobs/ppo/reports", json={**report(0), "rank": 1}, headers=admin).json()
+        assert [(c["knob"], c["value"]) for c in r1["pending_changes"]] == [("batch_size", 4)]
+        assert httpx.get(f"{url}/healthz").json()["components"]["rebalancer"]["changes_queued"] == 1
+        time.sleep(1.5)  # one status period
+    finally:
+        _, err = stop(server)
+    assert "rebalancer: 1 jobs, 1 changes" in err  # the status line (systemd STATUS) says what it did
