@@ -60,11 +60,16 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
         raise CheckError(f"cannot read the store {mask_url(db_url)}: {' '.join(str(exc).split())[:300]}") from exc
     if not reports:
         who = f"node {node!r}" if node else "any node"
-        message = f"no samples from {who} in the last {window_s:g} s in {mask_url(db_url)}: is `trimtab agent` running?"
-        if not summaries:
-            raise CheckError(message)
-        click.echo(f"trimtab check: {message} (showing the jobs only)", err=True)
+        _jobs_only(f"no samples from {who} in the last {window_s:g} s in {mask_url(db_url)}: is `trimtab agent` "
+                   f"running?", summaries)
     return reports, summaries
+
+
+def _jobs_only(message: str, summaries) -> None:
+    """No node samples: an error, unless jobs reported (then say so and show the jobs)."""
+    if not summaries:
+        raise CheckError(message)
+    click.echo(f"trimtab check: {message} (showing the jobs only)", err=True)
 
 
 def _reports_from_store(db_url: str, window_s: float, node):
@@ -109,10 +114,7 @@ def _from_server(server_url: str, window_s: float, node):
             r.verdicts = [v for v in r.verdicts if not (v.check in JOB_CHECKS and v.status == "no_data")]
     if not reports:
         who = f"node {node!r}" if node else "any node"
-        message = f"the server has no samples from {who} in the last {window_s:g} s"
-        if not summaries:
-            raise CheckError(message)
-        click.echo(f"trimtab check: {message} (showing the jobs only)", err=True)
+        _jobs_only(f"the server has no samples from {who} in the last {window_s:g} s", summaries)
     return reports, summaries
 
 

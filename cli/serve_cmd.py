@@ -51,6 +51,15 @@ def _start_rebalancer(ctx, rules_file, enabled: bool):
     return rebalancer
 
 
+def _shut_down(notifier, api, rebalancer, engine) -> None:
+    """Say STOPPING, stop serving, stop deciding, close the store — in that order, for up and server alike."""
+    notifier.stopping()
+    api.stop()
+    if rebalancer is not None:
+        rebalancer.stop()
+    engine.dispose()
+
+
 def _open_store(url: str):
     from trimtab.store.engine import StoreError, migrate, open_engine
 
@@ -134,11 +143,7 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     try:
         runner.run(stop, duration_s=duration, on_tick=pinger)
     finally:
-        notifier.stopping()
-        api.stop()
-        if rebalancer is not None:
-            rebalancer.stop()
-        engine.dispose()
+        _shut_down(notifier, api, rebalancer, engine)
 
 
 @click.command()
@@ -196,8 +201,4 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
     try:
         wait_loop(stop, tick, period_s=min(1.0, status_every), alive=lambda: api.alive)
     finally:
-        notifier.stopping()
-        api.stop()
-        if rebalancer is not None:
-            rebalancer.stop()
-        engine.dispose()
+        _shut_down(notifier, api, rebalancer, engine)

@@ -50,6 +50,9 @@ class Rebalancer:
         self.stats = RebalancerStats()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # job → (last report, last update) at its last evaluation: the loop re-evaluates a job only when a report,
+        # an ack, a mode switch or a registration came in since (else it would reread the same window every second)
+        self._seen: dict[str, tuple] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -78,7 +81,8 @@ class Rebalancer:
             return
         cutoff = now_ms() - LIVE_JOB_S * 1000
         for job in jobs:
-            if job.mode != "off" and job.last_report_ms is not None and job.last_report_ms >= cutoff:
+            if job.mode != "off" and job.last_report_ms is not None and job.last_report_ms >= cutoff \
+                    and self._seen.get(job.name) != _state_key(job):
                 self.evaluate(job, wait=True)
 
     def after_report(self, job: StoredJob, step: int) -> None:
@@ -101,6 +105,7 @@ class Rebalancer:
             return None
         try:
             fresh = job_store.get_job(self.engine, job.name) or job
+            self._seen[job.name] = _state_key(fresh)
             result = self._evaluate(fresh)
             self.stats.notes[job.name] = result.note
             return result
@@ -214,3 +219,7 @@ class Rebalancer:
         s = self.stats
         return (f"rebalancer: {len(s.notes)} jobs, {s.changes_queued} changes ({s.kept} kept, {s.rolled_back} "
                 f"rolled back), {s.advised} advised" + (f", {s.errors} errors" if s.errors else ""))
+
+
+def _state_key(job: StoredJob) -> tuple:
+    return (job.last_report_ms, job.updated_ms)

@@ -4,6 +4,8 @@ the verdict (kept / rolled back) is written once, and an error in an evaluation 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from trimtab.rebalancer import service as service_mod
@@ -195,3 +197,19 @@ def test_only_the_report_that_completes_a_step_evaluates(sqlite_engine):
     assert rb.health()["evaluations"] == 1
     [c] = changes(sqlite_engine, job)
     assert (c.knob, c.value) == ("batch_size", 4)
+
+
+def test_the_loop_rereads_a_job_only_when_something_came_in(sqlite_engine):
+    job = register(sqlite_engine, mode="advise")
+    report(sqlite_engine, job, 0, 1, step_time=45.0, gen=44.0)
+    rb = Rebalancer(sqlite_engine)
+    rb.run_once()
+    assert rb.health()["evaluations"] >= 1
+    done = rb.health()["evaluations"]
+    rb.run_once()
+    rb.run_once()  # nothing new: the loop leaves the job alone
+    assert rb.health()["evaluations"] == done
+    time.sleep(0.002)
+    report(sqlite_engine, job, 1, 1, step_time=45.0, gen=44.0)  # a new step: evaluated again
+    rb.run_once()
+    assert rb.health()["evaluations"] > done
