@@ -38,6 +38,7 @@ class ApiContext:
     # Called with the job and the step after each newly stored step report: the rebalancer's evaluation (None: no
     # rebalancer).
     after_report: Optional[Callable[[StoredJob, int], None]] = None
+    after_refusal: Optional[Callable[[StoredJob], None]] = None
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     def latest_gpus(self, max_age_s: float = 300.0) -> list[LatestSample]:

@@ -86,6 +86,10 @@ class Phases(InputModel):
     evaluation: Optional[Seconds] = Field(None, description="Scoring time (reward, critic, reference), seconds.")
     communication: Optional[Seconds] = Field(None, description="Collective communication time, seconds.")
     update: Optional[Seconds] = Field(None, description="Optimizer / parameter update time, seconds.")
+    validation: Optional[Seconds] = Field(None, description="A validation (test-set) run inside the step, seconds.")
+    checkpoint: Optional[Seconds] = Field(None, description="Saving a checkpoint, seconds.")
+    wait: Optional[Seconds] = Field(None, description="The trainer waiting for rollout to hand it a batch (e.g. verl "
+                                                      "V1's replay-buffer wait), seconds.")
     other: Optional[Seconds] = Field(None, description="Everything else, seconds.")
 
 
@@ -109,6 +113,9 @@ class ReportIn(InputModel):
     samples: Optional[Count] = Field(None, description="Samples processed in the step.")
     tokens: Optional[Count] = Field(None, description="Tokens processed in the step.")
     memory: Optional[MemoryIn] = Field(None, description="Allocator statistics of the rank's GPU.")
+    rollout_slowest_s: Optional[Seconds] = Field(None, description="Generation time of the step's slowest sample "
+                                                                   "(the rollout's long tail), seconds.")
+    rollout_mean_s: Optional[Seconds] = Field(None, description="Mean generation time per sample in the step, seconds.")
     collective_latency_us: Optional[float] = Field(None, ge=0, le=1e9,
                                                    description="Small all-reduce latency probe, microseconds.")
     pid: Optional[int] = Field(None, ge=0, le=2**31 - 1, description="The rank's host PID.")
@@ -138,7 +145,12 @@ class ReportOut(Model):
     evaluation_s: Optional[float] = Field(description="Evaluation phase, seconds.")
     communication_s: Optional[float] = Field(description="Communication phase, seconds.")
     update_s: Optional[float] = Field(description="Update phase, seconds.")
+    validation_s: Optional[float] = Field(description="Validation phase, seconds.")
+    checkpoint_s: Optional[float] = Field(description="Checkpoint phase, seconds.")
+    wait_s: Optional[float] = Field(description="Waiting for rollout, seconds.")
     other_s: Optional[float] = Field(description="Other time, seconds.")
+    rollout_slowest_s: Optional[float] = Field(description="Slowest sample's generation time, seconds.")
+    rollout_mean_s: Optional[float] = Field(description="Mean sample's generation time, seconds.")
     samples: Optional[int] = Field(description="Samples in the step.")
     tokens: Optional[int] = Field(description="Tokens in the step.")
     allocated_bytes: Optional[int] = Field(description="Allocated bytes.")
@@ -163,6 +175,13 @@ class AckIn(InputModel):
     rank: Rank = Field(description="The rank acknowledging (each rank may ack).")
 
 
+class RefusalIn(InputModel):
+    change_id: int = Field(ge=1, le=MAX_INT64, description="The change that could not be applied.")
+    rank: Rank = Field(description="The rank whose knob owner refused it.")
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=1000, pattern=NO_CONTROL_CHARS)] = Field(
+        description="Why the code that owns the knob could not apply it (kept with the change and its decision).")
+
+
 class AckOut(Model):
     rank: int = Field(description="Rank.")
     applied_at_step: int = Field(description="Step at which the rank applied it.")
@@ -176,11 +195,13 @@ class ChangeOut(Model):
     previous_value: Optional[Union[int, float]] = Field(description="The knob's value when the change was queued.")
     reason: str = Field(description="Why.")
     source: str = Field(description="manual (an admin) or rebalancer.")
-    status: str = Field(description="pending, applied, superseded (a newer change replaced it) or cancelled.")
+    status: str = Field(description="pending, applied, refused (the code that owns the knob could not apply it), "
+                                    "superseded (a newer change replaced it) or cancelled.")
     created_ms: int = Field(description="Queued at, epoch milliseconds.")
     applied_step: Optional[int] = Field(description="Step of the first ack.")
     applied_ms: Optional[int] = Field(description="Time of the first ack, epoch milliseconds.")
     acks: list[AckOut] = Field(description="Acks per rank.")
+    refused_reason: Optional[str] = Field(None, description="Status refused: why, as the refusing rank said it.")
 
 
 class ChangesOut(PageOut):
@@ -214,8 +235,10 @@ class DecisionOut(Model):
     throughput_before_samples_per_s: Optional[float] = Field(description="Throughput before, samples/s.")
     throughput_after_samples_per_s: Optional[float] = Field(description="Throughput after, samples/s.")
     outcome: Optional[str] = Field(description="advised (advise mode, or no action possible), pending (change in "
-                                               "flight), kept, rolled_back, superseded (replaced before its "
-                                               "verdict) or cancelled (mode switched off / bounds changed).")
+                                               "flight), kept, rolled_back, refused (the job's knob owner "
+                                               "could not apply the change; its reason is in the evidence), superseded "
+                                               "(replaced before its verdict) or cancelled (mode switched off / bounds "
+                                               "changed).")
     advice: Optional[str] = Field(description="Advice for a person (placement, dtype, …).")
 
 

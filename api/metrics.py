@@ -179,7 +179,7 @@ def node_families(simulated_by_host: Mapping[str, bool]) -> Iterator[Metric]:
 # -- jobs and the rebalancer -----------------------------------------------------------------------------------
 
 # Settled outcomes only: a counter must never go down, and a pending decision (or change) becomes one of these.
-SETTLED_DECISIONS = ("advised", "kept", "rolled_back", "superseded", "cancelled")
+SETTLED_DECISIONS = ("advised", "kept", "rolled_back", "refused", "superseded", "cancelled")
 SETTLED_CHANGES = ("applied", "superseded", "cancelled")
 
 
@@ -275,7 +275,7 @@ def job_families(data: JobScrape) -> Iterator[Metric]:
     pending_d: Counter[str] = Counter()
     pending_c: Counter[str] = Counter()
     decided = CounterMetricFamily("trimtab_rebalancer_decisions", "Rebalancer decisions by job, rule and outcome "
-                                  "(advised, kept, rolled_back, superseded, cancelled), counted once settled; "
+                                  "(advised, kept, rolled_back, refused, superseded, cancelled), counted once settled; "
                                   "decisions still measuring are trimtab_rebalancer_decisions_pending.")
     for job, rule, outcome, n in sorted(data.decisions, key=lambda r: tuple(str(x) for x in r)):
         if outcome in SETTLED_DECISIONS:

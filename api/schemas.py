@@ -207,7 +207,7 @@ class JobDecisionRowOut(Model):
     knob: Optional[str] = Field(description="The knob changed; null for advice without a change.")
     old_value: Optional[Union[int, float]] = Field(description="The knob's value before.")
     new_value: Optional[Union[int, float]] = Field(description="The knob's new value.")
-    outcome: Optional[str] = Field(description="advised, pending, kept, rolled_back, superseded or cancelled.")
+    outcome: Optional[str] = Field(description="advised, pending, kept, rolled_back, refused, superseded or cancelled.")
     applied_step: Optional[int] = Field(description="The step the job applied the change at.")
     throughput_before_samples_per_s: Optional[float] = Field(description="Throughput over the window before, "
                                                                          "samples/s.")

@@ -48,6 +48,7 @@ def _start_rebalancer(ctx, rules_file, enabled: bool):
         return None
     rebalancer = Rebalancer(ctx.engine, ctx.rules).start()
     ctx.after_report = rebalancer.after_report
+    ctx.after_refusal = rebalancer.after_refusal
     return rebalancer
 
 

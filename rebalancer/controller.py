@@ -9,7 +9,8 @@ restarted daemon picks up a change in flight where it was and never queues it tw
 
 Order of business (DESIGN.md "Knobs", issue 5):
 1. mode ``off`` → nothing.
-2. A decision still pending → wait for the job to apply its change, then measure an equal window after it (past
+2. A decision still pending → if the job refused its change, close it "refused" (never kept; that direction is not
+   asked again within the retry time); else wait for the job to apply its change, then measure an equal window after it (past
    the settle steps) and compare throughput: fell by more than the dead band → queue the old value back
    ("rolled_back"), else "kept" (within the dead band it is kept but marked no-gain, and that move is not retried).
 3. Any other change pending (an admin's, a rollback) → wait.
@@ -103,6 +104,10 @@ def _blocked(state: JobState, rules: RuleSet, action: Action, new: float) -> Opt
             continue
         if d.outcome == "rolled_back" and float(d.new_value) == new:
             return f"{action.knob}={new:g} was rolled back at decision {d.id}"
+        if d.outcome == "refused" and (d.new_value - d.old_value) * action.direction > 0:
+            # The job's knob owner said no; asking again the same way would only be refused again.
+            reason = d.evidence.get("refused_reason") if isinstance(d.evidence, dict) else None
+            return f"the job refused {action.knob} → {d.new_value:g} at decision {d.id} ({reason or 'no reason'})"
         same_way = (d.new_value - d.old_value) * action.direction > 0
         if d.outcome == "kept" and d.evidence.get("no_gain") and same_way and d.new_value == state.job.knobs[action.knob]["value"]:
             return f"the last {action.describe()} (decision {d.id}) gained nothing measurable"
@@ -219,6 +224,11 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
 
 def _follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     change = next((c for c in state.changes if c.id == open_d.change_id), None)
+    if change is not None and change.status == "refused":
+        why = f"the job could not apply it: {change.refused_reason or 'no reason given'}"
+        return Plan(note=f"decision {open_d.id}: {change.knob} → {change.value:g} refused ({why})", close=open_d.id,
+                    outcome="refused", evidence={**open_d.evidence, "closed_because": why, "verdict_ms": state.now_ms,
+                                                 "refused_reason": change.refused_reason})
     if change is None or change.status in ("superseded", "cancelled"):
         why = "replaced by a newer change" if change is not None and change.status == "superseded" else \
             "cancelled before the job applied it (mode switched or bounds changed)"

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, and_, func, select
 from trimtab.rebalancer.balance import ACT, NO_DATA, OK, SEVERITY, WATCH, Verdict
 from trimtab.rebalancer.rules import Rule, RuleSet, RulesError, default_rules
 from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, job_reading
-from trimtab.rebalancer.window import PHASES, JobStep, fold_step, throughput, window
+from trimtab.rebalancer.window import PHASES, JobStep, fold_step, step_columns, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob
@@ -35,7 +35,8 @@ LIVE_JOB_S = 600.0       # a job that reported within this long (or within the c
 RECENT_DECISIONS = 5
 JOB_CHECKS = ("step_composition", "fragmentation", "collective_latency")
 PHASE_RULES = (("generation", "generation_bound"), ("evaluation", "evaluation_bound"),
-               ("communication", "communication_bound"))
+               ("communication", "communication_bound"), ("wait", "rollout_wait_bound"))
+OPTIONAL_PHASES = {"wait"}  # shown only for jobs that report it (a trainer fed by a separate rollout)
 NO_STEPS = "no step reports yet"
 
 
@@ -144,9 +145,7 @@ def newest_steps(engine: Engine, jobs_: Sequence[StoredJob], depth: int) -> dict
     r = job_reports.c
     newest = select(func.max(job_reports.c.step)).where(job_reports.c.job_id == jobs.c.id).scalar_subquery()
     tops = select(jobs.c.id.label("job_id"), newest.label("top")).where(jobs.c.id.in_([j.id for j in jobs_])).subquery()
-    query = (select(r.job_id, r.step, r.rank, r.received_ms, r.step_time_s, r.generation_s, r.evaluation_s,
-                    r.communication_s, r.update_s, r.other_s, r.samples, r.fragmentation, r.num_ooms,
-                    r.num_alloc_retries, r.collective_latency_us)
+    query = (select(r.job_id, *step_columns(r))
              .select_from(job_reports.join(tops, and_(r.job_id == tops.c.job_id, r.step > tops.c.top - depth)))
              .order_by(r.job_id, r.step, r.rank))
     with engine.connect() as conn:
@@ -214,7 +213,9 @@ def _no_data(check: str, rule: Optional[Rule], message: str) -> Verdict:
 
 
 def _composition(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext, tp: Optional[float]) -> Verdict:
-    graded = [(phase, rules[name], job_reading(rules[name], win, ctx)) for phase, name in PHASE_RULES]
+    graded = [(phase, rules[name], job_reading(rules[name], win, ctx)) for phase, name in PHASE_RULES
+              if name in rules]
+    graded = [g for g in graded if g[0] not in OPTIONAL_PHASES or g[2].value is not None]
     known = [g for g in graded if g[2].value is not None]
     if not known:
         return _no_data("step_composition", rules[PHASE_RULES[0][1]],

@@ -25,7 +25,8 @@ OPS = ("mul", "div", "add")
 SCOPES = ("job", "gpu")
 KNOWN_SIGNALS = {
     "ooms", "mem_used_pct", "fragmentation_pct", "collective_latency_x_baseline", "pcie_pct_of_peak",
-    "communication_share_pct", "generation_share_pct", "evaluation_share_pct", "utilization_spread_pts",
+    "communication_share_pct", "generation_share_pct", "evaluation_share_pct", "wait_share_pct",
+    "utilization_spread_pts",
 }
 
 
@@ -110,6 +111,9 @@ class RuleSet:
             if rule.name == name:
                 return rule
         raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(rule.name == name for rule in self.rules)
 
     def names(self) -> list[str]:
         return [r.name for r in self.rules]

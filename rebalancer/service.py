@@ -36,6 +36,7 @@ class RebalancerStats:
     advised: int = 0
     kept: int = 0
     rolled_back: int = 0
+    refused: int = 0
     errors: int = 0
     last_error: Optional[str] = None
     last_evaluation_ms: Optional[int] = None
@@ -94,6 +95,11 @@ class Rebalancer:
         if job.ranks > 1 and job_store.ranks_reported(self.engine, job.id, step) < job.ranks:
             return
         self.evaluate(job, wait=False)
+
+    def after_refusal(self, job: StoredJob) -> None:
+        """Called by the refusal route: the decision of the refused change is closed at once."""
+        if job.mode != "off":
+            self.evaluate(job, wait=False)
 
     def _lock(self, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -181,6 +187,8 @@ class Rebalancer:
                                           **fields)
             if p.outcome == "rolled_back":
                 self.stats.rolled_back += 1
+            elif p.outcome == "refused":
+                self.stats.refused += 1
             elif p.outcome == "kept":
                 self.stats.kept += 1
             log.info("rebalancer: job %s: %s", job.name, p.note)
@@ -212,13 +220,13 @@ class Rebalancer:
         alive = self._thread is not None and self._thread.is_alive()
         return {"state": "running" if alive else "stopped", "rules": len(self.rules.rules),
                 "evaluations": s.evaluations, "changes_queued": s.changes_queued, "kept": s.kept,
-                "rolled_back": s.rolled_back, "advised": s.advised, "errors": s.errors, "last_error": s.last_error,
+                "rolled_back": s.rolled_back, "refused": s.refused, "advised": s.advised, "errors": s.errors, "last_error": s.last_error,
                 "last_evaluation_ms": s.last_evaluation_ms, "jobs": dict(s.notes)}
 
     def status_line(self) -> str:
         s = self.stats
         return (f"rebalancer: {len(s.notes)} jobs, {s.changes_queued} changes ({s.kept} kept, {s.rolled_back} "
-                f"rolled back), {s.advised} advised" + (f", {s.errors} errors" if s.errors else ""))
+                f"rolled back, {s.refused} refused), {s.advised} advised" + (f", {s.errors} errors" if s.errors else ""))
 
 
 def _state_key(job: StoredJob) -> tuple:

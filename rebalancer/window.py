@@ -16,7 +16,14 @@ from sqlalchemy import Engine, select
 
 from trimtab.store.models import job_reports
 
-PHASES = ("generation", "evaluation", "communication", "update", "other")
+PHASES = ("generation", "evaluation", "communication", "update", "validation", "checkpoint", "wait", "other")
+
+
+def step_columns(r) -> tuple:
+    """The ``job_reports`` columns a step is folded from (``r`` is the table's ``.c``): one list for every reader."""
+    return (r.step, r.rank, r.received_ms, r.step_time_s, *(r[f"{p}_s"] for p in PHASES), r.samples,
+            r.fragmentation, r.num_ooms, r.num_alloc_retries, r.collective_latency_us, r.rollout_slowest_s,
+            r.rollout_mean_s)
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,8 @@ class JobStep:
     start_ms: int                       # wall clock span of the step, from the reports' arrival
     end_ms: int
     num_alloc_retries: Optional[int] = None  # cumulative, the highest rank's
+    rollout_slowest_s: Optional[float] = None  # the slowest sample's generation time (the long tail)
+    rollout_mean_s: Optional[float] = None     # the mean sample's
 
     def share_pct(self, phase: str) -> Optional[float]:
         value = self.phases_s.get(phase)
@@ -55,14 +64,14 @@ def fold_step(step: int, rows: Sequence) -> JobStep:
                    num_ooms=int(ooms) if ooms is not None else None,
                    num_alloc_retries=int(retries) if retries is not None else None,
                    collective_latency_us=statistics.median(latencies) if latencies else None,
-                   start_ms=end_ms - int(step_time * 1000), end_ms=end_ms)
+                   start_ms=end_ms - int(step_time * 1000), end_ms=end_ms,
+                   rollout_slowest_s=worst("rollout_slowest_s"), rollout_mean_s=worst("rollout_mean_s"))
 
 
 def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, limit: int = 200) -> list[JobStep]:
     """Complete steps ≥ ``since_step``, oldest first (at most the newest ``limit``)."""
     r = job_reports.c
-    query = (select(r.step, r.rank, r.received_ms, r.step_time_s, r.generation_s, r.evaluation_s, r.communication_s,
-                    r.update_s, r.other_s, r.samples, r.fragmentation, r.num_ooms, r.num_alloc_retries, r.collective_latency_us)
+    query = (select(*step_columns(r))
              .where(r.job_id == job_id, r.step >= since_step).order_by(r.step.desc(), r.rank).limit(limit * max(1, ranks)))
     with engine.connect() as conn:
         rows = conn.execute(query).all()

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, func, insert, select, update
 from trimtab.store.engine import insert_for, write_transaction
 from trimtab.store.models import api_tokens, job_reports, jobs, knob_acks, knob_changes, nodes
 
-PENDING, APPLIED, SUPERSEDED, CANCELLED = "pending", "applied", "superseded", "cancelled"
+PENDING, APPLIED, REFUSED, SUPERSEDED, CANCELLED = "pending", "applied", "refused", "superseded", "cancelled"
 MODES = ("auto", "advise", "off")
 
 
@@ -61,6 +61,7 @@ class StoredChange:
     applied_step: Optional[int]
     applied_ms: Optional[int]
     acks: tuple[StoredAck, ...] = field(default=())
+    refused_reason: Optional[str] = None  # status "refused": why the code that owns the knob could not apply it
 
 
 REPORT_COLUMNS = tuple(c.name for c in job_reports.columns if c.name not in ("id", "job_id"))
@@ -190,7 +191,8 @@ _CHANGE_COLUMNS = tuple(knob_changes.c)
 
 def _change(row, acks: tuple[StoredAck, ...] = ()) -> StoredChange:
     return StoredChange(row.id, row.job_id, row.knob, number(row.value), number(row.previous_value), row.reason,
-                        row.source, row.status, row.created_ms, row.applied_step, row.applied_ms, acks)
+                        row.source, row.status, row.created_ms, row.applied_step, row.applied_ms, acks,
+                        row.refused_reason)
 
 
 def queue_change(engine: Engine, job_id: int, knob: str, value: float, reason: str,
@@ -239,6 +241,21 @@ def ack_change(engine: Engine, job_id: int, change_id: int, rank: int, applied_a
             if row.knob in knobs:
                 knobs = {**knobs, row.knob: {**knobs[row.knob], "value": number(row.value)}}
                 conn.execute(update(jobs).where(jobs.c.id == job_id).values(knobs=knobs, updated_ms=now))
+    return list_changes(engine, job_id, limit=1, offset=0, change_id=change_id)[0]
+
+
+def refuse_change(engine: Engine, job_id: int, change_id: int, rank: int, reason: str) -> Optional[StoredChange]:
+    """Record that ``rank``'s knob owner could not apply the change: it ends "refused" with the reason, and the
+    job's knob keeps its value. A change another rank already applied stays applied (that rank runs with it; its
+    refusal is kept in the reason for the record only when nothing else is). None: no such change for this job."""
+    c = knob_changes.c
+    with write_transaction(engine) as conn:
+        row = conn.execute(select(*_CHANGE_COLUMNS).where(c.id == change_id, c.job_id == job_id)).first()
+        if row is None:
+            return None
+        if row.status in (PENDING, SUPERSEDED, CANCELLED):
+            conn.execute(update(knob_changes).where(c.id == change_id)
+                         .values(status=REFUSED, refused_reason=f"rank {rank}: {reason}"[:1024]))
     return list_changes(engine, job_id, limit=1, offset=0, change_id=change_id)[0]
 
 

@@ -231,6 +231,11 @@ job_reports = Table(
     Column("communication_s", Double),
     Column("update_s", Double),
     Column("other_s", Double),
+    Column("validation_s", Double),  # a trainer's validation run counted in its step (verl's timing_s/testing)
+    Column("checkpoint_s", Double),
+    Column("wait_s", Double),  # the trainer waiting for rollout (verl V1's replay-buffer wait)
+    Column("rollout_slowest_s", Double),  # the slowest sample's generation time in the step (long tail) …
+    Column("rollout_mean_s", Double),  # … and the mean sample's
     Column("samples", BigInteger),
     Column("tokens", BigInteger),
     Column("allocated_bytes", BigInteger),
@@ -256,10 +261,11 @@ knob_changes = Table(
     Column("previous_value", Double),
     Column("reason", String(1024), nullable=False, server_default=""),
     Column("source", String(16), nullable=False),  # manual | rebalancer
-    Column("status", String(16), nullable=False),  # pending | applied | superseded | cancelled
+    Column("status", String(16), nullable=False),  # pending | applied | refused | superseded | cancelled
     Column("created_ms", BigInteger, nullable=False),
     Column("applied_step", BigInteger),
     Column("applied_ms", BigInteger),
+    Column("refused_reason", String(1024)),  # why the code owning the knob could not apply it
     Index(None, "job_id", "status"),
     # At most one change per job in flight (DESIGN: "Only one change per job is in flight"), enforced by the store
     # so two writers racing cannot both queue one.
@@ -292,7 +298,7 @@ decisions = Table(
     Column("applied_step", BigInteger),
     Column("throughput_before_samples_per_s", Double),  # over the window before the change
     Column("throughput_after_samples_per_s", Double),
-    Column("outcome", String(16)),  # advised | pending | kept | rolled_back
+    Column("outcome", String(16)),  # advised | pending | kept | rolled_back | refused | superseded | cancelled
     Column("advice", Text),
     Index(None, "job_id", "ts_ms"),
 )

@@ -35,6 +35,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import httpx
 import torch
 
+from trimtab.trainer.apply import APPLIED, KnobApplier, KnobChange
 from trimtab.trainer.dist import KnobSync, LatencyProbe, distributed, rank_and_world
 from trimtab.trainer.knobs import KnobSet, KnobSpecLike, Number
 from trimtab.trainer.memory import MemorySampler, is_oom
@@ -88,7 +89,10 @@ class Hook:
     ``knob_sync_every`` steps between knob agreements (see ``dist.py``); ``local_gpu`` where CUDA is not in use
     in this process; ``oom_knob`` the knob ``oom_guard`` halves; ``cuda_events`` off to skip event records;
     ``queue_max`` reports kept while the server is away; ``timeout_s`` per HTTP request (≤ 1 s keeps a dying
-    server from holding the reporter); ``backoff_max_s`` between retries; ``transport`` an httpx transport (tests).
+    server from holding the reporter); ``backoff_max_s`` between retries; ``transport`` an httpx transport (tests);
+    ``appliers`` knob → the :class:`~trimtab.trainer.apply.KnobApplier` that owns it (a framework adapter): a
+    change of such a knob is acknowledged only once that applier says it took effect, and refused when it cannot
+    apply it. Knobs without an applier are owned by the loop that reads ``hook.knobs``.
     """
 
     def __init__(self, job: str, server: Optional[str] = None, token: Optional[str] = None, *,
@@ -97,7 +101,8 @@ class Hook:
                  probe_every: int = 0, probe_baseline_n: int = 5, memory_every_s: float = 5.0,
                  knob_sync_every: int = 1, local_gpu: Optional[int] = None, oom_knob: str = "batch_size",
                  cuda_events: bool = True, queue_max: int = 256, timeout_s: float = 1.0,
-                 backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None):
+                 backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
+                 appliers: Optional[Mapping[str, KnobApplier]] = None):
         for kind, name, limit in ([("job", job, 128)] + [("knob", k, 64) for k in (knobs or {})]
                                   + [("component", c, 64) for c in (device_map or {})]):
             if not (isinstance(name, str) and len(name) <= limit and SLUG.match(name)):
@@ -109,6 +114,11 @@ class Hook:
         self.rank, self.world_size, _ = rank_and_world()
         self.device_map = {str(c): [int(g) for g in gpus] for c, gpus in (device_map or {}).items()}
         self._knobs = KnobSet(knobs)
+        self._appliers = dict(appliers or {})
+        unknown = sorted(set(self._appliers) - set(self._knobs.names))
+        if unknown:
+            raise ValueError(f"appliers for undeclared knobs: {', '.join(unknown)}")
+        self.last_changes: list[KnobChange] = []  # the changes of the newest boundary, with how they settled
         self._declared_max = {k: self._knobs[k].max for k in self._knobs.names}  # as the server knows them
         self._oom_knob = oom_knob
         self._timer = PhaseTimer(cuda_events)
@@ -156,9 +166,10 @@ class Hook:
         return self._step
 
     def phase(self, name: str) -> Phase:
-        """``with hook.phase("generation"):`` — generation, evaluation, communication or update (phases should not
-        nest: nested time counts twice). "other" is accepted too, but the report's "other" is always the step's
-        time minus the four named phases."""
+        """``with hook.phase("generation"):`` — generation, evaluation, communication, update, validation,
+        checkpoint or wait (waiting for rollout to hand over a batch). Phases should not nest: nested time
+        counts twice. "other" is accepted too, but the report's "other" is always the step's time minus the
+        named phases."""
         return self._timer.phase(name)
 
     def step_begin(self) -> None:
@@ -179,25 +190,31 @@ class Hook:
         return _OomGuard(self)
 
     def step_end(self, samples: Optional[float] = None, tokens: Optional[float] = None, *,
-                 step: Optional[int] = None, phases_s: Optional[Mapping[str, float]] = None) -> None:
+                 step: Optional[int] = None, phases_s: Optional[Mapping[str, float]] = None,
+                 step_time_s: Optional[float] = None, memory: Optional[Mapping[str, object]] = None,
+                 rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None) -> None:
         """Ends the step: agree on knobs (every rank, same boundary), queue the report, apply changes.
 
         ``step``: the job's own step number (default: counted from 0). ``phases_s``: phase seconds measured
-        elsewhere (a framework's timers), added to the ``phase()`` blocks."""
+        elsewhere (a framework's timers), added to the ``phase()`` blocks. ``step_time_s``: the step's duration as
+        the framework timed it (default: wall time since the last boundary). ``memory``: allocator figures the
+        framework measured where the hook cannot (its workers' GPUs), merged over the hook's own. ``rollout_s``:
+        (slowest, mean) sample generation time, the rollout's long tail."""
         now_s = time.perf_counter()
         if step is not None:
             self._step = int(step)
         start_s = self._step_start_s
         if start_s is None:
             start_s = self._timer.first_entry_s or self._t_attach_s
-        step_no, step_time_s = self._step, max(0.0, now_s - start_s)
+        step_no = self._step
+        step_time_s = max(0.0, now_s - start_s) if step_time_s is None else max(0.0, float(step_time_s))
         phases = self._timer.close_step(step_no, step_time_s, phases_s)
         changes, agreed = self._agree_knobs()
         latency_us = self._probe.probe() if self._probe.due(self._boundaries) else None
         resolved_us = self._probe.resolve()
         try:
             self._report(step_no, step_time_s, phases, samples, tokens, now_s,
-                         latency_us if latency_us is not None else resolved_us)
+                         latency_us if latency_us is not None else resolved_us, memory, rollout_s)
         except Exception:  # a bug in bookkeeping must not stop training; say it once
             self._say("report", "trimtab: could not build the step report", exc_info=True)
         self._apply(changes, agreed, applied_at_step=step_no + 1)
@@ -254,6 +271,8 @@ class Hook:
             if why is None:
                 return cid, knob, checked
             log.warning("trimtab: refused change %d (%s → %r, %s): %s", cid, knob, value, reason, why)
+            if self._reporter is not None:
+                self._reporter.refuse(cid, self.rank, why)
         return None
 
     def _agree_knobs(self) -> tuple[list[tuple[str, Number]], Optional[tuple[int, str, Number]]]:
@@ -304,15 +323,41 @@ class Hook:
 
     def _apply(self, changes: list[tuple[str, Number]], agreed: Optional[tuple[int, str, Number]],
                applied_at_step: int) -> None:
-        cid = agreed[0] if agreed else None
+        """Moves each knob and hands the move to its owner: the applier that declared it, else the loop (which
+        reads ``hook.knobs`` at this boundary, so the move is applied the moment it is made)."""
+        self.last_changes = []
         for name, value in changes:
+            cid = agreed[0] if agreed and agreed[1] == name else None
             old = self._knobs.set(name, value)
+            change = KnobChange(name, old, value, applied_at_step, cid, _resolve=self._settled)
+            self.last_changes.append(change)
             log.info("trimtab: %s %s → %s from step %d%s", name, old, value, applied_at_step,
-                     f" (change {cid})" if agreed and agreed[1] == name else " (after an OOM)")
+                     f" (change {cid})" if cid is not None else " (after an OOM)")
             for callback in self._callbacks:
-                callback(name, old, value, cid if agreed and agreed[1] == name else None)
-        if agreed is not None and self._reporter is not None:
-            self._reporter.ack(agreed[0], applied_at_step, self.rank)
+                callback(name, old, value, cid)
+            applier = self._appliers.get(name)
+            if applier is None:
+                change.applied()
+                continue
+            try:
+                applier.apply(change)
+            except Exception as exc:  # an adapter bug must not stop training: the change is refused, loudly
+                log.warning("trimtab: the applier of %s failed on %s → %s", name, old, value, exc_info=True)
+                change.refused(f"{type(exc).__name__}: {exc}"[:500])
+
+    def _settled(self, change: KnobChange) -> None:
+        """The knob's owner answered (any thread): acknowledge, or put the old value back and say why not."""
+        if change.status == APPLIED:
+            if change.change_id is not None and self._reporter is not None:
+                self._reporter.ack(change.change_id, change.applied_at_step, self.rank)
+            return
+        with self._lock:
+            if self._knobs[change.knob].value == change.new:
+                self._knobs.set(change.knob, change.old)
+        log.warning("trimtab: %s → %s refused by its owner (%s); %s stays %s", change.knob, change.new,
+                    change.reason, change.knob, change.old)
+        if change.change_id is not None and self._reporter is not None:
+            self._reporter.refuse(change.change_id, self.rank, change.reason or "refused")
 
     # -- OOM ------------------------------------------------------------------------------------------------
 
@@ -336,8 +381,11 @@ class Hook:
     # -- reports --------------------------------------------------------------------------------------------
 
     def _report(self, step: int, step_time_s: float, phases: dict, samples, tokens, now_s: float,
-                latency_us: Optional[float]) -> None:
+                latency_us: Optional[float], framework_memory: Optional[Mapping[str, object]] = None,
+                rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None) -> None:
         memory = self._memory.maybe_sample(now_s)
+        if framework_memory:
+            memory = {**(memory or {}), **{k: v for k, v in framework_memory.items() if v is not None}}
         with self._lock:
             oom_report, self._oom_report = self._oom_report, None
         if oom_report is not None:
@@ -349,7 +397,8 @@ class Hook:
             pid=self._pid, hostname=self._hostname, local_gpu=gpu, memory=memory,
             collective_latency_us=latency_us, component=self._component(gpu),
             collective_baseline_us=self._probe.baseline_us, gpu_phases_s=self._timer.resolve(),
-            oom=oom_report)
+            oom=oom_report, rollout_slowest_s=(rollout_s or (None, None))[0],
+            rollout_mean_s=(rollout_s or (None, None))[1])
         self.last_report = report
         if self._reporter is not None:
             self._reporter.submit(report.to_wire())

@@ -42,6 +42,8 @@ class StepReport:
     local_gpu: Optional[int] = None
     memory: Optional[dict] = None
     collective_latency_us: Optional[float] = None
+    rollout_slowest_s: Optional[float] = None  # the slowest sample's generation time (long tail)
+    rollout_mean_s: Optional[float] = None
     # Local only (not in the API's schema):
     component: Optional[str] = None
     collective_baseline_us: Optional[float] = None
@@ -70,6 +72,10 @@ class StepReport:
             memory = {k: self.memory[k] for k in WIRE_KEYS if self.memory.get(k) is not None}
             if memory:
                 body["memory"] = memory
+        for key in ("rollout_slowest_s", "rollout_mean_s"):
+            seconds = _seconds(getattr(self, key))
+            if seconds is not None:
+                body[key] = seconds
         latency = _seconds(self.collective_latency_us)
         if latency is not None:
             body["collective_latency_us"] = latency

@@ -73,8 +73,15 @@ class Reporter:
 
     def ack(self, change_id: int, applied_at_step: int, rank: int) -> None:
         with self._lock:
-            self._acks.append({"change_id": int(change_id), "applied_at_step": int(applied_at_step),
-                               "rank": int(rank)})
+            self._acks.append(("acks", {"change_id": int(change_id), "applied_at_step": int(applied_at_step),
+                                        "rank": int(rank)}))
+        self._wake.set()
+
+    def refuse(self, change_id: int, rank: int, reason: str) -> None:
+        """Tell the server the knob's owner could not apply the change (it closes the decision as refused)."""
+        clean = "".join(ch if ch.isprintable() else " " for ch in str(reason))[:1000] or "no reason given"
+        with self._lock:
+            self._acks.append(("refusals", {"change_id": int(change_id), "rank": int(rank), "reason": clean}))
         self._wake.set()
 
     def update_registration(self, registration: dict) -> None:
@@ -129,7 +136,7 @@ class Reporter:
     def _send_next(self, http: httpx.Client) -> Optional[str]:
         with self._lock:
             if self._acks:
-                kind, item = "acks", self._acks.popleft()
+                kind, item = self._acks.popleft()
             elif self._reports:
                 kind, item = "reports", self._reports.popleft()
             else:
@@ -140,9 +147,9 @@ class Reporter:
             self.sent += 1
             if kind == "reports" and self._on_pending is not None and body["pending_changes"]:
                 self._on_pending(body["pending_changes"])
-        elif outcome == UNKNOWN_JOB and kind == "acks":
+        elif outcome == UNKNOWN_JOB and kind != "reports":
             self._say("ack404", logging.WARNING, "trimtab: the server does not know change %s of job %s; "
-                      "the ack is dropped", item["change_id"], self.job)
+                      "the %s is dropped", item["change_id"], self.job, kind[:-1])
         elif outcome == UNKNOWN_JOB:
             self._requeue(kind, item)
             if self._registration is None:
@@ -158,11 +165,13 @@ class Reporter:
 
     def _requeue(self, kind: str, item: dict) -> None:
         with self._lock:
-            queue = self._acks if kind == "acks" else self._reports
-            if kind == "reports" and len(queue) >= self._queue_max:
+            if kind != "reports":
+                self._acks.appendleft((kind, item))
+                return
+            if len(self._reports) >= self._queue_max:
                 self.dropped += 1  # the newer reports that arrived meanwhile are worth more
                 return
-            queue.appendleft(item)
+            self._reports.appendleft(item)
 
     def _register(self, http: httpx.Client) -> str:
         with self._lock:

@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 
 import torch
 
-PHASES = ("generation", "evaluation", "communication", "update", "other")
+PHASES = ("generation", "evaluation", "communication", "update", "validation", "checkpoint", "wait", "other")
 NAMED_PHASES = PHASES[:-1]  # "other" is whatever the step's wall time leaves
 MAX_UNRESOLVED_STEPS = 32  # a step whose events never complete (a hung stream) must not grow memory forever
 

@@ -9,7 +9,7 @@ from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, require_scope
 from trimtab.api.errors import invalid
 from trimtab.api.job_schemas import (AckIn, AckOut, ChangeIn, ChangeOut, ChangesOut, PendingChangeOut,
-                                     ReportAcceptedOut, ReportIn, ReportOut, ReportsOut)
+                                     RefusalIn, ReportAcceptedOut, ReportIn, ReportOut, ReportsOut)
 from trimtab.api.routes.jobs import find_job, job_for_write, job_name_path
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredChange, StoredJob
@@ -31,7 +31,7 @@ def change_out(change: StoredChange) -> ChangeOut:
                      reason=change.reason, source=change.source, status=change.status, created_ms=change.created_ms,
                      applied_step=change.applied_step, applied_ms=change.applied_ms,
                      acks=[AckOut(rank=a.rank, applied_at_step=a.applied_at_step, acked_ms=a.acked_ms)
-                           for a in change.acks])
+                           for a in change.acks], refused_reason=change.refused_reason)
 
 
 @router.post("/{name}/reports", response_model=ReportAcceptedOut, responses={**WRITE, **NOT_FOUND},
@@ -79,6 +79,24 @@ def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_
     change = job_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
     if change is None:
         raise HTTPException(404, f"job {name!r} has no change {body.change_id}")
+    return change_out(change)
+
+
+@router.post("/{name}/refusals", response_model=ChangeOut, responses={**WRITE, **NOT_FOUND},
+             summary="Refuse a knob change the job cannot apply",
+             description="Says that the code owning the knob on `rank` (the job's loop or a framework adapter) could "
+                         "not apply change `change_id`, and why. The change ends `refused`, the job's knob keeps its "
+                         "value, and the rebalancer closes its decision as `refused` (never counted as kept) and does "
+                         "not try that knob again for a while. A change already applied stays applied. 404 when the "
+                         "job has no such change. Scope: job.")
+def refuse(body: RefusalIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+           token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
+    job = _rank_of(ctx, name, token, body.rank)
+    change = job_store.refuse_change(ctx.engine, job.id, body.change_id, body.rank, body.reason)
+    if change is None:
+        raise HTTPException(404, f"job {name!r} has no change {body.change_id}")
+    if ctx.after_refusal is not None:
+        ctx.after_refusal(job)  # the rebalancer closes the decision now rather than at the next report
     return change_out(change)
 
 

@@ -575,3 +575,30 @@ def test_a_window_spans_whole_sync_periods():
     assert window(fast_slow[:5], 1, 4.0, 20, period=2) is None
     assert [s.step for s in window(fast_slow, 1, 4.0, 20, period=2)] == [40, 41, 42, 43, 44, 45]
     assert len(window(fast_slow * 1, 1, 100.0, 5, period=2)) == 4  # the cap is a whole number of periods too
+
+
+# -- a change the job's knob owner refused ---------------------------------------------------------------------------
+
+def test_a_refused_change_closes_its_decision_as_refused_with_the_reason():
+    refused = replace(change(status="pending"), status="refused", refused_reason="rank 0: verl builds it at init")
+    p = plan(state(steps(0, 14), job(batch=1), changes=[refused], decisions=[decision()]), RULES)
+    assert (p.close, p.outcome, p.rollback_to) == (7, "refused", None)
+    assert p.evidence["refused_reason"] == "rank 0: verl builds it at init"
+    assert "could not apply it" in p.evidence["closed_because"]
+
+
+def test_a_refused_direction_is_not_asked_again_within_retry_after():
+    refused = decision(outcome="refused", evidence={"reading": {}, "verdict_ms": NOW - 60_000,
+                                                    "refused_reason": "rank 0: not live"})
+    p = plan(state(steps(0, 16), job(batch=1), decisions=[refused]), RULES)
+    acts(p, "generation_bound", "prefetch", 0, 2)  # the next action, not batch_size again
+    assert p.evidence["skipped"] == ["batch_size ×4: the job refused batch_size → 4 at decision 7 (rank 0: not live)"]
+    later = replace(refused, evidence={**refused.evidence, "verdict_ms": NOW - 601_000})
+    acts(plan(state(steps(0, 16), job(batch=1), decisions=[later]), RULES), "generation_bound", "batch_size", 1, 4)
+
+
+def test_a_trainer_waiting_for_rollout_is_graded_as_waiting_not_as_generation():
+    waiting = [replace(s, phases_s={**s.phases_s, "generation": None, "wait": 40.0}) for s in steps(0, 3)]
+    p = plan(state(waiting, job(batch=1)), RULES)
+    acts(p, "rollout_wait_bound", "prefetch", 0, 1)  # never a trainer batch raise: it would only wait longer
+    assert p.evidence["reading"]["signal"] == "wait_share_pct"

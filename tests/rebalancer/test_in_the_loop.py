@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.procs import stop, trimtab, wait_http
 from trimtab.rebalancer.service import Rebalancer
+from trimtab.rebalancer.rules import default_rules
 
 KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},
          "sync_every": {"value": 1, "min": 1, "max": 8}}
@@ -87,7 +88,7 @@ def test_up_runs_the_rebalancer_and_says_so_on_healthz(tmp_path):
         wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
         health = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
         rebalancer = health["components"]["rebalancer"]
-        assert rebalancer["state"] == "running" and rebalancer["rules"] == 9 and rebalancer["errors"] == 0
+        assert rebalancer["state"] == "running" and rebalancer["rules"] == len(default_rules().rules) and rebalancer["errors"] == 0
     finally:
         stop(proc)
 

@@ -11,7 +11,7 @@ import pytest
 from trimtab.rebalancer.rules import Action, RulesError, RuleSet, load_rules, thresholds
 
 SHIPPED_ORDER = ["oom", "memory", "fragmentation", "collective_latency", "pcie", "communication_bound",
-                 "generation_bound", "evaluation_bound", "utilization_spread"]
+                 "generation_bound", "rollout_wait_bound", "evaluation_bound", "utilization_spread"]
 
 
 def write(tmp_path, body: str):
@@ -41,7 +41,7 @@ def test_shipped_rules_load_sorted_by_priority_with_their_actions():
     rs = load_rules()
     assert rs.names() == SHIPPED_ORDER
     priorities = [r.priority for r in rs.rules]
-    assert priorities == sorted(priorities) == [10, 20, 30, 40, 50, 60, 70, 80, 90]
+    assert priorities == sorted(priorities) == [10, 20, 30, 40, 50, 60, 70, 75, 80, 90]
     assert [r.name for r in rs.rules if r.safety] == ["oom", "memory", "fragmentation"]
     gen = rs["generation_bound"]
     assert gen.actions == (Action("batch_size", "mul", 4.0, needs_memory_headroom=True),
