@@ -213,6 +213,7 @@ class JobDecisionRowOut(Model):
                                                                          "samples/s.")
     throughput_after_samples_per_s: Optional[float] = Field(description="Throughput over the window after, "
                                                                         "samples/s.")
+    note: Optional[str] = Field(None, description="Outcome refused: why the job could not apply the change.")
 
 
 class JobCheckOut(Model):

@@ -132,10 +132,14 @@ def _headroom(state: JobState, rules: RuleSet, readings: dict[str, Reading]) -> 
 def _choose(rule: Rule, state: JobState, rules: RuleSet,
             readings: dict[str, Reading]) -> tuple[Optional[tuple[Action, float]], list[str]]:
     skipped = []
+    # A rule lists actions for several kinds of job (one batch size, or a framework's per-call micro-batches);
+    # the knobs a job did not declare are worth naming only when it declared none of them.
+    declared_any = any(a.knob in state.job.knobs for a in rule.actions)
     for action in rule.actions:
         spec = state.job.knobs.get(action.knob)
         if spec is None:
-            skipped.append(f"{action.describe()}: the job declared no knob {action.knob!r}")
+            if not declared_any:
+                skipped.append(f"{action.describe()}: the job declared no knob {action.knob!r}")
             continue
         new = _next_value(action, spec)
         if new == float(spec["value"]):

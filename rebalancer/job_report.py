@@ -35,7 +35,7 @@ LIVE_JOB_S = 600.0       # a job that reported within this long (or within the c
 RECENT_DECISIONS = 5
 JOB_CHECKS = ("step_composition", "fragmentation", "collective_latency")
 PHASE_RULES = (("generation", "generation_bound"), ("evaluation", "evaluation_bound"),
-               ("communication", "communication_bound"), ("wait", "rollout_wait_bound"))
+               ("communication", "communication_bound"), ("update", "update_bound"), ("wait", "rollout_wait_bound"))
 OPTIONAL_PHASES = {"wait"}  # shown only for jobs that report it (a trainer fed by a separate rollout)
 NO_STEPS = "no step reports yet"
 
@@ -58,6 +58,7 @@ class DecisionRow:
     applied_step: Optional[int]
     throughput_before_samples_per_s: Optional[float]
     throughput_after_samples_per_s: Optional[float]
+    note: Optional[str] = None                   # why it ended so, where the outcome needs a why (refused)
 
     @property
     def change(self) -> str:
@@ -321,7 +322,8 @@ def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:
     if n <= 0:
         return []
     return [DecisionRow(d.id, d.ts_ms, d.rule, d.knob, d.old_value, d.new_value, d.outcome, d.applied_step,
-                        d.throughput_before_samples_per_s, d.throughput_after_samples_per_s)
+                        d.throughput_before_samples_per_s, d.throughput_after_samples_per_s,
+                        note=(d.evidence or {}).get("refused_reason") if d.outcome == "refused" else None)
             for d in decision_store.list_decisions(engine, job.id, limit=n, offset=0)]
 
 

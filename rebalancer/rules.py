@@ -25,7 +25,7 @@ OPS = ("mul", "div", "add")
 SCOPES = ("job", "gpu")
 KNOWN_SIGNALS = {
     "ooms", "mem_used_pct", "fragmentation_pct", "collective_latency_x_baseline", "pcie_pct_of_peak",
-    "communication_share_pct", "generation_share_pct", "evaluation_share_pct", "wait_share_pct",
+    "communication_share_pct", "generation_share_pct", "evaluation_share_pct", "wait_share_pct", "update_share_pct",
     "utilization_spread_pts",
 }
 

@@ -11,7 +11,8 @@ import pytest
 from trimtab.rebalancer.rules import Action, RulesError, RuleSet, load_rules, thresholds
 
 SHIPPED_ORDER = ["oom", "memory", "fragmentation", "collective_latency", "pcie", "communication_bound",
-                 "generation_bound", "rollout_wait_bound", "evaluation_bound", "utilization_spread"]
+                 "generation_bound", "rollout_wait_bound", "evaluation_bound", "utilization_spread",
+                 "update_bound"]
 
 
 def write(tmp_path, body: str):
@@ -41,7 +42,7 @@ def test_shipped_rules_load_sorted_by_priority_with_their_actions():
     rs = load_rules()
     assert rs.names() == SHIPPED_ORDER
     priorities = [r.priority for r in rs.rules]
-    assert priorities == sorted(priorities) == [10, 20, 30, 40, 50, 60, 70, 75, 80, 90]
+    assert priorities == sorted(priorities) == [10, 20, 30, 40, 50, 60, 70, 75, 80, 90, 95]
     assert [r.name for r in rs.rules if r.safety] == ["oom", "memory", "fragmentation"]
     gen = rs["generation_bound"]
     assert gen.actions == (Action("batch_size", "mul", 4.0, needs_memory_headroom=True),
@@ -49,7 +50,9 @@ def test_shipped_rules_load_sorted_by_priority_with_their_actions():
     assert (gen.healthy_below, gen.act_above) == (45.0, 50.0)
     assert rs["pcie"].actions == (Action("prefetch", "add", -1.0),)
     assert rs["pcie"].actions[0].direction == -1 and gen.actions[0].direction == 1
-    assert rs["memory"].actions == (Action("batch_size", "div", 2.0),)
+    assert rs["memory"].actions[0] == Action("batch_size", "div", 2.0)
+    assert [a.knob for a in rs["memory"].actions[1:]] == ["actor_update_micro_batch", "log_prob_micro_batch",
+                                                         "ref_log_prob_micro_batch"]
     assert rs["communication_bound"].actions == (Action("sync_every", "mul", 2.0),)
     assert rs["oom"].actions == ()
     ctl = rs.controller

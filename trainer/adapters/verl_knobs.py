@@ -1,163 +1,285 @@
-"""Applying trimtab's ``batch_size`` knob inside verl, between steps, through verl's own trainer hooks.
+"""The live knobs verl really honours: micro-batch sizes per GPU, carried in each worker call's data.
 
-verl reads these per call, so they are safe to change between steps (NOTES_VERL.md): every
-``*micro_batch_size_per_gpu`` and, where ``use_dynamic_bsz`` is on, ``*max_token_len_per_gpu`` (dynamic batching
-ignores the micro-batch size and packs by tokens, so the knob scales the token budget instead, in proportion to the
-batch size it started from). ``data.train_batch_size``, ``gpu_memory_utilization``, gradient checkpointing and
-offload need a restart: trimtab advises on those and never touches them. verl has no prefetch or sync-every knob
-that is safe to change live, so only ``batch_size`` is mapped.
+verl's workers fix their engine config at ``init_model``; the driver's config is never read again by them, so
+writing it (what this module used to do) changes nothing. What a worker *does* read per call is the call's data:
+``TrainingWorker.train_batch`` / ``infer_batch`` (``verl/workers/engine_workers.py``) take
+``micro_batch_size_per_gpu`` (and ``max_token_len_per_gpu``, ``use_dynamic_bsz``) from the engine config *only if
+the data does not carry the key*, and ``prepare_micro_batches`` then chunks by it. The legacy trainer hands workers
+a TensorDict (``tu.assign_non_tensor`` keys); V1 hands a ``KVBatchMeta`` whose ``extra_info`` becomes those keys on
+the worker side (``verl/utils/transferqueue_utils.py``). So each knob below is put into the data of its own call,
+right before verl makes it, and is acknowledged only once a call carried it.
 
-Example (verl installed; this module imports without it)::
+Knobs, each declared only when the run's config makes it safe (a fixed micro-batch size is in use: under
+``use_dynamic_bsz`` the worker packs by tokens and ignores it; the setting is an int):
 
-    from verl.trainer.ppo.v1.trainer_sync import SyncTrainer           # the trainer you run today
-    from verl.trainer.ppo.v1 import register_trainer                    # where your verl version defines it
-    from trimtab.trainer.adapters.verl_knobs import TrimtabVerlMixin
+==============================  ================================  ==========================================
+knob                            verl call                          start value (bounds: 1 … per-GPU batch)
+==============================  ================================  ==========================================
+``actor_update_micro_batch``    ``actor_rollout_wg.update_actor``  ``actor.ppo_micro_batch_size_per_gpu``
+``log_prob_micro_batch``        ``actor_rollout_wg.compute_log_prob``  ``rollout.log_prob_micro_batch_size_per_gpu``
+``ref_log_prob_micro_batch``    ``ref_policy_wg.compute_ref_log_prob`` ``ref.log_prob_micro_batch_size_per_gpu``
+==============================  ================================  ==========================================
 
-    @register_trainer("trimtab_sync")
-    class TrimtabSyncTrainer(TrimtabVerlMixin, SyncTrainer):             # the mixin first: it calls super()
-        trimtab_job = "grpo-7b"
-        trimtab_server = "http://head:9460"                             # token: $TRIMTAB_TOKEN
-        trimtab_bounds = {"batch_size": (1, 64)}
-        trimtab_sections = ("actor_rollout_ref.rollout", "actor_rollout_ref.ref")   # default: all of SECTIONS
+The critic has none: verl 0.9.1 copies neither ``critic.ppo_micro_batch_size_per_gpu`` nor ``critic.use_dynamic_bsz``
+into the critic's engine config, which keeps its default of dynamic batching by tokens — a micro-batch size carried
+in the critic's calls would be ignored, so trimtab declares no knob it cannot move.
 
-    # launch with: trainer.v1.trainer_mode=trimtab_sync
-
-The mixin runs in verl's driver process (one process: Ray's single controller), reports each step with the phases
-of ``self.timing_raw`` and applies ``hook.knobs`` to ``self.config`` in ``on_step_end``. It must be confirmed on a
-real verl run that the workers see the driver's config change for the call path in use (they do where the driver
-passes the value in the batch's meta_info per call; a worker holding its own copy of the config would not).
+A value that does not divide the call's per-GPU batch would trip the worker's own assert and kill the run, so
+such a change is refused (with the sizes) and the call goes out as before. Micro-batching changes memory and
+speed, never the maths: gradients are accumulated over the same mini-batch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, MutableMapping, Optional, Sequence
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
 
-from trimtab.trainer.adapters.verl import verl_phases
-from trimtab.trainer.hook import Hook, attach
+from trimtab.trainer.apply import KnobChange
 
-SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic", "reward_model")
-MICRO = "micro_batch_size_per_gpu"
-
-
-def _child(node: Any, key: str) -> Any:
-    if isinstance(node, Mapping):
-        return node.get(key)
-    return getattr(node, key, None)
+log = logging.getLogger("trimtab.trainer")
+MICRO_KEY = "micro_batch_size_per_gpu"  # the key the workers read from the call's data
 
 
-def _has(node: Any, key: str) -> bool:
-    return key in node if isinstance(node, Mapping) else hasattr(node, key)
+@dataclass(frozen=True)
+class CallKnob:
+    knob: str           # trimtab's name
+    group: str          # the trainer attribute holding the worker group
+    method: str         # the worker-group call that carries it
+    section: str        # where the run's config sets it
+    keys: tuple[str, ...]  # … under the first of these keys that is set
+    dynamic_key: str    # the dynamic-batching switch that makes it moot
+    per: str            # "mini": divides the per-GPU mini-batch (updates); "batch": the per-GPU batch (inference)
 
 
-def _keys(node: Any) -> list[str]:
-    return list(node.keys()) if isinstance(node, Mapping) else [k for k in vars(node) if not k.startswith("_")]
+CALL_KNOBS = (
+    CallKnob("actor_update_micro_batch", "actor_rollout_wg", "update_actor", "actor_rollout_ref.actor",
+             ("ppo_micro_batch_size_per_gpu",), "use_dynamic_bsz", "mini"),
+    CallKnob("log_prob_micro_batch", "actor_rollout_wg", "compute_log_prob", "actor_rollout_ref.rollout",
+             ("log_prob_micro_batch_size_per_gpu",), "log_prob_use_dynamic_bsz", "batch"),
+    CallKnob("ref_log_prob_micro_batch", "ref_policy_wg", "compute_ref_log_prob", "actor_rollout_ref.ref",
+             ("log_prob_micro_batch_size_per_gpu",), "log_prob_use_dynamic_bsz", "batch"),
+)
+NEVER_TOUCHED = ("data.train_batch_size", "*.ppo_mini_batch_size", "actor_rollout_ref.rollout.n",
+                 "actor_rollout_ref.rollout.gpu_memory_utilization", "algorithm.*", "*.optim.*",
+                 "trainer.v1.*.parameter_sync_step", "trainer.v1.sampler.max_off_policy_threshold")
 
 
-def _set(node: Any, key: str, value: Any) -> None:
-    if isinstance(node, MutableMapping):
-        node[key] = value
-    else:
-        setattr(node, key, value)
-
-
-def section(config: Any, dotted: str) -> Any:
-    """``config.actor_rollout_ref.rollout`` for ``"actor_rollout_ref.rollout"`` (dict, DictConfig or object)."""
+def select(config: Any, dotted: str, default: Any = None) -> Any:
+    """``config.a.b`` for ``"a.b"`` on a DictConfig, dict or object; ``default`` where a part is missing."""
     node = config
     for part in dotted.split("."):
-        node = _child(node, part) if node is not None else None
-    return node
+        if node is None:
+            return default
+        try:
+            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+        except Exception:  # OmegaConf raises on a missing interpolation
+            return default
+    return default if node is None else node
 
 
-class _Target:
-    """One micro-batch setting and, beside it, the dynamic-batching switch and token budget that go with it."""
+def _int(x: Any) -> Optional[int]:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else None
 
-    def __init__(self, path: str, node: Any, micro_key: str):
-        prefix = micro_key[: -len(MICRO)]  # "ppo_", "log_prob_", "forward_" or "" (reward_model)
-        self.path, self.node, self.micro_key = path, node, micro_key
-        self.flag_key = next((k for k in (f"{prefix}use_dynamic_bsz", "use_dynamic_bsz") if _has(node, k)), None)
-        self.tokens_key = next((k for k in (f"{prefix}max_token_len_per_gpu", "forward_max_token_len_per_gpu")
-                                if _has(node, k) and _child(node, k) is not None), None)
-        self.base_micro = _child(node, micro_key)
-        self.base_tokens = _child(node, self.tokens_key) if self.tokens_key else None
 
-    @property
-    def dynamic(self) -> bool:
-        return bool(self.flag_key and _child(self.node, self.flag_key)) and self.base_tokens is not None
+def declared_knobs(config: Any, ref_in_actor: bool = False, use_critic: bool = True,
+                   use_reference: bool = True) -> dict[str, tuple[CallKnob, tuple[int, int, int], str]]:
+    """The knobs this run can change live: knob → (call, (start, min, max), why-this-bound). A knob whose
+    component is absent (no critic, no separate reference) or that dynamic batching makes moot is left out."""
+    world = (_int(select(config, "trainer.n_gpus_per_node")) or 1) * (_int(select(config, "trainer.nnodes")) or 1)
+    n = _int(select(config, "actor_rollout_ref.rollout.n")) or 1
+    batch = _int(select(config, "data.train_batch_size"))
+    out = {}
+    for call in CALL_KNOBS:
+        if call.group == "critic_wg" and not use_critic:
+            continue
+        if call.group == "ref_policy_wg" and (ref_in_actor or not use_reference):
+            continue
+        start = next((v for v in (_int(select(config, f"{call.section}.{k}")) for k in call.keys) if v), None)
+        if start is None or bool(select(config, f"{call.section}.{call.dynamic_key}", False)):
+            continue
+        if call.per == "mini":
+            mini = _int(select(config, f"{call.section}.ppo_mini_batch_size"))
+            per_gpu = (mini * n) // world if mini else None
+            what = f"{call.section}.ppo_mini_batch_size × rollout.n / {world} GPUs"
+        else:
+            per_gpu = (batch * n) // world if batch else None
+            what = f"data.train_batch_size × rollout.n / {world} GPUs"
+        top = max(start, per_gpu or start)
+        out[call.knob] = (call, (start, 1, top), what)
+    return out
+
+
+class _Carried:
+    """The data of one worker call, whichever form verl gives it: a TensorDict (legacy) or a KVBatchMeta (V1)."""
+
+    def __init__(self, data: Any):
+        self.data = data
+        self.meta = getattr(data, "extra_info", None) if not hasattr(data, "batch_size") else None
+
+    def size(self) -> Optional[int]:
+        try:
+            return int(len(self.data))
+        except TypeError:
+            return None
+
+    def get(self, key: str) -> Any:
+        if self.meta is not None:
+            return self.meta.get(key)
+        if key not in self.data.keys():
+            return None
+        from verl.utils import tensordict_utils as tu
+
+        return tu.get(self.data, key)
+
+    def put(self, key: str, value: Any) -> None:
+        if self.meta is not None:
+            self.meta[key] = value
+        else:
+            from verl.utils import tensordict_utils as tu
+
+            tu.assign_non_tensor(self.data, **{key: value})
+
+    def remove(self, key: str) -> None:
+        if self.meta is not None:
+            self.meta.pop(key, None)
+        elif key in self.data.keys():
+            del self.data[key]
 
 
 class VerlKnobApplier:
-    """Writes ``knobs["batch_size"]`` into a verl config (dict, OmegaConf DictConfig, or attribute object).
+    """Owns the declared knobs: holds the value each call should carry and puts it into that call's data.
 
-    Only keys that exist and are set are touched (never created: verl's struct-mode config refuses new keys).
-    ``base_batch_size`` (default: the first micro-batch size found) is what token budgets scale from.
-    """
+    ``apply`` (from the hook, at the step boundary) only installs the value; the first worker call that carries it
+    settles the change as applied at the step verl is then on (``step_of()``). ``world_size_of(group)`` gives the
+    worker group's size when the group does not say (tests)."""
 
-    def __init__(self, config: Any, *, knob: str = "batch_size", sections: Sequence[str] = SECTIONS,
-                 base_batch_size: Optional[int] = None):
-        self.knob = knob
-        self.targets: list[_Target] = []
-        for dotted in sections:
-            node = section(config, dotted)
-            if node is None:
-                continue
-            for key in _keys(node):
-                if key.endswith(MICRO) and isinstance(_child(node, key), int):
-                    self.targets.append(_Target(f"{dotted}.{key}", node, key))
-        micro = [t.base_micro for t in self.targets]
-        self.base_batch_size = base_batch_size or (micro[0] if micro else None)
+    def __init__(self, knobs: Mapping[str, tuple[CallKnob, tuple[int, int, int], str]],
+                 step_of: Callable[[], int], world_size: int = 1):
+        self.knobs = dict(knobs)
+        self._step_of = step_of
+        self._world_size = world_size
+        self._value: dict[str, int] = {k: spec[0] for k, (_, spec, _) in self.knobs.items()}
+        self._configured = dict(self._value)
+        self._pending: dict[str, KnobChange] = {}
+        self._lock = threading.Lock()
+        self.calls_carried = 0
 
-    def apply(self, knobs: Mapping[str, Any]) -> dict[str, int]:
-        """Sets the config from ``knobs``; returns the dotted keys it changed and their new values."""
-        batch_size = knobs.get(self.knob)
-        if batch_size is None or not self.base_batch_size:
-            return {}
-        changed: dict[str, int] = {}
-        for t in self.targets:
-            if t.dynamic:
-                key, value = t.tokens_key, max(1, round(t.base_tokens * batch_size / self.base_batch_size))
-            else:
-                key, value = t.micro_key, int(batch_size)
-            if _child(t.node, key) != value:
-                _set(t.node, key, value)
-                changed[f"{t.path.rsplit('.', 1)[0]}.{key}"] = value
-        return changed
+    # -- the hook's side -------------------------------------------------------------------------------------
 
-
-class TrimtabVerlMixin:
-    """Mix into a ``@register_trainer`` verl ``PPOTrainer`` subclass (see the module docstring)."""
-
-    trimtab_job: Optional[str] = None  # default: trainer.experiment_name
-    trimtab_server: Optional[str] = None  # None: standalone (no network)
-    trimtab_token: Optional[str] = None  # default: $TRIMTAB_TOKEN
-    trimtab_bounds: dict = {"batch_size": (1, 64)}
-    trimtab_sections: Sequence[str] = SECTIONS
-    trimtab_device_map: Optional[dict] = None
-    trimtab_hook: Optional[Hook] = None
-
-    def on_train_begin(self) -> None:
-        super().on_train_begin()
-        self._trimtab_applier = VerlKnobApplier(self.config, sections=self.trimtab_sections)
-        lo, hi = self.trimtab_bounds["batch_size"]
-        start = self._trimtab_applier.base_batch_size or lo
-        job = self.trimtab_job or str(section(self.config, "trainer.experiment_name"))
-        self.trimtab_hook = attach(job, self.trimtab_server, self.trimtab_token, device_map=self.trimtab_device_map,
-                                   knobs={"batch_size": (start, lo, hi)})
-
-    def on_step_end(self) -> None:
-        super().on_step_end()
-        if self.trimtab_hook is None:
+    def apply(self, change: KnobChange) -> None:
+        if change.knob not in self.knobs:
+            change.refused(f"verl has no live setting behind {change.knob!r}")
             return
-        self.trimtab_hook.step_end(samples=self.trimtab_samples_per_step(), step=getattr(self, "global_steps", None),
-                                   phases_s=verl_phases(getattr(self, "timing_raw", None) or {}))
-        self._trimtab_applier.apply(self.trimtab_hook.knobs)
+        with self._lock:
+            self._value[change.knob] = int(change.new)
+            if change.change_id is not None:
+                self._pending[change.knob] = change
+        if change.change_id is None:
+            change.applied()  # the hook's own move (an OOM): nothing to acknowledge
 
-    def on_train_end(self) -> None:
-        super().on_train_end()
-        if self.trimtab_hook is not None:
-            self.trimtab_hook.close()
+    # -- the worker calls' side ------------------------------------------------------------------------------
 
-    def trimtab_samples_per_step(self) -> Optional[int]:
-        """Prompts per step × responses per prompt; override where your recipe differs."""
-        prompts = section(self.config, "data.train_batch_size")
-        n = section(self.config, "actor_rollout_ref.rollout.n") or 1
-        return prompts * n if isinstance(prompts, int) and isinstance(n, int) else None
+    def carry(self, call: CallKnob, data: Any, group: Any) -> Optional[tuple[str, Any]]:
+        """Puts ``call``'s knob into ``data``; returns what to restore after the call (None: nothing done)."""
+        carried = _Carried(data)
+        with self._lock:
+            value, pending = self._value[call.knob], self._pending.pop(call.knob, None)
+        world = getattr(group, "world_size", None) or self._world_size
+        per_gpu = self._per_gpu(call, carried, world)
+        if per_gpu is not None and per_gpu % value != 0:
+            why = (f"{call.knob}={value} does not divide the per-GPU {'mini-' if call.per == 'mini' else ''}batch "
+                   f"of {per_gpu} in {call.method} (verl's worker would assert)")
+            if pending is not None:
+                pending.refused(why)
+            log.warning("trimtab: %s; %s stays %s", why, call.knob, self._fallback(call.knob, pending))
+            value = self._fallback(call.knob, pending)
+            with self._lock:
+                self._value[call.knob] = value
+            pending = None
+        undo = None
+        if value != self._configured[call.knob]:  # the configured value is the worker's own default: no key needed
+            previous = carried.get(MICRO_KEY)
+            carried.put(MICRO_KEY, value)
+            self.calls_carried += 1
+            undo = (MICRO_KEY, previous)
+        if pending is not None:
+            pending.applied(self._step_of())
+        return undo
+
+    def restore(self, data: Any, undo: Optional[tuple[str, Any]]) -> None:
+        """Takes the key back out after the call: V1 reuses one ``extra_info`` dict for every call of a step."""
+        if undo is None:
+            return
+        key, previous = undo
+        carried = _Carried(data)
+        if previous is None:
+            carried.remove(key)
+        else:
+            carried.put(key, previous)
+
+    def _fallback(self, knob: str, refused: Optional[KnobChange]) -> int:
+        return int(refused.old) if refused is not None else self._configured[knob]
+
+    @staticmethod
+    def _per_gpu(call: CallKnob, carried: _Carried, world: int) -> Optional[int]:
+        total = carried.get("mini_batch_size") if call.per == "mini" else carried.size()
+        if not isinstance(total, int) or world <= 0 or total % world:
+            return None
+        return total // world
+
+
+class WorkerGroupProxy:
+    """Stands in for one of the trainer's worker groups: the calls that carry a knob go through the applier,
+    everything else straight to the real group."""
+
+    def __init__(self, group: Any, calls: Mapping[str, CallKnob], applier: VerlKnobApplier):
+        object.__setattr__(self, "_group", group)
+        object.__setattr__(self, "_calls", dict(calls))
+        object.__setattr__(self, "_applier", applier)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._group, name)
+        call = self._calls.get(name)
+        if call is None or not callable(attr):
+            return attr
+
+        def carried_call(data: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                undo = self._applier.carry(call, data, self._group)
+            except Exception:  # never let trimtab break the call: it goes out as verl made it
+                log.warning("trimtab: could not put %s into %s's data", call.knob, name, exc_info=True)
+                undo = None
+            try:
+                return attr(data, *args, **kwargs)
+            finally:
+                try:
+                    self._applier.restore(data, undo)
+                except Exception:
+                    log.warning("trimtab: could not restore %s's data after the call", name, exc_info=True)
+
+        return carried_call
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._group, name, value)
+
+
+def wrap_worker_groups(trainer: Any, applier: VerlKnobApplier) -> Callable[[], None]:
+    """Puts proxies in place of the trainer's worker groups that carry a declared knob; returns the undo."""
+    by_group: dict[str, dict[str, CallKnob]] = {}
+    for call, _, _ in applier.knobs.values():
+        by_group.setdefault(call.group, {})[call.method] = call
+    originals = {}
+    for group_name, calls in by_group.items():
+        group = getattr(trainer, group_name, None)
+        if group is None:
+            continue
+        originals[group_name] = group
+        setattr(trainer, group_name, WorkerGroupProxy(group, calls, applier))
+
+    def undo() -> None:
+        for group_name, group in originals.items():
+            setattr(trainer, group_name, group)
+
+    return undo

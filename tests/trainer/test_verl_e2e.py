@@ -1,0 +1,153 @@
+"""trimtab attached to verl 0.9.1 the way the README says — installed (the ``verl.plugins`` entry point) plus one
+Hydra override naming the server — while verl's own fit loops run on CPU (``tests/trainer/verl_harness.py`` says
+exactly what is stubbed: the GPU compute of the worker groups, the rollout, weight sync, validation and checkpoint
+bodies). Against a live API with the rebalancer in the loop: the job registers with the knobs verl's config makes
+safe, every step is reported with phases that add up to the real step time including validation, a queued change
+reaches the next worker call's data and is acknowledged only then, and a change verl cannot apply is refused,
+stored as such and shown by ``GET /v1/decisions`` and ``trimtab check``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("verl")
+
+from click.testing import CliRunner  # noqa: E402
+
+from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
+from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
+from trimtab.cli.main import cli  # noqa: E402
+from trimtab.rebalancer.rules import load_rules  # noqa: E402
+from trimtab.rebalancer.service import Rebalancer  # noqa: E402
+from trimtab.trainer.adapters.verl_metrics import verl_step  # noqa: E402
+
+PHASE_COLUMNS = ("generation_s", "evaluation_s", "communication_s", "update_s", "validation_s", "checkpoint_s",
+                 "wait_s", "other_s")
+
+
+@pytest.fixture
+def served(make_api, tmp_path):
+    """A live API whose rebalancer uses ``rules`` (set by the test) — as in `trimtab up`."""
+    api = make_api("sqlite")
+    holder = {}
+
+    def start(rules=None) -> Rebalancer:
+        rb = Rebalancer(api.ctx.engine, rules or load_rules(), interval_s=0.2).start()
+        api.ctx.after_report, api.ctx.after_refusal = rb.after_report, rb.after_refusal
+        holder["rb"] = rb
+        return rb
+
+    yield api, start
+    if "rb" in holder:
+        holder["rb"].stop()
+
+
+def attached(api, tmp_path, job: str, *extra: str) -> list[str]:
+    """The README's one setting (plus the token file it names)."""
+    token = tmp_path / "job.token"
+    token.write_text(api.token("job") + "\n")
+    return [f"+trimtab.server={api.url}", f"+trimtab.token_file={token}", f"trainer.experiment_name={job}", *extra]
+
+
+def by_step(api, job: str) -> dict[int, dict]:
+    return {r["step"]: r for r in reports_of(api, job)}
+
+
+@pytest.mark.parametrize("fit, kind", [(run_v1_fit, "v1"), (run_legacy_fit, "legacy")], ids=["v1", "legacy"])
+def test_every_verl_step_is_reported_with_phases_adding_up_to_the_step_including_validation(served, tmp_path,
+                                                                                           fit, kind):
+    api, start = served
+    start()
+    run = fit(tmp_path, steps=4, test_freq=2, save_freq=3, step_s=0.02,
+              overrides=attached(api, tmp_path, f"verl-{kind}"))
+    steps = {r["step"]: r["data"] for r in run.records if "timing_s/step" in r["data"]}
+    assert sorted(steps) == [1, 2, 3, 4]
+    reports = eventually(lambda: len(by_step(api, f"verl-{kind}")) == 4 and by_step(api, f"verl-{kind}"))
+    for step, data in steps.items():
+        r, t = reports[step], {k[9:]: v for k, v in data.items() if k.startswith("timing_s/")}
+        after_the_step_timer = ("testing", "dump_rollout_generations") if kind == "v1" else \
+            ("testing", "start_profile", "stop_profile")  # verl times these outside timing_s/step
+        assert r["step_time_s"] == pytest.approx(t["step"] + sum(t.get(k, 0.0) for k in after_the_step_timer))
+        assert r["step_time_s"] > t["step"] + t.get("testing", 0.0) - 1e-9
+        assert sum(r[c] or 0.0 for c in PHASE_COLUMNS) == pytest.approx(r["step_time_s"], rel=1e-6)
+        assert r["validation_s"] == (pytest.approx(t["testing"]) if step in (2, 4) else None)
+        assert r["checkpoint_s"] == (pytest.approx(t["save_checkpoint"]) if step in (3, 4) else None)
+        gen = pytest.approx(t["gen"])
+        assert (r["wait_s"], r["generation_s"]) == ((gen, None) if kind == "v1" else (None, gen))
+        assert r["evaluation_s"] == pytest.approx(t["old_log_prob"] + t["ref"] + t["values"] + t.get("reward", 0))
+        assert r["update_s"] == pytest.approx(t["update_actor"] + t["update_critic"] + t["adv"])
+        expected = verl_step(step, data, trainer=kind)
+        assert (r["samples"], r["tokens"]) == (expected.samples, expected.tokens) and r["samples"] == 8
+        # the workers' perf/max_memory_*_gb, through verl's own metric reduction (0 on CPU, but reported, not None)
+        assert r["allocated_bytes"] == expected.memory["allocated_bytes"] is not None
+        assert r["reserved_bytes"] == expected.memory["reserved_bytes"] is not None
+    job = api.get(f"/v1/jobs/verl-{kind}").json()
+    assert job["knobs"] == {
+        "actor_update_micro_batch": {"value": 2, "min": 1, "max": 4},
+        "log_prob_micro_batch": {"value": 2, "min": 1, "max": 8},
+        "ref_log_prob_micro_batch": {"value": 2, "min": 1, "max": 8},
+    }  # no critic knobs: verl 0.9.1's critic engine batches by tokens whatever critic.ppo_micro_batch_size_per_gpu says
+
+
+def test_a_queued_change_reaches_the_next_worker_calls_data_and_is_acknowledged_only_then(served, tmp_path):
+    api, start = served
+    start()
+    job = "verl-change"
+    queued = {}
+
+    def operator():  # an admin's change, queued while the run is going
+        eventually(lambda: len(reports_of(api, job)) >= 1, timeout_s=60)
+        r = api.post(f"/v1/jobs/{job}/changes", {"knob": "log_prob_micro_batch", "value": 4}, scope="admin")
+        queued["id"] = r.json()["change_id"]
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    run = run_v1_fit(tmp_path, steps=8, step_s=0.15, overrides=attached(api, tmp_path, job))
+    thread.join(10)
+    log_prob = [(step, keys) for step, name, keys in run.calls if name == "compute_log_prob"]
+    carried = [step for step, keys in log_prob if keys.get("micro_batch_size_per_gpu") == 4]
+    assert carried, f"the change never reached compute_log_prob: {log_prob}"
+    first = carried[0]
+    assert all(keys.get("micro_batch_size_per_gpu") == 2 for step, keys in log_prob if step < first)  # engine's own
+    assert all(keys["n_micro_batches"] == 2 for step, keys in log_prob if step >= first)  # 8 per GPU ÷ 4
+    change = next(c for c in api.get(f"/v1/jobs/{job}/changes").json()["changes"] if c["change_id"] == queued["id"])
+    assert change["status"] == "applied" and change["applied_step"] == first
+    other_calls = [keys for step, name, keys in run.calls if name == "compute_ref_log_prob" and step >= first]
+    assert other_calls and all(k.get("micro_batch_size_per_gpu") == 2 for k in other_calls)  # its own knob
+    assert api.get(f"/v1/jobs/{job}").json()["knobs"]["log_prob_micro_batch"]["value"] == 4
+
+
+def only(rule: str, controller: dict) -> dict:
+    """Overrides that leave ``rule`` the only one able to fire."""
+    quiet = {name: {"healthy_below": 1e12, "act_above": 1e12} for name in load_rules().names() if name != rule}
+    return {"controller": controller, "rules": quiet}
+
+
+def test_a_change_verl_cannot_apply_is_refused_stored_and_shown(served, tmp_path):
+    api, start = served
+    overrides = only("evaluation_bound", {"window_min_s": 0.05, "window_min_steps": 2, "window_max_steps": 4})
+    overrides["rules"]["evaluation_bound"] = {
+        "healthy_below": 0.0, "act_above": 0.0,  # scoring always "dominates" this tiny CPU run
+        "actions": [{"knob": "log_prob_micro_batch", "op": "mul", "by": 3}]}  # 2 → 6: does not divide 8 per GPU
+    start(load_rules(None, overrides))
+    job = "verl-refused"
+    run_legacy_fit(tmp_path, steps=8, step_s=0.1, overrides=attached(api, tmp_path, job, "+trimtab.mode=auto"))
+    decisions = eventually(lambda: [d for d in api.get("/v1/decisions", job=job).json()["decisions"]
+                                    if d["outcome"] == "refused"], timeout_s=20)
+    d = decisions[-1]
+    assert (d["rule"], d["knob"], d["old_value"], d["new_value"]) == ("evaluation_bound", "log_prob_micro_batch", 2, 6)
+    assert "does not divide the per-GPU batch of 8" in d["evidence"]["refused_reason"]
+    change = next(c for c in api.get(f"/v1/jobs/{job}/changes").json()["changes"] if c["change_id"] == d["change_id"])
+    assert change["status"] == "refused" and change["acks"] == []
+    assert api.get(f"/v1/jobs/{job}").json()["knobs"]["log_prob_micro_batch"]["value"] == 2
+    refused = [x for x in api.get("/v1/decisions", job=job).json()["decisions"]
+               if x["knob"] == "log_prob_micro_batch" and x["new_value"] == 6]
+    assert len(refused) == 1  # not asked again
+    res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
+    print(res.output)  # the README's verl section shows this output
+    assert f"job {job}  mode auto" in res.output
+    assert "log_prob_micro_batch 2 → 6" in res.output and "refused" in res.output
+    assert "does not divide the per-GPU batch of 8" in res.output
