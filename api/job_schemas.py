@@ -24,6 +24,9 @@ Step = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]
 Rank = Annotated[int, Field(ge=0, le=4095)]
 Seconds = Annotated[float, Field(ge=0, le=1e7)]
 Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
+LoggedKey = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_CONTROL_CHARS)]
+Logged = Annotated[float, Field(ge=-1e300, le=1e300)]
+MAX_LOGGED = 64
 
 
 class KnobSpec(InputModel):
@@ -54,6 +57,9 @@ class JobIn(InputModel):
         None, max_length=16, description="This job's overrides of the daemon's rules, in the rules file's shape: "
                           "{\"controller\": {\"window_min_s\": 8}, \"rules\": {\"generation_bound\": {\"act_above\": 60}}} "
                           "(or just the rules table). Unknown rules or keys and bad values are refused (422).")
+    advise_only_reason: Optional[Annotated[str, StringConstraints(max_length=1024, pattern=NO_CONTROL_CHARS)]] = Field(
+        None, description="Why the job declares no knobs the rebalancer may change (its framework cannot change "
+                          "them between steps); shown by trimtab check beside the job's knobs.")
 
 
 class KnobOut(Model):
@@ -70,6 +76,7 @@ class JobOut(Model):
     knobs: dict[str, KnobOut] = Field(description="Knobs with current value and bounds.")
     mode: Mode = Field(description="auto, advise or off.")
     rules: Optional[dict[str, Any]] = Field(None, description="The job's overrides of the rules, as registered.")
+    advise_only_reason: Optional[str] = Field(None, description="Why the job declares no knobs, as registered.")
     simulated: bool = Field(description="True when any of the job's nodes is a simulated node.")
     created_ms: int = Field(description="First registration, epoch milliseconds.")
     updated_ms: int = Field(description="Last registration, mode change or applied change, epoch milliseconds.")
@@ -116,6 +123,16 @@ class ReportIn(InputModel):
     rollout_slowest_s: Optional[Seconds] = Field(None, description="Generation time of the step's slowest sample "
                                                                    "(the rollout's long tail), seconds.")
     rollout_mean_s: Optional[Seconds] = Field(None, description="Mean generation time per sample in the step, seconds.")
+    prompts: Optional[Count] = Field(None, description="RL: prompts the step trained on (each has several completions).")
+    completions: Optional[Count] = Field(None, description="RL: completions the step trained on (generated in this step "
+                                                          "or reused from an earlier step's generation batch).")
+    completion_mean_tokens: Optional[Annotated[float, Field(ge=0, le=1e9)]] = Field(
+        None, description="Mean completion length, tokens, as the framework logged it for this step.")
+    reward_mean: Optional[Logged] = Field(None, description="Mean reward, as the framework logged it for this step.")
+    logged: Optional[dict[LoggedKey, Logged]] = Field(
+        None, max_length=MAX_LOGGED, description="The framework's own scalars logged at this step, by its names "
+                                                 "(TRL: step_time, num_tokens, completions/mean_length, reward, "
+                                                 "entropy, …; means over its logging window).")
     collective_latency_us: Optional[float] = Field(None, ge=0, le=1e9,
                                                    description="Small all-reduce latency probe, microseconds.")
     pid: Optional[int] = Field(None, ge=0, le=2**31 - 1, description="The rank's host PID.")
@@ -151,6 +168,11 @@ class ReportOut(Model):
     other_s: Optional[float] = Field(description="Other time, seconds.")
     rollout_slowest_s: Optional[float] = Field(description="Slowest sample's generation time, seconds.")
     rollout_mean_s: Optional[float] = Field(description="Mean sample's generation time, seconds.")
+    prompts: Optional[int] = Field(None, description="RL: prompts the step trained on.")
+    completions: Optional[int] = Field(None, description="RL: completions the step trained on.")
+    completion_mean_tokens: Optional[float] = Field(None, description="Mean completion length, tokens.")
+    reward_mean: Optional[float] = Field(None, description="Mean reward.")
+    logged: Optional[dict[str, float]] = Field(None, description="The framework's own scalars logged at this step.")
     samples: Optional[int] = Field(description="Samples in the step.")
     tokens: Optional[int] = Field(description="Tokens in the step.")
     allocated_bytes: Optional[int] = Field(description="Allocated bytes.")

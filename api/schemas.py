@@ -242,6 +242,15 @@ class JobCheckOut(Model):
                                                    "by the rules (as the rebalancer sees them).")
     decisions: list[JobDecisionRowOut] = Field(description="The job's most recent rebalancer decisions, newest "
                                                            "first.")
+    advise_only_reason: Optional[str] = Field(None, description="Why the job declares no knobs, as it registered.")
+    rl: dict[str, Optional[float]] = Field(
+        default_factory=dict, description="Over the window (null: not reported): tokens_per_s; an RL trainer's "
+                                          "prompts_per_step and completions_per_step, and the means of its logged "
+                                          "completion_mean_tokens and reward_mean.")
+    generation_cadence: Optional[dict[str, Union[int, float]]] = Field(
+        None, description="When only some steps generate (a generation batch feeds several optimizer steps, TRL's "
+                          "steps_per_generation): generating_steps of steps, step_with_generation_s and "
+                          "step_without_generation_s; null otherwise.")
 
 
 class BalanceJobsOut(Model):

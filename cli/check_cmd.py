@@ -156,9 +156,10 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
 
     Per GPU: utilization, SM activity, memory %, PCIe GB/s and % of link peak, NVLink. Verdicts: utilization
     spread (act > 40 pts), PCIe (act > 90 % of peak), memory (act > 98 %). Then one section per job that reported
-    through the trainer hook within the window (at least the last 10 minutes): its mode, knobs, throughput, the rows
-    step composition, fragmentation and collective latency over its newest window of steps, and its recent
-    rebalancer decisions. A job row at "act" counts as out of balance.
+    through the trainer hook within the window (at least the last 10 minutes): its mode, knobs (or why it declares
+    none), throughput and tokens/s, an RL trainer's completions, completion length and reward, why its step times
+    alternate when only some steps generate, the rows step composition, fragmentation and collective latency over
+    its newest window of steps, and its recent rebalancer decisions. A job row at "act" counts as out of balance.
     """
     jobs = []
     try:

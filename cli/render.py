@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from trimtab.rebalancer.balance import ACT, NO_DATA, OK, UNSUPPORTED, WATCH, BalanceReport
+from trimtab.rebalancer.step_facts import cadence_line
 
 MARK = {OK: "ok   ", WATCH: "WATCH", ACT: "ACT  ", NO_DATA: "-    ", UNSUPPORTED: "n/a  "}
 
@@ -60,6 +61,20 @@ def _value(v) -> str:
     return "?" if v is None else f"{v:g}" if isinstance(v, (int, float)) else str(v)
 
 
+def _rl_line(rl: dict) -> str:
+    """Tokens/s and what an RL trainer logged (samples there are completions), or "" when none of it is known."""
+    parts = [f"{_num(rl.get('tokens_per_s'), '{:.1f}')} tokens/s"] if rl.get("tokens_per_s") is not None else []
+    if rl.get("completions_per_step") is not None:
+        prompts = rl.get("prompts_per_step")
+        parts.append(f"{rl['completions_per_step']:g} completions" + (f" of {prompts:g} prompts" if prompts else "")
+                     + " per step (the samples)")
+    if rl.get("completion_mean_tokens") is not None:
+        parts.append(f"completions {rl['completion_mean_tokens']:.1f} tokens long")
+    if rl.get("reward_mean") is not None:
+        parts.append(f"reward {rl['reward_mean']:.3g}")
+    return "; ".join(parts)
+
+
 def render_job(j) -> str:
     """One job's section (a :class:`trimtab.rebalancer.job_report.JobSummary`): knobs, window, the three job rows
     and the recent decisions."""
@@ -67,13 +82,19 @@ def render_job(j) -> str:
     if j.simulated:
         head += "  [SIMULATED node]"
     lines = [head]
-    lines.append("knobs: " + (", ".join(f"{k} {_knob(v)}" for k, v in sorted(j.knobs.items())) or "none declared"))
+    knobs = ", ".join(f"{k} {_knob(v)}" for k, v in sorted(j.knobs.items())) or "none declared"
+    lines.append(f"knobs: {knobs}" + (f" — {j.advise_only_reason}" if j.advise_only_reason else ""))
     if j.window_steps:
         first, last = j.window_steps
         span = f"step {first}" if first == last else f"steps {first}–{last}"
         lines.append(f"window: {span} ({j.n_steps} steps, {j.window_s:.1f} s), "
                      f"{_num(j.samples_per_s, '{:.2f}')} samples/s, step {_num(j.step_time_s, '{:.2f}')} s; "
                      f"last report {_age(j.last_report_ms, j.generated_at_ms)}")
+        rl = _rl_line(j.rl)
+        if rl:
+            lines.append(rl)
+        if j.generation_cadence:
+            lines.append(cadence_line(j.generation_cadence))
     else:
         lines.append(f"window: no complete step yet; last report {_age(j.last_report_ms, j.generated_at_ms)}")
     lines.append("")

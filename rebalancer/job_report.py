@@ -24,6 +24,7 @@ from sqlalchemy import Engine, and_, func, select
 
 from trimtab.rebalancer.balance import ACT, NO_DATA, OK, SEVERITY, WATCH, Verdict
 from trimtab.rebalancer.rules import Rule, RuleSet, RulesError, default_rules
+from trimtab.rebalancer.step_facts import generation_cadence, rl_facts
 from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, job_reading
 from trimtab.rebalancer.window import PHASES, JobStep, fold_step, step_columns, throughput, window
 from trimtab.store import decisions as decision_store
@@ -90,6 +91,9 @@ class JobSummary:
     probe_baseline_us: Optional[float]           # median of the job's first probes
     verdicts: list[Verdict] = field(default_factory=list)
     decisions: list[DecisionRow] = field(default_factory=list)
+    advise_only_reason: Optional[str] = None     # why the job declares no knobs
+    rl: dict[str, Optional[float]] = field(default_factory=dict)  # step_facts.rl_facts: tokens/s, completions, …
+    generation_cadence: Optional[dict[str, Any]] = None  # step_facts.generation_cadence: generation every k-th step
 
     @property
     def status(self) -> str:
@@ -292,7 +296,7 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
     rules = rules_for(job, rules)
     base = dict(name=job.name, mode=job.mode, ranks=job.ranks, hostnames=list(job.hostnames), simulated=simulated,
                 knobs={k: dict(v) for k, v in job.knobs.items()}, last_report_ms=job.last_report_ms,
-                generated_at_ms=now_ms, decisions=list(decisions))
+                generated_at_ms=now_ms, decisions=list(decisions), advise_only_reason=job.advise_only_reason)
     if not steps:
         return JobSummary(**base, window_steps=None, n_steps=0, window_s=0.0, full_window=False, samples_per_s=None,
                           step_time_s=None, phase_shares={p: None for p in PHASES}, fragmentation=None,
@@ -315,7 +319,8 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
                       window_s=sum(s.step_time_s for s in win), full_window=full, samples_per_s=tp,
                       step_time_s=statistics.fmean(s.step_time_s for s in win), phase_shares=_shares(win),
                       fragmentation=_mean(s.fragmentation for s in win), collective_latency_us=mean_latency,
-                      probe_baseline_us=baseline_us, verdicts=verdicts)
+                      probe_baseline_us=baseline_us, verdicts=verdicts, rl=rl_facts(win),
+                      generation_cadence=generation_cadence(win))
 
 
 def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:

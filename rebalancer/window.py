@@ -9,7 +9,7 @@ slowest rank's time: the job waits for the slowest. Throughput is samples over w
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from sqlalchemy import Engine, select
@@ -17,13 +17,15 @@ from sqlalchemy import Engine, select
 from trimtab.store.models import job_reports
 
 PHASES = ("generation", "evaluation", "communication", "update", "validation", "checkpoint", "wait", "other")
+RL_COUNTS = ("tokens", "prompts", "completions")  # added up over ranks
+RL_MEANS = ("completion_mean_tokens", "reward_mean")  # what the framework logged: the ranks' mean
 
 
 def step_columns(r) -> tuple:
     """The ``job_reports`` columns a step is folded from (``r`` is the table's ``.c``): one list for every reader."""
     return (r.step, r.rank, r.received_ms, r.step_time_s, *(r[f"{p}_s"] for p in PHASES), r.samples,
             r.fragmentation, r.num_ooms, r.num_alloc_retries, r.collective_latency_us, r.rollout_slowest_s,
-            r.rollout_mean_s)
+            r.rollout_mean_s, *(r[c] for c in RL_COUNTS + RL_MEANS))
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class JobStep:
     num_alloc_retries: Optional[int] = None  # cumulative, the highest rank's
     rollout_slowest_s: Optional[float] = None  # the slowest sample's generation time (the long tail)
     rollout_mean_s: Optional[float] = None     # the mean sample's
+    rl: dict[str, Optional[float]] = field(default_factory=dict)  # RL_COUNTS and RL_MEANS (None: not reported)
 
     def share_pct(self, phase: str) -> Optional[float]:
         value = self.phases_s.get(phase)
@@ -50,11 +53,15 @@ class JobStep:
 
 
 def fold_step(step: int, rows: Sequence) -> JobStep:
-    def worst(name: str) -> Optional[float]:
-        values = [getattr(r, name) for r in rows if getattr(r, name) is not None]
-        return max(values) if values else None
+    def known(name: str) -> list:
+        return [getattr(r, name) for r in rows if getattr(r, name) is not None]
 
-    samples = [r.samples for r in rows if r.samples is not None]
+    def worst(name: str) -> Optional[float]:
+        return max(known(name)) if known(name) else None
+
+    samples = known("samples")
+    rl = {name: float(sum(known(name))) if known(name) else None for name in RL_COUNTS}
+    rl.update({name: statistics.fmean(known(name)) if known(name) else None for name in RL_MEANS})
     step_time = max(r.step_time_s for r in rows)
     latencies = [r.collective_latency_us for r in rows if r.collective_latency_us is not None]
     end_ms = max(r.received_ms for r in rows)
@@ -65,7 +72,7 @@ def fold_step(step: int, rows: Sequence) -> JobStep:
                    num_alloc_retries=int(retries) if retries is not None else None,
                    collective_latency_us=statistics.median(latencies) if latencies else None,
                    start_ms=end_ms - int(step_time * 1000), end_ms=end_ms,
-                   rollout_slowest_s=worst("rollout_slowest_s"), rollout_mean_s=worst("rollout_mean_s"))
+                   rollout_slowest_s=worst("rollout_slowest_s"), rollout_mean_s=worst("rollout_mean_s"), rl=rl)
 
 
 def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, limit: int = 200) -> list[JobStep]:

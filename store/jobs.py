@@ -38,6 +38,7 @@ class StoredJob:
     updated_ms: int
     last_report_ms: Optional[int] = None
     rules: Optional[dict[str, Any]] = None  # the job's overrides of the rules file
+    advise_only_reason: Optional[str] = None  # why the job declares no knobs (its framework cannot change them)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def number(value: Optional[float]):
 
 def _job(row, last_report_ms: Optional[int] = None) -> StoredJob:
     return StoredJob(row.id, row.name, row.ranks, row.device_map, row.hostnames, row.knobs, row.mode,
-                     row.owner_token_id, row.created_ms, row.updated_ms, last_report_ms, row.rules or None)
+                     row.owner_token_id, row.created_ms, row.updated_ms, last_report_ms, row.rules or None,
+                     row.advise_only_reason)
 
 
 def _last_report(job_id) -> Any:
@@ -102,13 +104,14 @@ def list_jobs(engine: Engine, limit: int, offset: int) -> list[StoredJob]:
 
 def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str, list[int]], hostnames: list[str],
                  knobs: Mapping[str, Mapping[str, float]], mode: str, token_id: Optional[int],
-                 token_is_admin: bool, rules: Optional[Mapping[str, Any]] = None) -> tuple[StoredJob, bool]:
+                 token_is_admin: bool, rules: Optional[Mapping[str, Any]] = None,
+                 advise_only_reason: Optional[str] = None) -> tuple[StoredJob, bool]:
     """Create the job or update it (a restarted job registers again): (job, created). A job token owns the jobs
     it registers; another job token may take one over only once the owner is revoked. Pending changes that the
     new declaration no longer allows are cancelled."""
     values = dict(ranks=ranks, device_map=dict(device_map), hostnames=list(hostnames),
                   knobs={k: dict(v) for k, v in knobs.items()}, mode=mode, rules=dict(rules) if rules else None,
-                  updated_ms=now_ms())
+                  advise_only_reason=advise_only_reason, updated_ms=now_ms())
     owner = None if token_is_admin else token_id
     with write_transaction(engine) as conn:
         row = conn.execute(select(jobs).where(jobs.c.name == name)).first()

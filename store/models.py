@@ -212,6 +212,7 @@ jobs = Table(
     Column("knobs", JSON, nullable=False),  # {knob: {"value", "min", "max"}}; value follows applied changes
     Column("mode", String(8), nullable=False),  # auto | advise | off
     Column("rules", JSON),  # the job's overrides of rules.toml ({"controller": …, "rules": {name: {key: value}}})
+    Column("advise_only_reason", String(1024)),  # why the job declares no knobs (its framework cannot change them)
     Column("owner_token_id", Integer, ForeignKey("api_tokens.id", ondelete="SET NULL")),
     Column("created_ms", BigInteger, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),
@@ -236,6 +237,11 @@ job_reports = Table(
     Column("wait_s", Double),  # the trainer waiting for rollout (verl V1's replay-buffer wait)
     Column("rollout_slowest_s", Double),  # the slowest sample's generation time in the step (long tail) …
     Column("rollout_mean_s", Double),  # … and the mean sample's
+    Column("prompts", BigInteger),  # RL trainers (TRL): prompts and completions the step trained on, named as such
+    Column("completions", BigInteger),
+    Column("completion_mean_tokens", Double),
+    Column("reward_mean", Double),
+    Column("logged", JSON),  # the framework's own logged scalars at this step ({name: value}), as it named them
     Column("samples", BigInteger),
     Column("tokens", BigInteger),
     Column("allocated_bytes", BigInteger),

@@ -39,7 +39,7 @@ from trimtab.trainer.apply import APPLIED, KnobApplier, KnobChange
 from trimtab.trainer.dist import KnobSync, LatencyProbe, distributed, rank_and_world
 from trimtab.trainer.knobs import KnobSet, KnobSpecLike, Number
 from trimtab.trainer.memory import MemorySampler, is_oom
-from trimtab.trainer.report import StepReport
+from trimtab.trainer.report import FRAMEWORK_FIELDS, StepReport
 from trimtab.trainer.reporter import Reporter
 from trimtab.trainer.timing import Phase, PhaseTimer, cuda_in_use
 
@@ -92,7 +92,8 @@ class Hook:
     server from holding the reporter); ``backoff_max_s`` between retries; ``transport`` an httpx transport (tests);
     ``appliers`` knob → the :class:`~trimtab.trainer.apply.KnobApplier` that owns it (a framework adapter): a
     change of such a knob is acknowledged only once that applier says it took effect, and refused when it cannot
-    apply it. Knobs without an applier are owned by the loop that reads ``hook.knobs``.
+    apply it. Knobs without an applier are owned by the loop that reads ``hook.knobs``; ``advise_only_reason``
+    says why a job declares no knobs (its framework cannot change them between steps), for ``trimtab check``.
     """
 
     def __init__(self, job: str, server: Optional[str] = None, token: Optional[str] = None, *,
@@ -102,7 +103,8 @@ class Hook:
                  knob_sync_every: int = 1, local_gpu: Optional[int] = None, oom_knob: str = "batch_size",
                  cuda_events: bool = True, queue_max: int = 256, timeout_s: float = 1.0,
                  backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
-                 appliers: Optional[Mapping[str, KnobApplier]] = None):
+                 appliers: Optional[Mapping[str, KnobApplier]] = None,
+                 advise_only_reason: Optional[str] = None):
         for kind, name, limit in ([("job", job, 128)] + [("knob", k, 64) for k in (knobs or {})]
                                   + [("component", c, 64) for c in (device_map or {})]):
             if not (isinstance(name, str) and len(name) <= limit and SLUG.match(name)):
@@ -110,7 +112,7 @@ class Hook:
                                  f"letter or digit")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.job, self._mode = job, mode
+        self.job, self._mode, self._advise_only_reason = job, mode, advise_only_reason
         self.rank, self.world_size, _ = rank_and_world()
         self.device_map = {str(c): [int(g) for g in gpus] for c, gpus in (device_map or {}).items()}
         self._knobs = KnobSet(knobs)
@@ -181,6 +183,14 @@ class Hook:
         self._callbacks.append(callback)
         return callback
 
+    def claim_knobs(self, applier: KnobApplier) -> list[str]:
+        """For a framework adapter that runs the loop itself: ``applier`` owns every declared knob that no applier
+        owns yet (there is no user loop to read them). Returns those knobs' names."""
+        claimed = [k for k in self._knobs.names if k not in self._appliers]
+        for name in claimed:
+            self._appliers[name] = applier
+        return claimed
+
     def oom_guard(self) -> _OomGuard:
         """``with hook.oom_guard():`` catches an out-of-memory error, reports it, halves ``batch_size`` from the
         next step (within bounds, and never back up to the size that failed), empties the CUDA cache and lets
@@ -192,14 +202,16 @@ class Hook:
     def step_end(self, samples: Optional[float] = None, tokens: Optional[float] = None, *,
                  step: Optional[int] = None, phases_s: Optional[Mapping[str, float]] = None,
                  step_time_s: Optional[float] = None, memory: Optional[Mapping[str, object]] = None,
-                 rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None) -> None:
+                 rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None,
+                 framework: Optional[Mapping[str, object]] = None) -> None:
         """Ends the step: agree on knobs (every rank, same boundary), queue the report, apply changes.
 
         ``step``: the job's own step number (default: counted from 0). ``phases_s``: phase seconds measured
         elsewhere (a framework's timers), added to the ``phase()`` blocks. ``step_time_s``: the step's duration as
         the framework timed it (default: wall time since the last boundary). ``memory``: allocator figures the
         framework measured where the hook cannot (its workers' GPUs), merged over the hook's own. ``rollout_s``:
-        (slowest, mean) sample generation time, the rollout's long tail."""
+        (slowest, mean) sample generation time, the rollout's long tail. ``framework``: what the framework logged
+        for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``."""
         now_s = time.perf_counter()
         if step is not None:
             self._step = int(step)
@@ -214,7 +226,7 @@ class Hook:
         resolved_us = self._probe.resolve()
         try:
             self._report(step_no, step_time_s, phases, samples, tokens, now_s,
-                         latency_us if latency_us is not None else resolved_us, memory, rollout_s)
+                         latency_us if latency_us is not None else resolved_us, memory, rollout_s, framework)
         except Exception:  # a bug in bookkeeping must not stop training; say it once
             self._say("report", "trimtab: could not build the step report", exc_info=True)
         self._apply(changes, agreed, applied_at_step=step_no + 1)
@@ -382,7 +394,8 @@ class Hook:
 
     def _report(self, step: int, step_time_s: float, phases: dict, samples, tokens, now_s: float,
                 latency_us: Optional[float], framework_memory: Optional[Mapping[str, object]] = None,
-                rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None) -> None:
+                rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None,
+                framework: Optional[Mapping[str, object]] = None) -> None:
         memory = self._memory.maybe_sample(now_s)
         if framework_memory:
             memory = {**(memory or {}), **{k: v for k, v in framework_memory.items() if v is not None}}
@@ -398,7 +411,8 @@ class Hook:
             collective_latency_us=latency_us, component=self._component(gpu),
             collective_baseline_us=self._probe.baseline_us, gpu_phases_s=self._timer.resolve(),
             oom=oom_report, rollout_slowest_s=(rollout_s or (None, None))[0],
-            rollout_mean_s=(rollout_s or (None, None))[1])
+            rollout_mean_s=(rollout_s or (None, None))[1],
+            **{k: v for k, v in (framework or {}).items() if k in FRAMEWORK_FIELDS})
         self.last_report = report
         if self._reporter is not None:
             self._reporter.submit(report.to_wire())
@@ -408,7 +422,8 @@ class Hook:
         for name, value in (values or {}).items():
             knobs[name]["value"] = value
         return {"name": self.job, "ranks": self.world_size, "device_map": self.device_map,
-                "hostnames": [self._hostname], "knobs": knobs, "mode": self._mode}
+                "hostnames": [self._hostname], "knobs": knobs, "mode": self._mode,
+                **({"advise_only_reason": self._advise_only_reason[:1024]} if self._advise_only_reason else {})}
 
     def _gpu_without_cuda(self, local_gpu: Optional[int]) -> Optional[int]:
         """The local GPU when CUDA is not in use in this process: given, else LOCAL_RANK if the device map has

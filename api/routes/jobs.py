@@ -27,7 +27,8 @@ def job_name_path() -> str:
 
 def job_out(job: StoredJob, simulated_hosts: set[str]) -> JobOut:
     return JobOut(name=job.name, ranks=job.ranks, device_map=job.device_map, hostnames=job.hostnames,
-                  knobs=job.knobs, mode=job.mode, rules=job.rules, simulated=any(h in simulated_hosts for h in job.hostnames),
+                  knobs=job.knobs, mode=job.mode, rules=job.rules,
+                  advise_only_reason=job.advise_only_reason, simulated=any(h in simulated_hosts for h in job.hostnames),
                   created_ms=job.created_ms, updated_ms=job.updated_ms, last_report_ms=job.last_report_ms)
 
 
@@ -64,7 +65,7 @@ def register(body: JobIn, response: Response, ctx: ApiContext = Depends(get_ctx)
         job, created = job_store.register_job(
             ctx.engine, body.name, body.ranks, body.device_map, body.hostnames,
             {k: v.model_dump() for k, v in body.knobs.items()}, body.mode, token.id, token.scope == "admin",
-            rules=body.rules)
+            rules=body.rules, advise_only_reason=body.advise_only_reason)
     except job_store.JobOwnedElsewhere as exc:
         raise HTTPException(403, str(exc)) from None
     if created:

@@ -81,6 +81,21 @@ def test_a_step_report_is_stored_once_and_listed_newest_first(job_api):
     assert api.get("/v1/jobs/nope/reports").status_code == 404
 
 
+def test_what_a_framework_logged_for_a_step_is_kept_with_it(job_api):
+    api = job_api
+    logged = {"step_time": 0.13, "num_tokens": 170.0, "completions/mean_length": 7.0, "reward": 22.0}
+    body = {**REPORT, "prompts": 2, "completions": 4, "completion_mean_tokens": 7.0, "reward_mean": -0.5,
+            "logged": logged}
+    assert api.post("/v1/jobs/grpo-7b/reports", body, scope="job").json()["stored"] is True
+    (r,) = api.get("/v1/jobs/grpo-7b/reports").json()["reports"]
+    assert (r["prompts"], r["completions"], r["completion_mean_tokens"], r["reward_mean"]) == (2, 4, 7.0, -0.5)
+    assert r["logged"] == logged
+    too_many = {**REPORT, "step": 11, "logged": {f"k{i}": 1.0 for i in range(65)}}
+    assert api.post("/v1/jobs/grpo-7b/reports", too_many, scope="job").status_code == 422
+    reason = {**JOB, "knobs": {}, "advise_only_reason": "the dataloader is built once"}
+    assert api.post("/v1/jobs", reason, scope="job").json()["advise_only_reason"] == "the dataloader is built once"
+
+
 def test_a_report_from_a_rank_the_job_does_not_have_is_422(job_api):
     r = job_api.post("/v1/jobs/grpo-7b/reports", {**REPORT, "rank": 4}, scope="job")
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "rank"]

@@ -80,3 +80,13 @@ def test_the_wire_form_is_exactly_the_apis_fields_and_never_sends_made_up_values
                                 "samples": 16, "memory": {"fragmentation": 0.2, "num_ooms": 0},
                                 "collective_latency_us": 42.0, "local_gpu": 0}
     assert report.samples_per_s == 8.0 and report.tokens_per_s is None
+
+
+def test_logged_values_the_api_would_refuse_are_left_out_not_the_whole_report():
+    from trimtab.trainer.report import StepReport
+
+    logs = {"loss": 0.5, "lr": float("nan"), "epoch": 1, "flag": True, "bad\nname": 1.0, "x" * 129: 2.0,
+            **{f"m{i:02d}": float(i) for i in range(70)}}
+    wire = StepReport(step=1, rank=0, step_time_s=1.0, logged=logs, reward_mean=float("inf")).to_wire()
+    assert len(wire["logged"]) == 64 and wire["logged"]["epoch"] == 1.0 and wire["logged"]["loss"] == 0.5
+    assert not {"lr", "flag", "bad\nname", "x" * 129} & set(wire["logged"]) and "reward_mean" not in wire
