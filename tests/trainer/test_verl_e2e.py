@@ -151,3 +151,35 @@ def test_a_change_verl_cannot_apply_is_refused_stored_and_shown(served, tmp_path
     assert f"job {job}  mode auto" in res.output
     assert "log_prob_micro_batch 2 → 6" in res.output and "refused" in res.output
     assert "does not divide the per-GPU batch of 8" in res.output
+
+
+def reporter_threads(job: str) -> list:
+    return [t for t in threading.enumerate() if t.name == f"trimtab-reporter-{job}" and t.is_alive()]
+
+
+def test_the_hook_is_closed_when_fit_ends_by_its_last_step_or_by_an_exception(served, tmp_path):
+    api, start = served
+    start()
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "crash").mkdir()
+    run_legacy_fit(tmp_path / "ok", steps=3, overrides=attached(api, tmp_path, "verl-ends"))
+    # legacy fit returns from inside its loop on the last step (no on_train_end): the hook still flushed and closed
+    assert sorted(by_step(api, "verl-ends")) == [1, 2, 3] and reporter_threads("verl-ends") == []
+
+    def crash_at_step_2(trainer):
+        group, real = trainer.actor_rollout_wg, trainer.actor_rollout_wg.update_actor
+
+        def update_actor(data, *a, **kw):
+            if trainer.global_steps == 2:
+                raise RuntimeError("worker died")
+            return real(data, *a, **kw)
+
+        group.update_actor = update_actor
+        crash_at_step_2.seen = (trainer, group)
+
+    with pytest.raises(RuntimeError, match="worker died"):
+        run_legacy_fit(tmp_path / "crash", steps=3, before_fit=crash_at_step_2,
+                       overrides=attached(api, tmp_path, "verl-crash"))
+    assert sorted(by_step(api, "verl-crash")) == [1] and reporter_threads("verl-crash") == []
+    trainer, group = crash_at_step_2.seen
+    assert trainer.actor_rollout_wg is group  # the knob proxies are gone with the session
