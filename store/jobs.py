@@ -20,6 +20,11 @@ PENDING, APPLIED, SUPERSEDED, CANCELLED = "pending", "applied", "superseded", "c
 MODES = ("auto", "advise", "off")
 
 
+class KnobOutOfBounds(ValueError):
+    """A change to a value outside the job's current [min, max]: the hook would refuse it, and it would hold the
+    job's one in-flight slot, so the store never queues one."""
+
+
 class JobOwnedElsewhere(PermissionError):
     """A job token tried to re-register a job that another, still active, job token registered."""
 
@@ -204,6 +209,8 @@ def queue_change_in(conn: Connection, job_id: int, knob: str, value: float, reas
                     source: str = "manual") -> StoredChange:
     """:func:`queue_change` inside the caller's transaction (the rebalancer files its decision in the same one)."""
     knobs = conn.execute(select(jobs.c.knobs).where(jobs.c.id == job_id)).scalar_one()
+    if knob not in knobs or not knobs[knob]["min"] <= value <= knobs[knob]["max"]:
+        raise KnobOutOfBounds(f"{knob}={value} is outside the job's declared bounds {knobs.get(knob)}")
     previous = knobs.get(knob, {}).get("value")
     conn.execute(update(knob_changes).where(knob_changes.c.job_id == job_id, knob_changes.c.status == PENDING)
                  .values(status=SUPERSEDED))
