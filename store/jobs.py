@@ -108,8 +108,9 @@ def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str,
                  knobs: Mapping[str, Mapping[str, float]], mode: str, token_id: Optional[int],
                  token_is_admin: bool, rules: Optional[Mapping[str, Any]] = None) -> tuple[StoredJob, bool]:
     """Create the job or update it (a restarted job registers again): (job, created). A job token owns the jobs
-    it registers; another job token may take one over only once the owner is revoked. Pending changes that the
-    new declaration no longer allows are cancelled."""
+    it registers; another job token may take one over only once the owner is revoked. A job an admin token
+    registered has no owner and stays the admins' (no job token may take it). Pending changes that the new
+    declaration no longer allows are cancelled."""
     values = dict(ranks=ranks, device_map=dict(device_map), hostnames=list(hostnames),
                   knobs={k: dict(v) for k, v in knobs.items()}, mode=mode, rules=dict(rules) if rules else None,
                   updated_ms=now_ms())
@@ -122,8 +123,10 @@ def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str,
             created = True
         else:
             job_id, created = row.id, False
-            if not token_is_admin and row.owner_token_id not in (None, token_id) \
-                    and _token_active(conn, row.owner_token_id):
+            if not token_is_admin and row.owner_token_id is None:
+                raise JobOwnedElsewhere(f"job {name!r} was registered with an admin token: only admin tokens may "
+                                        f"write to it")
+            if not token_is_admin and row.owner_token_id != token_id and _token_active(conn, row.owner_token_id):
                 raise JobOwnedElsewhere(f"job {name!r} belongs to another job token")
             if not token_is_admin:
                 values["owner_token_id"] = token_id
