@@ -26,6 +26,7 @@ from typing import Iterator, Optional
 
 from trimtab.agent.readings import Batch
 from trimtab.agent.slotfile import SlotFile
+from trimtab.paths import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,7 @@ class Spool:
     def __init__(self, directory: Path, max_bytes: int = 256 * 1024 * 1024, segment_bytes: int = 4 * 1024 * 1024):
         if max_bytes < segment_bytes:
             segment_bytes = max(1024, max_bytes // 4)
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = private_dir(Path(directory))  # 0700: batches name hosts, GPUs and processes
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()

@@ -142,11 +142,25 @@ def relieve_full_disk(engine: Engine) -> str:
             f"WAL {wal_bytes} bytes): writes wait until space is freed, then resume on their own")
 
 
+def _create_private(path: Path) -> None:
+    """A new store's directory 0700 and file 0600 before SQLite writes a byte (its -wal and -shm files take the
+    file's mode); an existing file keeps its mode."""
+    from trimtab.paths import private_dir
+
+    private_dir(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    os.fchmod(fd, 0o600)
+    os.close(fd)
+
+
 def _sqlite_engine(url: URL) -> Engine:
     database = url.database or ""
     if database and database != ":memory:" and not url.query.get("uri"):
         path = Path(database).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(path)
         url = url.set(database=str(path))
         database = str(path)
     engine = create_engine(url)
