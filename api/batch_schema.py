@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+from pydantic import ConfigDict, Field, StrictBool, StringConstraints, create_model
 
 from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, MAX_CLOCK_AHEAD_S, Batch, MetricSpec
 from trimtab.api.schemas import EVENT_KIND, MAX_INT32, MAX_INT64, NO_CONTROL_CHARS, NO_NUL, EpochMs, GpuUuid, Hostname, \
-    Model
+    InputModel, Model
 
 SAMPLE_TIME = (f"Sample time, epoch milliseconds; at most {MAX_CLOCK_AHEAD_S} s ahead of the server's clock (422 "
                f"naming the field beyond that).")
@@ -35,8 +35,8 @@ Label = Annotated[str, StringConstraints(max_length=64, pattern=NO_CONTROL_CHARS
 Name = Annotated[str, StringConstraints(max_length=255, pattern=NO_CONTROL_CHARS)]
 
 
-class _BatchPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+class _BatchPart(InputModel):
+    model_config = ConfigDict(extra="ignore")
 
 
 def _metric_fields(specs: tuple[MetricSpec, ...]) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def _metric_fields(specs: tuple[MetricSpec, ...]) -> dict[str, Any]:
 
 class NodeIn(_BatchPart):
     hostname: Hostname = Field(description="The node's host name (its identity in the store).")
-    simulated: bool = Field(False, description="True when the readings come from a simulated node.")
+    simulated: StrictBool = Field(False, description="True when the readings come from a simulated node.")
     driver_version: Optional[Label] = Field(None, description="NVIDIA driver version.")
     nvml_version: Optional[Label] = Field(None, description="NVML library version.")
     scenario: Optional[Name] = Field(None, description="Scenario of a simulated node.")
@@ -68,7 +68,7 @@ class GpuInfoIn(_BatchPart):
     pcie_peak_bytes_per_s: Optional[float] = Field(None, ge=0, le=1e15,
                                                    description="Per-direction PCIe peak, bytes/s.")
     nvlink_link_count: Optional[int] = Field(None, ge=0, le=64, description="Active NVLink links; null: none.")
-    gpm_supported: bool = Field(False, description="Whether GPM metrics are available.")
+    gpm_supported: StrictBool = Field(False, description="Whether GPM metrics are available.")
 
 
 GpuSampleIn = create_model(

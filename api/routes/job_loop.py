@@ -74,14 +74,15 @@ def list_reports(name: str = job_name_path(), pages: Page = Depends(page),
              summary="Acknowledge an applied knob change",
              description="Says that `rank` applied change `change_id` at step `applied_at_step`. The first ack marks "
                          "the change applied and moves the job's knob to the new value; every rank's ack is kept. "
-                         "404 when the job has no such change. Scope: job — as for reports, only the job token "
+                         "404 for an unknown job; 422 naming change_id when the job has no such change, naming "
+                         "rank when the job has no such rank. Scope: job — as for reports, only the job token "
                          "that registered the job, or an admin.")
 def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
         token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
     job = _rank_of(ctx, name, token, body.rank)
     change = job_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
-    if change is None:
-        raise HTTPException(404, f"job {name!r} has no change {body.change_id}")
+    if change is None:  # the job exists (404 would say it does not): the body names a change it never had
+        raise invalid(("body", "change_id"), f"job {name!r} has no change {body.change_id}")
     return change_out(change)
 
 
