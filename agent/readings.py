@@ -58,6 +58,10 @@ HOST_METRICS: tuple[MetricSpec, ...] = (
 )
 HOST_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in HOST_METRICS)
 
+# How far ahead of the receiving clock a reading may be dated (clock skew between nodes). A server refuses
+# readings beyond it, and the live views ignore them: one sample dated 2^53 − 1 must not stay "the newest" for good.
+MAX_CLOCK_AHEAD_S = 300
+
 # Health event kinds. Free text lives in `detail`; `kind` is what tools filter on.
 EVENT_GPU_LOST = "gpu_lost"
 EVENT_XID = "xid"

@@ -69,6 +69,10 @@ class StoreSink:
             result = writer.write(batch)
         except (OperationalError, dbapi.OperationalError, dbapi.InterfaceError) as exc:
             # The raw DB-API errors come from checking out a connection (server down, refused, reset).
+            from trimtab.store.engine import is_disk_full, relieve_full_disk
+
+            if is_disk_full(exc):  # SQLite on a full disk: free what can be freed and say so; retried later
+                raise SinkUnavailable(relieve_full_disk(self._engine)) from exc
             raise SinkUnavailable(_short(exc)) from exc
         except DBAPIError as exc:
             if exc.connection_invalidated:

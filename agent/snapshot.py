@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from trimtab.agent.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
+from trimtab.agent.readings import MAX_CLOCK_AHEAD_S, Batch, GpuInfo, GpuSample, HostSample, NodeInfo
 
 
 @dataclass
@@ -39,9 +39,11 @@ class LatestSnapshot:
                 self._nodes[batch.node.hostname] = snap
             for g in batch.gpus:
                 snap.gpus[g.uuid] = g
+            future_ms = int(time.time() * 1000) + MAX_CLOCK_AHEAD_S * 1000
             for s in batch.gpu_samples:
                 prev = snap.samples.get(s.gpu_uuid)
-                if prev is None or s.ts_ms >= prev.ts_ms:
+                # Newest wins, except that a reading dated in the far future never holds the place of real ones.
+                if prev is None or s.ts_ms >= prev.ts_ms or prev.ts_ms > future_ms:
                     snap.samples[s.gpu_uuid] = s
             for h in batch.host_samples:
                 if snap.host is None or h.ts_ms >= snap.host.ts_ms:

@@ -4,6 +4,10 @@ The sampler never waits on I/O: it hands a batch to :meth:`Writer.submit` and go
 merges what has queued up into one write, and when the sink is down it appends to the on-disk spool, retries
 with backoff, and on recovery replays the spool in order *before* newer data. Overflow of the spool and batches
 the sink refuses are logged, kept or recorded as health events — never dropped silently.
+
+Drops are counted in the spool (on disk, across restarts) until a ``spool_dropped`` event saying how many rows
+were lost has been written to the sink itself. The event travels alone, never inside a batch that could be
+spooled and dropped in turn, and one event covers every drop since the last one that arrived.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from trimtab.agent.readings import EVENT_SPOOL_DROPPED, Batch, HealthEvent
+from trimtab.agent.readings import EVENT_SPOOL_DROPPED, Batch, HealthEvent, NodeInfo
 from trimtab.agent.sinks import Sink, SinkUnavailable
 from trimtab.agent.spool import Dropped, Spool
 
@@ -61,7 +65,7 @@ class Writer:
         self._retry_at = 0.0
         self._retry_delay_s = retry_min_s
         self._last_maintenance = time.monotonic()
-        self._pending_events: list[HealthEvent] = []
+        self._node: Optional[NodeInfo] = None  # the node of the latest batch: the drop events' node
         self.status = WriterStatus(spool_bytes=spool.pending_bytes())
 
     # -- sampler side ----------------------------------------------------------------------------------------------
@@ -114,8 +118,11 @@ class Writer:
     def _cycle(self, first: Optional[Batch]) -> None:
         for merged in self._merge(self._take_queued(first)):
             self._deliver(merged)
-        if self.status.sink_ok and not self.spool.is_empty():
+        retry_due = self.status.sink_ok or time.monotonic() >= self._retry_at  # also when no batch came in
+        if retry_due and not self.spool.is_empty():
             self._replay()
+        if retry_due and (self.status.sink_ok or self.spool.is_empty()):
+            self._report_drops()
         if self.status.sink_ok and time.monotonic() - self._last_maintenance >= self.maintenance_every_s:
             self._last_maintenance = time.monotonic()
             try:
@@ -128,9 +135,8 @@ class Writer:
         """Fold consecutive batches of one node into writes of at most ``max_batch_rows`` rows."""
         out: list[Batch] = []
         for b in batches:
-            if self._pending_events and b.node is not None:
-                b.events.extend(self._pending_events)
-                self._pending_events = []
+            if b.node is not None:
+                self._node = b.node
             last = out[-1] if out else None
             if last is not None and last.node == b.node and last.row_count() + b.row_count() <= self.max_batch_rows:
                 last.extend(b)
@@ -181,24 +187,44 @@ class Writer:
 
     def _spool(self, batch: Batch) -> None:
         dropped = self.spool.append(batch)
-        self.status.batches_spooled += 1
+        if not dropped or dropped[-1].segment != "-":
+            self.status.batches_spooled += 1
         if dropped:
-            self._record_drop(batch, dropped)
+            self._record_drop(dropped)
 
-    def _record_drop(self, batch: Batch, dropped: list[Dropped]) -> None:
-        rows = sum(d.rows for d in dropped)
+    def _record_drop(self, dropped: list[Dropped]) -> None:
+        batches, rows = sum(d.batches for d in dropped), sum(d.rows for d in dropped)
         self.status.rows_dropped += rows
-        detail = f"spool full ({self.spool.max_bytes} bytes): dropped {sum(d.batches for d in dropped)} oldest batches, {rows} rows"
-        self._pending_events.append(HealthEvent(ts_ms=int(time.time() * 1000), kind=EVENT_SPOOL_DROPPED, detail=detail))
+        self.status.last_error = f"spool: dropped {rows} rows ({'; '.join(sorted({d.reason for d in dropped}))})"
+        self.spool.record_drops(batches, rows)
+
+    def _report_drops(self) -> None:
+        """Write one ``spool_dropped`` event for every drop not yet reported; the count stays pending until the
+        sink has stored it (sink down: the next cycle tries again, with whatever was dropped since)."""
+        batches, rows = self.spool.unreported_drops()
+        if not (batches or rows) or self._node is None:
+            return
+        event = HealthEvent(ts_ms=int(time.time() * 1000), kind=EVENT_SPOOL_DROPPED,
+                            detail=drop_detail(batches, rows, self.spool.directory))
+        report = Batch(node=self._node, events=[event])
+        if self._write(report, spool_on_failure=False):
+            self.spool.drops_reported(batches, rows)
 
     def _reject(self, batch: Batch, exc: Exception) -> None:
         """The sink refused this batch for a reason retrying will not fix: keep it on disk and say where."""
         rejected_dir = Path(self.spool.directory) / "rejected"
-        rejected_dir.mkdir(parents=True, exist_ok=True)
         path = rejected_dir / f"{int(time.time() * 1000)}-{self.status.batches_rejected}.json"
-        path.write_text(batch.to_json())
         self.status.batches_rejected += 1
         self.status.last_error = f"batch refused: {exc}"
+        try:
+            rejected_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(batch.to_json())
+        except OSError as disk:
+            path.unlink(missing_ok=True)
+            log.error("the store refused a batch of %d rows (%s) and it cannot be kept (%s): dropped",
+                      batch.row_count(), exc, disk)
+            self._record_drop([Dropped(1, batch.row_count(), "-", f"refused by the store, not kept: {disk}")])
+            return
         log.error("the store refused a batch of %d rows (%s); kept in %s", batch.row_count(), exc, path)
 
     def _mark_down(self, error: str) -> None:
@@ -227,4 +253,15 @@ class Writer:
                     continue
             else:
                 self._spool(b)
+        if self.status.sink_ok:
+            self._report_drops()  # else the count waits on disk for the next start
         self.status.spool_bytes = self.spool.pending_bytes()
+
+
+DROP_DETAIL = "spool dropped {rows} rows in {batches} batches"
+
+
+def drop_detail(batches: int, rows: int, spool_dir) -> str:
+    """The ``spool_dropped`` event's text; tools may parse its first words (``DROP_DETAIL``) for the counts."""
+    return (DROP_DETAIL.format(rows=rows, batches=batches)
+            + f" since the last report ({spool_dir}: over its bound, or the disk was full)")

@@ -14,6 +14,7 @@ from trimtab.api.auth import Authenticator
 from trimtab.api.body_limit import BodyLimitMiddleware
 from trimtab.api.context import ApiContext
 from trimtab.api.errors import install_error_handlers
+from trimtab.api.openapi_doc import fix_document
 from trimtab.api.routes import balance, decisions, events, gpus, health, ingest, job_loop, jobs, tokens
 from trimtab.api.routes.health import version
 from trimtab.api.writers import WriterPool, default_writer_count
@@ -46,6 +47,14 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, limit_bytes=lambda: ctx.max_body_bytes)
     for module in (health, gpus, balance, events, ingest, jobs, job_loop, decisions, tokens):
         app.include_router(module.router)
+    build_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = fix_document(build_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 

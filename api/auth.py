@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Optional
 
 from sqlalchemy import Engine
 
+from trimtab.paths import private_dir, write_private_file
 from trimtab.store import tokens as token_store
 from trimtab.store.tokens import StoredToken
 
@@ -55,28 +55,15 @@ def ensure_admin_token(engine: Engine, state_dir: Path) -> Optional[Path]:
     token exists.
 
     The file is written (under a temporary name) before the token is stored: a crash in between leaves an unused
-    file, never a stored admin token whose secret nobody has.
+    file, never a stored admin token whose secret nobody has. The directory is created 0700, the file 0600, and a
+    symlink at the file's name is replaced, not followed (:func:`trimtab.paths.write_private_file`).
     """
     if token_store.count_tokens(engine, scope="admin", active_only=True) > 0:
         return None
-    state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = state_dir / ADMIN_TOKEN_FILE
-    tmp = state_dir / f".{ADMIN_TOKEN_FILE}.{os.getpid()}.tmp"
+    path = private_dir(Path(state_dir)) / ADMIN_TOKEN_FILE
     secret = new_secret()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask or an older file said
-        os.write(fd, (secret + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        token_store.add_token(engine, "admin (created at first start)", "admin", hash_secret(secret))
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
+    write_private_file(path, secret + "\n", before_replace=lambda: token_store.add_token(
+        engine, "admin (created at first start)", "admin", hash_secret(secret)))
     return path
 
 

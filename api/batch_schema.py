@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+from pydantic import ConfigDict, Field, StrictBool, StringConstraints, create_model
 
-from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, Batch, MetricSpec
+from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, MAX_CLOCK_AHEAD_S, Batch, MetricSpec
 from trimtab.api.schemas import EVENT_KIND, MAX_INT32, MAX_INT64, NO_CONTROL_CHARS, NO_NUL, EpochMs, GpuUuid, Hostname, \
-    Model
+    InputModel, Model
+
+SAMPLE_TIME = (f"Sample time, epoch milliseconds; at most {MAX_CLOCK_AHEAD_S} s ahead of the server's clock (422 "
+               f"naming the field beyond that).")
 
 # Bounds by unit. Percentages may overshoot 100 a little (GPM ratios of two counters read at slightly different
 # instants); counts of bytes fit a BIGINT; every float is finite (allow_inf_nan=False below).
@@ -32,8 +35,8 @@ Label = Annotated[str, StringConstraints(max_length=64, pattern=NO_CONTROL_CHARS
 Name = Annotated[str, StringConstraints(max_length=255, pattern=NO_CONTROL_CHARS)]
 
 
-class _BatchPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+class _BatchPart(InputModel):
+    model_config = ConfigDict(extra="ignore")
 
 
 def _metric_fields(specs: tuple[MetricSpec, ...]) -> dict[str, Any]:
@@ -48,7 +51,7 @@ def _metric_fields(specs: tuple[MetricSpec, ...]) -> dict[str, Any]:
 
 class NodeIn(_BatchPart):
     hostname: Hostname = Field(description="The node's host name (its identity in the store).")
-    simulated: bool = Field(False, description="True when the readings come from a simulated node.")
+    simulated: StrictBool = Field(False, description="True when the readings come from a simulated node.")
     driver_version: Optional[Label] = Field(None, description="NVIDIA driver version.")
     nvml_version: Optional[Label] = Field(None, description="NVML library version.")
     scenario: Optional[Name] = Field(None, description="Scenario of a simulated node.")
@@ -65,31 +68,32 @@ class GpuInfoIn(_BatchPart):
     pcie_peak_bytes_per_s: Optional[float] = Field(None, ge=0, le=1e15,
                                                    description="Per-direction PCIe peak, bytes/s.")
     nvlink_link_count: Optional[int] = Field(None, ge=0, le=64, description="Active NVLink links; null: none.")
-    gpm_supported: bool = Field(False, description="Whether GPM metrics are available.")
+    gpm_supported: StrictBool = Field(False, description="Whether GPM metrics are available.")
 
 
 GpuSampleIn = create_model(
     "GpuSampleIn", __base__=_BatchPart, __doc__="One GPU at one instant.",
     gpu_uuid=(GpuUuid, Field(description="The GPU (need not be in this batch's inventory).")),
-    ts_ms=(EpochMs, Field(description="Sample time, epoch milliseconds.")),
+    ts_ms=(EpochMs, Field(description=SAMPLE_TIME)),
     **_metric_fields(GPU_METRICS))
 
 HostSampleIn = create_model(
     "HostSampleIn", __base__=_BatchPart, __doc__="The host at one instant.",
-    ts_ms=(EpochMs, Field(description="Sample time, epoch milliseconds.")),
+    ts_ms=(EpochMs, Field(description=SAMPLE_TIME)),
     **_metric_fields(HOST_METRICS))
 
 
 class GpuProcessIn(_BatchPart):
     gpu_uuid: GpuUuid = Field(description="The GPU the process has a context on.")
-    ts_ms: EpochMs = Field(description="Sample time, epoch milliseconds.")
+    ts_ms: EpochMs = Field(description=SAMPLE_TIME)
     pid: int = Field(ge=0, le=MAX_INT32, description="Host PID.")
     used_memory_bytes: Optional[int] = Field(None, ge=0, le=MAX_INT64, description="GPU memory used, bytes.")
     name: Optional[Name] = Field(None, description="Process name.")
 
 
 class HealthEventIn(_BatchPart):
-    ts_ms: EpochMs = Field(description="When, epoch milliseconds.")
+    ts_ms: EpochMs = Field(description=f"When, epoch milliseconds; at most {MAX_CLOCK_AHEAD_S} s ahead of the server's "
+                                       f"clock.")
     kind: Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=EVENT_KIND)] = Field(
         description="gpu_lost, xid, source_error, spool_dropped (lower-case words joined by _).")
     detail: Annotated[str, StringConstraints(max_length=8192, pattern=NO_NUL)] = Field(
@@ -111,6 +115,17 @@ class BatchIn(_BatchPart):
 
     def row_count(self) -> int:
         return len(self.gpu_samples) + len(self.host_samples) + len(self.processes) + len(self.events)
+
+    def too_far_ahead(self, now_ms: int) -> Optional[tuple[tuple, str]]:
+        """(loc, message) of the first timestamp more than MAX_CLOCK_AHEAD_S past ``now_ms``, else None."""
+        bound = now_ms + MAX_CLOCK_AHEAD_S * 1000
+        for part in ("gpu_samples", "host_samples", "processes", "events"):
+            for i, row in enumerate(getattr(self, part)):
+                if row.ts_ms > bound:
+                    return (("body", part, i, "ts_ms"),
+                            f"ts_ms {row.ts_ms} is {(row.ts_ms - now_ms) / 1000:.0f} s ahead of the server's clock "
+                            f"({now_ms}); at most {MAX_CLOCK_AHEAD_S} s ahead is accepted (check the node's clock)")
+        return None
 
     def to_batch(self) -> Batch:
         return Batch.from_dict(self.model_dump())

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 
-from trimtab.agent.readings import GPU_METRIC_NAMES
+from trimtab.agent.readings import GPU_METRIC_NAMES, MAX_CLOCK_AHEAD_S
 from trimtab.agent.snapshot import LatestSnapshot
 from trimtab.rebalancer.rules import RuleSet, default_rules
 from trimtab.store.jobs import StoredJob
@@ -44,23 +44,28 @@ class ApiContext:
     def latest_gpus(self, max_age_s: float = 300.0) -> list[LatestSample]:
         """The newest sample of every GPU: from memory (fed by the local agent and by ingest), and from the store
         for GPUs whose agents write to it directly. Samples older than ``max_age_s`` are left out (a stopped node
-        must not look alive)."""
+        must not look alive), and so are samples more than MAX_CLOCK_AHEAD_S in the future (a node with a wrong clock, or
+        a store an agent wrote to directly, must not pin a GPU's live view to one bogus reading)."""
         now_ms = int(time.time() * 1000)
         out: dict[str, LatestSample] = {}
         for snap in self.snapshot.nodes():
             for uuid, s in snap.samples.items():
                 g = snap.gpus.get(uuid)
-                if g is None or now_ms - s.ts_ms > max_age_s * 1000:
+                if g is None or not _live(s.ts_ms, now_ms, max_age_s):
                     continue
                 out[uuid] = LatestSample(
                     hostname=snap.node.hostname, simulated=snap.node.simulated, gpu_uuid=uuid, gpu_index=g.index,
                     gpu_name=g.name, pcie_peak_bytes_per_s=g.pcie_peak_bytes_per_s, nvlink_link_count=g.nvlink_link_count,
                     ts_ms=s.ts_ms, metrics={m: getattr(s, m) for m in GPU_METRIC_NAMES})
         if self.mode == "server":
-            for row in latest_gpu_samples(self.engine):
-                if row.gpu_uuid not in out and now_ms - row.ts_ms <= max_age_s * 1000:
+            for row in latest_gpu_samples(self.engine, not_after_ms=now_ms + MAX_CLOCK_AHEAD_S * 1000):
+                if row.gpu_uuid not in out and _live(row.ts_ms, now_ms, max_age_s):
                     out[row.gpu_uuid] = row
         return sorted(out.values(), key=lambda r: (r.hostname, r.gpu_index))
+
+
+def _live(ts_ms: int, now_ms: int, max_age_s: float) -> bool:
+    return -MAX_CLOCK_AHEAD_S * 1000 <= now_ms - ts_ms <= max_age_s * 1000
 
 
 __all__ = ["ApiContext"]

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from trimtab.api.writers import StoreBusy
 
@@ -46,7 +47,21 @@ async def _http(request: Request, exc: StarletteHTTPException):
     # JSON like any other, so it gets the same 422.
     if exc.status_code == 400 and exc.detail == _FASTAPI_UNPARSABLE_BODY:
         return _json(422, [{"loc": ["body"], "msg": "the body could not be parsed as JSON (invalid UTF-8, too deep, or a number too long)", "type": "json_invalid"}])
+    if exc.status_code == 405:
+        # Starlette's Allow names the methods of the one route it tried; a path is often several routes (GET and
+        # POST /v1/jobs), and Allow must list every method the path has.
+        return _json(405, "method not allowed", {"Allow": ", ".join(_methods_of_path(request))})
     return await http_exception_handler(request, exc)
+
+
+def _methods_of_path(request: Request) -> list[str]:
+    """Every method some route serves at this path (asked of the routes themselves: FastAPI nests routers)."""
+    return [method for method in _HTTP_METHODS
+            if any(route.matches({**request.scope, "method": method})[0] == Match.FULL
+                   for route in request.app.router.routes)]
+
+
+_HTTP_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
 
 
 async def _store_unavailable(_request: Request, exc: Exception) -> JSONResponse:

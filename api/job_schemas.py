@@ -17,7 +17,8 @@ JobName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern
 KnobName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=SLUG)]
 ComponentName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=SLUG)]
 # Knob values: integral ones stay integers (batch sizes, depths); magnitudes a float holds exactly.
-KnobValue = Annotated[Union[int, float], Field(ge=-1e15, le=1e15)]
+# (The bounds sit on each member of the union: on the union itself they would not reach the JSON Schema.)
+KnobValue = Union[Annotated[int, Field(ge=-10**15, le=10**15)], Annotated[float, Field(ge=-1e15, le=1e15)]]
 Mode = Literal["auto", "advise", "off"]
 Scope = Literal["agent", "job", "admin"]
 Step = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]
@@ -46,11 +47,14 @@ class JobIn(InputModel):
     ranks: int = Field(ge=1, le=4096, description="Number of ranks (processes) of the job.")
     device_map: dict[ComponentName, list[Annotated[int, Field(ge=0, le=4095)]]] = Field(
         default_factory=dict, max_length=64,
-        description="Which local GPU indices each component (actor, critic, reward, ref, …) runs on.")
+        description="Which local GPU indices each component (actor, critic, reward, ref, …) runs on. Keys: "
+                    "component names, 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                    "(^[A-Za-z0-9][A-Za-z0-9._-]*$); values: GPU indices 0-4095.")
     hostnames: list[Hostname] = Field(default_factory=list, max_length=4096, description="Nodes the job runs on.")
     knobs: dict[KnobName, KnobSpec] = Field(
         default_factory=dict, max_length=32,
-        description="Knobs the rebalancer may change (batch_size, prefetch, sync_every, …) with their bounds.")
+        description="Knobs the rebalancer may change (batch_size, prefetch, sync_every, …) with their bounds. "
+                    "Keys: knob names, same pattern as device_map's keys.")
     mode: Mode = Field("advise", description="auto: the rebalancer applies changes; advise: it only records "
                                              "decisions; off: no changes are delivered.")
     rules: Optional[dict[str, Any]] = Field(

@@ -8,9 +8,10 @@ and an out-of-range stored value must not turn a read into a 500. Metric fields 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, create_model, field_validator
+from pydantic_core import PydanticCustomError
 
 from trimtab.agent.readings import GPU_METRICS
 
@@ -37,9 +38,36 @@ class Model(BaseModel):
 
 
 class InputModel(BaseModel):
-    """Base of request bodies: unknown fields are an error (a typo must not pass silently); NaN/∞ never pass."""
+    """Base of request bodies: unknown fields are an error (a typo must not pass silently); NaN/∞ never pass;
+    a boolean is not a number (pydantic's lax mode would read ``false`` as 0 where the schema says integer)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if _holds_a_boolean(value) and not _may_hold_booleans(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("number_type", "Input should be a number, not a boolean (true/false)")
+        return value
+
+
+def _may_hold_booleans(annotation: Any) -> bool:
+    """Whether a field of this type may take a bool itself (bool, Any), or leaves that to a nested model."""
+    if annotation is bool or annotation is Any:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True  # the nested model checks its own fields
+    return any(_may_hold_booleans(arg) for arg in get_args(annotation))
+
+
+def _holds_a_boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_a_boolean(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_a_boolean(v) for v in value.values())
+    return False
 
 
 class PageOut(Model):

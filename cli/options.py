@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from trimtab.paths import default_db_url
+from trimtab.paths import state_dir
 
 
 def env_option(*decls: str, **kw):
@@ -17,10 +17,23 @@ def env_option(*decls: str, **kw):
     return click.option(*decls, **kw)
 
 
+def _use_state_dir(_ctx, _param, value):
+    from trimtab.paths import use_state_dir
+
+    if value is not None:
+        use_state_dir(value)
+
+
 def db_option(f):
-    return env_option("--db", "db_url", default=None, metavar="URL",
-                      help=f"SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
-                           f"[default: {default_db_url()}]")(f)
+    """``--db`` and, with it, ``--state-dir``: every command that can use the default store knows where it is."""
+    f = env_option("--db", "db_url", default=None, metavar="URL",
+                   help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
+                        "[default: sqlite:///<state dir>/trimtab.db]")(f)
+    return env_option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+                      is_eager=True, expose_value=False, callback=_use_state_dir,
+                      help="The one directory for the admin token, the spool and the default SQLite store "
+                           "(created 0700) [default: $STATE_DIRECTORY under systemd, else ~/.local/share/trimtab; "
+                           f"now {state_dir()}]")(f)
 
 
 def simulate_options(f):
@@ -50,7 +63,8 @@ def agent_options(f):
     f = env_option("--spool-max-mb", type=click.IntRange(1, 1_000_000), default=256, show_default=True,
                    help="Bound of the spool; beyond it the oldest batches are dropped, logged and recorded as a health event.")(f)
     f = env_option("--spool-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                   help=f"Where batches wait while the store is unreachable [default: {default_spool_dir()}]")(f)
+                   help=f"Where batches wait while the store is unreachable [default: <state dir>/spool, now "
+                        f"{default_spool_dir()}]")(f)
     f = env_option("--hostname", default=None,
                    help="Name of this node in the store (default: the host name; '<host>-sim' when simulated).")(f)
     f = env_option("--gpus", default=None, metavar="LIST", help="Only these GPU indices, e.g. 0,1 (default: all).")(f)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import click
 
 from trimtab.cli.options import db_option
-from trimtab.paths import default_db_url
+from trimtab.paths import default_db_url, write_private_file
 
 
 def _engine(db_url):
@@ -38,7 +37,8 @@ def token():
 @click.option("--name", required=True, help="What the token is for, e.g. 'agents-rack-3'.")
 @click.option("--scope", type=click.Choice(["agent", "job", "admin"]), required=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the secret to this file (mode 0600) instead of printing it.")
+              help="Write the secret to this file instead of printing it: always mode 0600, replacing (never "
+                   "following) a symlink or an older file of wider mode.")
 def create(db_url, name, scope, out):
     """Create a token and show its secret once."""
     from trimtab.api.auth import create_token
@@ -49,9 +49,11 @@ def create(db_url, name, scope, out):
     finally:
         engine.dispose()
     if out is not None:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secret + "\n")
+        try:
+            write_private_file(out, secret + "\n")
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {out}: {exc} (token {stored.id} exists: revoke it, or run "
+                                       f"again with another --out)") from exc
         click.echo(f"token {stored.id} ({scope}) written to {out}")
     else:
         click.echo(secret)

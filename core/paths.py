@@ -1,17 +1,33 @@
-"""Where trimtab keeps its state: the SQLite file, the spool, tokens.
+"""Where trimtab keeps its state: the admin token, the spool and the default SQLite store, all in one directory.
 
-Under systemd the unit's ``StateDirectory=`` sets ``$STATE_DIRECTORY`` (``/var/lib/trimtab``); otherwise the
-user's data dir (``$XDG_DATA_HOME/trimtab``, default ``~/.local/share/trimtab``). ``TRIMTAB_STATE_DIR`` wins
-over both, so tests and containers can point it anywhere.
+The state directory is ``--state-dir`` (any command with ``--db``), else ``$TRIMTAB_STATE_DIR``, else systemd's
+``$STATE_DIRECTORY`` (the unit's ``StateDirectory=``, ``/var/lib/trimtab``), else the user's data dir
+(``$XDG_DATA_HOME/trimtab``, default ``~/.local/share/trimtab``). ``--db`` moves only the store and
+``--spool-dir`` only the spool; the admin token always goes to the state directory.
+
+What trimtab creates there is private from the first byte: the directory 0700, the SQLite file 0600 (its WAL
+and shared-memory files inherit that), token files 0600 — by explicit modes, not by whatever umask the caller
+had, and a secret is never written through a symlink or into an older, wider file.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable, Optional
+
+_chosen: Optional[Path] = None  # --state-dir, set once by the command line
+
+
+def use_state_dir(path: Optional[Path]) -> None:
+    """Make ``path`` the state directory of this process (``--state-dir``); None keeps the environment's."""
+    global _chosen
+    _chosen = Path(path) if path is not None else None
 
 
 def state_dir() -> Path:
+    if _chosen is not None:
+        return _chosen
     explicit = os.environ.get("TRIMTAB_STATE_DIR")
     if explicit:
         return Path(explicit)
@@ -30,3 +46,40 @@ def default_db_url() -> str:
 
 def default_spool_dir() -> Path:
     return state_dir() / "spool"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents) with the last component 0700; an existing directory is left as it is
+    (its owner chose its mode, e.g. systemd's ``StateDirectoryMode=``)."""
+    path = Path(path)
+    if not path.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(mode=0o700)
+            os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask; this is not
+        except FileExistsError:
+            pass
+    return path
+
+
+def write_private_file(path: Path, text: str, before_replace: Callable[[], None] = lambda: None) -> None:
+    """Write ``text`` to ``path`` as a 0600 file: into a new temporary file beside it (O_EXCL | O_NOFOLLOW,
+    fchmod 0600, fsync), then renamed over ``path``. A symlink at ``path`` is replaced, never followed, and an
+    existing file's mode (0644) never carries over. ``before_replace`` runs between the two (the admin token is
+    stored then: a crash leaves an unused file, never a stored secret that nobody has); if it raises, the
+    temporary file is removed and ``path`` is untouched."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        before_replace()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

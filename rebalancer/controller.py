@@ -30,7 +30,7 @@ from trimtab.rebalancer.rules import Action, Rule, RuleSet
 from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.rebalancer.window import JobStep, throughput, window
 from trimtab.store.decisions import StoredDecision
-from trimtab.store.jobs import StoredChange, StoredJob
+from trimtab.store.jobs import StoredChange, StoredJob, number
 
 GpuFetch = Callable[[int, int], Sequence[GpuWindow]]  # (start_ms, end_ms) → the job's GPUs' window aggregates
 
@@ -268,7 +268,15 @@ def _follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     gain_pct = 100.0 * (after_tp / before_tp - 1.0)
     evidence["gain_pct"] = round(gain_pct, 2)
     if gain_pct < -ctl.dead_band_pct:
-        old = open_d.old_value if open_d.old_value is not None else change.previous_value
+        old = _within_bounds(state.job.knobs[change.knob],
+                             open_d.old_value if open_d.old_value is not None else change.previous_value)
+        if old is None or float(old) == float(change.value):
+            # The job narrowed its bounds since (a new registration): the old value is out of them now.
+            why = (f"throughput fell ({gain_pct:+.1f} %) but {change.knob}'s old value is outside the job's bounds "
+                   f"[{state.job.knobs[change.knob]['min']}, {state.job.knobs[change.knob]['max']}] now: not rolled back")
+            return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id, outcome="kept",
+                        evidence={**evidence, "no_gain": True, "rollback_blocked": why}, throughput_after=after_tp,
+                        applied_step=change.applied_step)
         return Plan(note=f"decision {open_d.id}: throughput {before_tp:.2f} → {after_tp:.2f} samples/s "
                          f"({gain_pct:+.1f} %): rolling {change.knob} back to {old}",
                     close=open_d.id, outcome="rolled_back", evidence=evidence, throughput_after=after_tp,
@@ -278,6 +286,13 @@ def _follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     return Plan(note=f"decision {open_d.id}: throughput {before_tp:.2f} → {after_tp:.2f} samples/s ({gain_pct:+.1f} %): "
                      f"kept", close=open_d.id, outcome="kept", evidence=evidence, throughput_after=after_tp,
                 applied_step=change.applied_step)
+
+
+def _within_bounds(spec: dict, value: Optional[float]) -> Optional[float]:
+    """``value`` clamped to the knob's current [min, max]: a rollback never leaves what the job declares now."""
+    if value is None:
+        return None
+    return number(max(float(spec["min"]), min(float(spec["max"]), float(value))))
 
 
 def _advised_recently(state: JobState, rules: RuleSet, rule: str, knob: Optional[str], new: Optional[float]) -> bool:

@@ -6,6 +6,7 @@ transaction control, PostgreSQL's pool settings, and the dialect's ``INSERT … 
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,9 +25,10 @@ SQLITE_PRAGMAS: tuple[tuple[str, object], ...] = (
     ("foreign_keys", "ON"),
     ("temp_store", "MEMORY"),
     ("cache_size", -65536),
-    ("wal_autocheckpoint", 10000),
-    ("journal_size_limit", 64 * 1024 * 1024),
 )
+# The WAL's longest run between checkpoints, in pages: 10000 (~40 MiB) where the disk has room, less where it has not.
+WAL_PAGES_MAX, WAL_PAGES_MIN = 10_000, 100
+WAL_SHARE_OF_FREE = 8  # the WAL may take at most 1/8 of the free space at connect time
 # libpq settings unless the URL sets them: a server that vanishes without a reset (host down, network cut) is
 # noticed within about a minute, not after the kernel's two hours, so the agent spools instead of hanging.
 PG_CONNECT_DEFAULTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
@@ -61,10 +63,14 @@ def open_engine(url: str) -> Engine:
     * ``foreign_keys=ON`` — SQLite ignores foreign keys unless asked.
     * ``temp_store=MEMORY`` and ``cache_size=-65536`` (64 MiB) — the rollups' GROUP BY and the window queries
       sort and scan in memory instead of in temporary files and repeated page reads.
-    * ``wal_autocheckpoint=10000`` pages (~40 MiB of 4 KiB pages, default 1000) — a time series rewrites the
-      same right-hand b-tree pages on every commit; a longer WAL absorbs many versions of a page before a
+    * ``wal_autocheckpoint`` up to 10000 pages (~40 MiB of 4 KiB pages, default 1000) — a time series rewrites
+      the same right-hand b-tree pages on every commit; a longer WAL absorbs many versions of a page before a
       checkpoint copies it once, so checkpoints are ten times rarer at the price of a WAL file of tens of MiB.
-      ``journal_size_limit`` (64 MiB) truncates it back after a checkpoint.
+      On a small disk that WAL is the trap: it can fill the disk before the first checkpoint, and a checkpoint
+      then needs space the WAL took, so the store stays full even after other files are deleted. Each
+      connection therefore caps the WAL at 1/8 of the free space it finds (at least 100 pages), and
+      ``journal_size_limit`` truncates the file back to that size after a checkpoint. A write that still meets
+      a full disk: see :func:`relieve_full_disk`.
 
     Transactions on SQLite begin with an explicit ``BEGIN`` (see :func:`write_transaction`) instead of the
     sqlite3 module's implicit one, so reads inside a transaction are consistent and DDL is transactional.
@@ -97,12 +103,66 @@ def open_engine(url: str) -> Engine:
     return engine
 
 
+def wal_pages_for(database: str, page_bytes: int) -> int:
+    """How long the WAL may grow between checkpoints: 1/8 of the free space on the store's disk, in pages,
+    within [WAL_PAGES_MIN, WAL_PAGES_MAX] (the maximum for an in-memory or unresolvable store)."""
+    try:
+        st = os.statvfs(Path(database).parent if database and database != ":memory:" else ".")
+    except OSError:
+        return WAL_PAGES_MAX
+    share = st.f_bavail * st.f_frsize // WAL_SHARE_OF_FREE // page_bytes
+    return max(WAL_PAGES_MIN, min(WAL_PAGES_MAX, share))
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a store error is SQLite's SQLITE_FULL (or an ENOSPC underneath it)."""
+    orig = getattr(exc, "orig", exc)
+    return getattr(orig, "sqlite_errorcode", None) == 13 or "database or disk is full" in str(orig)
+
+
+def relieve_full_disk(engine: Engine) -> str:
+    """After SQLITE_FULL: try to checkpoint and truncate the WAL (it may hold the space the write needed), drop
+    the pooled connections (new ones size their WAL from the space now free), and say why the write failed:
+    the sentence names the store's directory, the bytes free there and the WAL's size."""
+    database = engine.url.database or ""
+    wal = Path(f"{database}-wal")
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    except SQLAlchemyError:
+        pass  # no room even for that; the next write, once space is freed, checkpoints on its own
+    engine.dispose()
+    try:
+        st = os.statvfs(Path(database).parent)
+        free = st.f_bavail * st.f_frsize
+        wal_bytes = wal.stat().st_size if wal.exists() else 0
+    except OSError:
+        return f"the disk of the store {mask_url(engine.url)} is full"
+    return (f"the disk of the store {mask_url(engine.url)} is full ({free} bytes free in {Path(database).parent}, "
+            f"WAL {wal_bytes} bytes): writes wait until space is freed, then resume on their own")
+
+
+def _create_private(path: Path) -> None:
+    """A new store's directory 0700 and file 0600 before SQLite writes a byte (its -wal and -shm files take the
+    file's mode); an existing file keeps its mode."""
+    from trimtab.paths import private_dir
+
+    private_dir(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    os.fchmod(fd, 0o600)
+    os.close(fd)
+
+
 def _sqlite_engine(url: URL) -> Engine:
     database = url.database or ""
     if database and database != ":memory:" and not url.query.get("uri"):
         path = Path(database).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(path)
         url = url.set(database=str(path))
+        database = str(path)
     engine = create_engine(url)
 
     @event.listens_for(engine, "connect")
@@ -111,6 +171,10 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor = dbapi_connection.cursor()
         for name, value in SQLITE_PRAGMAS:
             cursor.execute(f"PRAGMA {name}={value}")
+        page_bytes = cursor.execute("PRAGMA page_size").fetchone()[0]
+        wal_pages = wal_pages_for(database, page_bytes)
+        cursor.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
+        cursor.execute(f"PRAGMA journal_size_limit={wal_pages * page_bytes}")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -20,6 +20,11 @@ PENDING, APPLIED, REFUSED, SUPERSEDED, CANCELLED = "pending", "applied", "refuse
 MODES = ("auto", "advise", "off")
 
 
+class KnobOutOfBounds(ValueError):
+    """A change to a value outside the job's current [min, max]: the hook would refuse it, and it would hold the
+    job's one in-flight slot, so the store never queues one."""
+
+
 class JobOwnedElsewhere(PermissionError):
     """A job token tried to re-register a job that another, still active, job token registered."""
 
@@ -107,8 +112,9 @@ def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str,
                  token_is_admin: bool, rules: Optional[Mapping[str, Any]] = None,
                  advise_only_reason: Optional[str] = None) -> tuple[StoredJob, bool]:
     """Create the job or update it (a restarted job registers again): (job, created). A job token owns the jobs
-    it registers; another job token may take one over only once the owner is revoked. Pending changes that the
-    new declaration no longer allows are cancelled."""
+    it registers; another job token may take one over only once the owner is revoked. A job an admin token
+    registered has no owner and stays the admins' (no job token may take it). Pending changes that the new
+    declaration no longer allows are cancelled."""
     values = dict(ranks=ranks, device_map=dict(device_map), hostnames=list(hostnames),
                   knobs={k: dict(v) for k, v in knobs.items()}, mode=mode, rules=dict(rules) if rules else None,
                   advise_only_reason=advise_only_reason, updated_ms=now_ms())
@@ -121,8 +127,10 @@ def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str,
             created = True
         else:
             job_id, created = row.id, False
-            if not token_is_admin and row.owner_token_id not in (None, token_id) \
-                    and _token_active(conn, row.owner_token_id):
+            if not token_is_admin and row.owner_token_id is None:
+                raise JobOwnedElsewhere(f"job {name!r} was registered with an admin token: only admin tokens may "
+                                        f"write to it")
+            if not token_is_admin and row.owner_token_id != token_id and _token_active(conn, row.owner_token_id):
                 raise JobOwnedElsewhere(f"job {name!r} belongs to another job token")
             if not token_is_admin:
                 values["owner_token_id"] = token_id
@@ -209,6 +217,8 @@ def queue_change_in(conn: Connection, job_id: int, knob: str, value: float, reas
                     source: str = "manual") -> StoredChange:
     """:func:`queue_change` inside the caller's transaction (the rebalancer files its decision in the same one)."""
     knobs = conn.execute(select(jobs.c.knobs).where(jobs.c.id == job_id)).scalar_one()
+    if knob not in knobs or not knobs[knob]["min"] <= value <= knobs[knob]["max"]:
+        raise KnobOutOfBounds(f"{knob}={value} is outside the job's declared bounds {knobs.get(knob)}")
     previous = knobs.get(knob, {}).get("value")
     conn.execute(update(knob_changes).where(knob_changes.c.job_id == job_id, knob_changes.c.status == PENDING)
                  .values(status=SUPERSEDED))

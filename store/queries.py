@@ -144,11 +144,15 @@ def _label(row) -> dict:
     return {c.name: row[c.name] for c in _LABEL_COLUMNS}
 
 
-def latest_gpu_samples(engine: Engine, hostname: Optional[str] = None) -> list[LatestSample]:
-    """The newest sample of every GPU (of ``hostname``), found by one backwards step on each GPU's primary key."""
+def latest_gpu_samples(engine: Engine, hostname: Optional[str] = None,
+                       not_after_ms: Optional[int] = None) -> list[LatestSample]:
+    """The newest sample of every GPU (of ``hostname``), found by one backwards step on each GPU's primary key;
+    with ``not_after_ms`` the newest one not after it (a far-future sample must not hide the real ones)."""
     s = gpu_samples.c
-    newest = (select(func.max(gpu_samples.c.ts_ms)).where(gpu_samples.c.gpu_id == gpus.c.id)
-              .correlate(gpus).scalar_subquery())
+    newest = select(func.max(gpu_samples.c.ts_ms)).where(gpu_samples.c.gpu_id == gpus.c.id)
+    if not_after_ms is not None:
+        newest = newest.where(gpu_samples.c.ts_ms <= not_after_ms)
+    newest = newest.correlate(gpus).scalar_subquery()
     query = (select(*_LABEL_COLUMNS, s.ts_ms, *(s[m] for m in GPU_METRIC_NAMES))
              .join_from(gpus, nodes).join(gpu_samples, (s.gpu_id == gpus.c.id) & (s.ts_ms == newest)))
     query = _node_filter(query, hostname).order_by(nodes.c.hostname, gpus.c.gpu_index)

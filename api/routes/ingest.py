@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Depends, Request
 from sqlalchemy.exc import DBAPIError
 
+from trimtab.agent.readings import MAX_CLOCK_AHEAD_S
 from trimtab.api.batch_schema import BatchIn, IngestOut
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import WRITE, get_ctx, require_scope
@@ -15,7 +18,8 @@ router = APIRouter(prefix="/v1", tags=["ingest"])
 
 @router.post("/ingest", response_model=IngestOut, responses=WRITE, summary="Ingest an agent batch",
              description="A Batch as the agent serializes it (node, GPU inventory, GPU and host samples, processes, "
-                         "events), at most the server's row limit. Stored in one transaction; rows already stored "
+                         f"events), at most the server's row limit, no timestamp more than {MAX_CLOCK_AHEAD_S} s ahead of "
+                         "the server's clock (422 naming the field). Stored in one transaction; rows already stored "
                          "are skipped, so a replayed batch inserts 0. A store outage answers 503 with Retry-After "
                          "(the agent spools and retries). Scope: agent.")
 def ingest(body: BatchIn, request: Request, ctx: ApiContext = Depends(get_ctx),
@@ -23,6 +27,9 @@ def ingest(body: BatchIn, request: Request, ctx: ApiContext = Depends(get_ctx),
     rows = body.row_count()
     if rows > ctx.max_batch_rows:
         raise invalid(("body",), f"{rows} rows in one batch; this server takes at most {ctx.max_batch_rows}")
+    ahead = body.too_far_ahead(int(time.time() * 1000))
+    if ahead is not None:
+        raise invalid(*ahead)
     batch = body.to_batch()
     with request.app.state.writers.writer() as writer:
         try:

@@ -40,7 +40,9 @@ def change_out(change: StoredChange) -> ChangeOut:
                          "statistics, collective latency. A resent (step, rank) is not stored twice. The response "
                          "carries the job's pending knob changes (the rebalancer evaluates the job as soon as the "
                          "report is stored, so a change it decides arrives here): apply them at a step boundary on "
-                         "every rank, then acknowledge. Scope: job (the token that registered the job).")
+                         "every rank, then acknowledge. Scope: job — the job token that registered the job, or "
+                         "an admin; 403 for any other job token, and for every job token when an admin "
+                         "registered the job.")
 def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
                 token: StoredToken = Depends(require_scope("job"))) -> ReportAcceptedOut:
     job = _rank_of(ctx, name, token, body.rank)
@@ -72,13 +74,15 @@ def list_reports(name: str = job_name_path(), pages: Page = Depends(page),
              summary="Acknowledge an applied knob change",
              description="Says that `rank` applied change `change_id` at step `applied_at_step`. The first ack marks "
                          "the change applied and moves the job's knob to the new value; every rank's ack is kept. "
-                         "404 when the job has no such change. Scope: job.")
+                         "404 for an unknown job; 422 naming change_id when the job has no such change, naming "
+                         "rank when the job has no such rank. Scope: job — as for reports, only the job token "
+                         "that registered the job, or an admin.")
 def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
         token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
     job = _rank_of(ctx, name, token, body.rank)
     change = job_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
-    if change is None:
-        raise HTTPException(404, f"job {name!r} has no change {body.change_id}")
+    if change is None:  # the job exists (404 would say it does not): the body names a change it never had
+        raise invalid(("body", "change_id"), f"job {name!r} has no change {body.change_id}")
     return change_out(change)
 
 

@@ -1,7 +1,9 @@
 """Jobs: registration by the trainer hook (idempotent per name), listing, and the admin's mode switch.
 
 A ``job`` token owns the jobs it registers: it alone (or an admin) may report to them, acknowledge their
-changes or re-register them, until it is revoked and another job token registers the job again.
+changes or re-register them, until it is revoked and another job token registers the job again. A job an
+``admin`` token registered has no owner and belongs to the admins: no job token may report to it, acknowledge
+its changes or re-register it (403), so an admin's job cannot be taken over by whoever holds a job token.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ def find_job(ctx: ApiContext, name: str) -> StoredJob:
 
 
 def job_for_write(ctx: ApiContext, name: str, token: StoredToken) -> StoredJob:
-    """The job, if ``token`` may write to it: an admin, or the job token that registered it."""
+    """The job, if ``token`` may write to it: an admin, or the job token that registered it (a job an admin
+    registered has no owner: admins only)."""
     job = find_job(ctx, name)
-    if token.scope != "admin" and job.owner_token_id not in (None, token.id):
-        raise HTTPException(403, f"job {name!r} was registered with another token")
+    if token.scope != "admin" and job.owner_token_id != token.id:
+        whose = "an admin token: only admin tokens" if job.owner_token_id is None else "another job token: only it"
+        raise HTTPException(403, f"job {name!r} was registered with {whose} may write to it")
     return job
 
 
@@ -53,7 +57,11 @@ def job_for_write(ctx: ApiContext, name: str, token: StoredToken) -> StoredJob:
                          "bounds (min ≤ value ≤ max) and mode. Idempotent per name: registering again (a restarted "
                          "job) updates the declaration and answers 200; the first registration answers 201. Pending "
                          "changes the new bounds no longer allow are cancelled. Optional per-job rule overrides "
-                         "(\"rules\") are checked against the daemon's rules file. Scope: job.")
+                         "(\"rules\") are checked against the daemon's rules file. Scope: job. Ownership: the "
+                         "job token that registers a job owns it (only it, or an admin, may report to it, ack its "
+                         "changes or register it again; another job token may take it over once the owner is "
+                         "revoked); a job registered with an admin token has no owner and only admin tokens may "
+                         "write to it (403 for any job token).")
 def register(body: JobIn, response: Response, ctx: ApiContext = Depends(get_ctx),
              token: StoredToken = Depends(require_scope("job"))) -> JobOut:
     if body.rules:

@@ -38,7 +38,8 @@ def test_a_write_without_a_valid_token_is_refused_with_401_and_a_bearer_challeng
 @pytest.mark.parametrize("scope", ["agent", "job"])
 def test_a_token_may_only_do_what_its_scope_allows(sqlite_api, scope):
     api = sqlite_api
-    assert api.post("/v1/jobs", JOB, token=api.admin_token).status_code == 201
+    # The job token registers job-a itself: a job an admin registered is the admins' (see the ownership tests).
+    assert api.post("/v1/jobs", JOB, token=api.token("job") if scope == "job" else api.admin_token).status_code == 201
     for needed, writes in WRITES.items():
         for method, path, body in writes:
             r = api.post(path, body, scope=scope, method=method)
@@ -144,3 +145,21 @@ def test_a_job_belongs_to_the_job_token_that_registered_it(sqlite_api):
     api.post(f"/v1/tokens/{owner_id}", None, token=api.admin_token, method="DELETE")
     assert api.post("/v1/jobs", JOB, token=other["token"]).status_code == 200
     assert api.post("/v1/jobs/job-a/reports", {**report, "step": 3}, token=other["token"]).status_code == 200
+
+
+def test_a_job_an_admin_registered_cannot_be_taken_over_by_any_job_token(sqlite_api):
+    api = sqlite_api
+    assert api.post("/v1/jobs", JOB, token=api.admin_token).status_code == 201
+    change = api.post("/v1/jobs/job-a/changes", {"knob": "batch_size", "value": 16}, token=api.admin_token).json()
+    job_token = api.token("job")
+    report = {"step": 1, "rank": 0, "step_time_s": 1.0}
+    ack = {"change_id": change["change_id"], "applied_at_step": 2, "rank": 0}
+    takeover = {**JOB, "mode": "auto", "knobs": {"batch_size": {"value": 8, "min": 1, "max": 4096}}}
+    for path, body in (("/v1/jobs/job-a/reports", report), ("/v1/jobs/job-a/acks", ack), ("/v1/jobs", takeover)):
+        r = api.post(path, body, token=job_token)
+        assert r.status_code == 403 and "admin token" in r.json()["detail"], (path, r.text)
+    job = api.get("/v1/jobs/job-a").json()
+    assert job["knobs"]["batch_size"] == {"value": 8, "min": 1, "max": 64}, "the declaration is the admin's"
+    assert api.get("/v1/jobs/job-a/changes").json()["changes"][0]["status"] == "pending", "not acked by the job token"
+    assert api.post("/v1/jobs/job-a/reports", report, token=api.admin_token).status_code == 200
+    assert api.post("/v1/jobs", JOB, token=api.admin_token).status_code == 200

@@ -142,3 +142,43 @@ def test_the_body_limit_counts_bytes_not_json(sqlite_api):
     small = json.dumps({"node": {"hostname": "n"}})
     assert sqlite_api.http.post("/v1/ingest", content=small, headers={
         "Content-Type": "application/json", **sqlite_api.auth(sqlite_api.token("agent"))}).status_code == 200
+
+
+FAR_FUTURE_MS = 2**53 - 1
+
+
+@pytest.mark.parametrize("part", ["gpu_samples", "host_samples"])
+def test_a_sample_dated_far_in_the_future_is_refused_naming_the_field_and_the_bound(sqlite_api, part):
+    body = recent_batch().to_dict()
+    body[part][1]["ts_ms"] = FAR_FUTURE_MS
+    r = sqlite_api.http.post("/v1/ingest", json=body, headers=sqlite_api.auth(sqlite_api.token("agent")))
+    assert r.status_code == 422, r.text
+    error = r.json()["detail"][0]
+    assert error["loc"] == ["body", part, 1, "ts_ms"] and "at most 300 s ahead" in error["msg"]
+    assert sqlite_api.get("/v1/gpus").json()["gpus"] == [], "nothing of the refused batch was stored"
+
+
+def test_a_few_seconds_of_clock_skew_are_accepted(sqlite_api):
+    ahead = recent_batch()
+    for s in ahead.gpu_samples:
+        s.ts_ms += 60_000
+    assert sqlite_api.ingest(ahead).status_code == 200
+
+
+def test_a_far_future_sample_in_the_store_or_snapshot_does_not_pin_the_live_view(make_api):
+    """An agent writing the store directly (no ingest check) wrote one sample dated 2^53 − 1; the server's live
+    view, /v1/gpus and /metrics keep showing the GPU's real, current readings."""
+    from trimtab.store.ingest import BatchWriter
+
+    api = make_api("sqlite", mode="server")
+    bogus = recent_batch(util_pct=lambda i, t: 0.0)
+    for s in bogus.gpu_samples:
+        s.ts_ms = FAR_FUTURE_MS
+    BatchWriter(api.ctx.engine).write(bogus)
+    api.ctx.snapshot.update(bogus)
+    assert api.ingest(recent_batch(util_pct=lambda i, t: 77.0)).status_code == 200
+    latest = {g["uuid"]: g["latest"] for g in api.get("/v1/gpus").json()["gpus"]}
+    assert latest and all(v is not None and v["metrics"]["util_pct"] == 77.0 for v in latest.values()), latest
+    util = [line.rsplit(" ", 1)[1] for line in api.get("/metrics").text.splitlines()
+            if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    assert len(util) == len(latest) and set(util) == {"77.0"}, util

@@ -128,8 +128,8 @@ def test_a_manual_change_reaches_the_job_and_is_acknowledged_per_rank(job_api):
 
 def test_acks_of_unknown_changes_or_ranks_are_refused(job_api):
     api = job_api
-    assert api.post("/v1/jobs/grpo-7b/acks", {"change_id": 999, "applied_at_step": 1, "rank": 0},
-                    scope="job").status_code == 404
+    unknown = api.post("/v1/jobs/grpo-7b/acks", {"change_id": 999, "applied_at_step": 1, "rank": 0}, scope="job")
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "change_id"]
     change = api.post("/v1/jobs/grpo-7b/changes", {"knob": "prefetch", "value": 2}, token=api.admin_token).json()
     r = api.post("/v1/jobs/grpo-7b/acks", {"change_id": change["change_id"], "applied_at_step": 1, "rank": 9},
                  scope="job")

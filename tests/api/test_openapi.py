@@ -33,3 +33,40 @@ def test_the_api_is_under_v1_and_documented_at_docs(sqlite_api):
     assert all(p.startswith("/v1/") for p in doc["paths"] if p not in ("/healthz", "/metrics"))
     r = sqlite_api.get("/docs")
     assert r.status_code == 200 and "swagger" in r.text.lower()
+
+
+def test_a_405_lists_every_method_of_the_path_in_allow(sqlite_api):
+    doc = sqlite_api.get("/openapi.json").json()
+    for path in ("/v1/jobs", "/v1/jobs/job-a/reports", "/v1/jobs/job-a/changes", "/v1/tokens"):
+        r = sqlite_api.http.request("OPTIONS", path)
+        documented = {m.upper() for m in doc["paths"][path.replace("job-a", "{name}")]}
+        assert r.status_code == 405 and set(r.headers["Allow"].split(", ")) - {"HEAD"} == documented, (path, r.headers)
+
+
+def test_integer_bounds_in_the_document_are_exactly_the_servers(sqlite_api):
+    """FastAPI writes bounds as floats: 2^63 − 1 would read 9.223372036854776e18 = 2^63, which the server refuses."""
+    props = sqlite_api.get("/openapi.json").json()["components"]["schemas"]["AckIn"]["properties"]
+    assert props["change_id"]["maximum"] == 2**63 - 1 and isinstance(props["change_id"]["maximum"], int)
+    r = sqlite_api.post("/v1/jobs/none/acks", {"change_id": 2**63 - 1, "applied_at_step": 0, "rank": 0},
+                        token=sqlite_api.admin_token)
+    assert r.status_code == 404, r.text  # valid, and the job does not exist
+    r = sqlite_api.post("/v1/jobs/none/acks", {"change_id": 2**63, "applied_at_step": 0, "rank": 0},
+                        token=sqlite_api.admin_token)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "change_id"]
+
+
+def test_map_keys_state_their_pattern(sqlite_api):
+    device_map = sqlite_api.get("/openapi.json").json()["components"]["schemas"]["JobIn"]["properties"]["device_map"]
+    assert device_map["propertyNames"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9._-]*$"
+    assert device_map["additionalProperties"] is False and "^[A-Za-z0-9]" in device_map["description"]
+
+
+def test_a_boolean_is_not_a_number(sqlite_api):
+    api = sqlite_api
+    job = {"name": "j", "ranks": 1, "knobs": {"batch_size": {"value": 1, "min": 0, "max": False}}}
+    r = api.post("/v1/jobs", job, token=api.admin_token)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "knobs", "batch_size", "max"]
+    batch = {"node": {"hostname": "n"}, "events": [{"ts_ms": 1, "kind": "xid", "xid": False}]}
+    r = api.http.post("/v1/ingest", json=batch, headers=api.auth(api.token("agent")))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "events", 0, "xid"]
+    assert r.json()["detail"][0]["type"] == "number_type"

@@ -10,7 +10,15 @@ import httpx
 from tests.support.procs import free_port, stop, trimtab, wait_http
 
 
+def enough(messages: list[str]) -> bool:
+    kinds = [m.split("=")[0] for m in messages]
+    return kinds.count("WATCHDOG") >= 4 and "STATUS" in kinds
+
+
 def test_up_sends_ready_watchdog_stopping_in_order(tmp_path):
+    """Deterministic under load: it collects until 4 pings and a status line arrived (however long that takes, up
+    to a minute), then sends SIGTERM at whatever point of the loop the daemon is; STOPPING must be the last word
+    and no ping may follow it (the notifier guarantees that by construction, see trimtab.sdnotify)."""
     sock_path = tmp_path / "notify.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(sock_path))
@@ -23,8 +31,9 @@ def test_up_sends_ready_watchdog_stopping_in_order(tmp_path):
         wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
         health = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
         assert health["simulated"] is True
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
+        # Wait for what the test needs, not for a fixed time: a loaded machine is slower, never wrong.
+        deadline = time.monotonic() + 60
+        while not enough(messages) and time.monotonic() < deadline:
             try:
                 messages.append(sock.recv(4096).decode())
             except socket.timeout:
@@ -41,7 +50,7 @@ def test_up_sends_ready_watchdog_stopping_in_order(tmp_path):
     assert proc.returncode == 0, err
     kinds = [m.split("\n")[0].split("=")[0] for m in messages]
     assert kinds[0] == "READY", messages
-    assert kinds.count("WATCHDOG") >= 4, "pings at half the 0.4 s watchdog period for ~3 s"
+    assert kinds.count("WATCHDOG") >= 4, "pings at half the 0.4 s watchdog period"
     assert any(k == "STATUS" for k in kinds)
     assert kinds[-1] == "STOPPING" and "STOPPING" not in kinds[:-1], messages
     assert "SIMULATED" in err

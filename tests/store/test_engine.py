@@ -5,7 +5,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import text
 
-from trimtab.store.engine import StoreError, migrate, open_engine
+from trimtab.store.engine import WAL_PAGES_MAX, WAL_PAGES_MIN, StoreError, migrate, open_engine, wal_pages_for
 from trimtab.store.models import metadata
 
 
@@ -42,7 +42,19 @@ def test_sqlite_store_gets_its_directory_and_pragmas(tmp_path):
                   ("journal_mode", "synchronous", "busy_timeout", "foreign_keys", "temp_store", "wal_autocheckpoint")}
     engine.dispose()
     assert pragma == {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 5000, "foreign_keys": 1,
-                      "temp_store": 2, "wal_autocheckpoint": 10000}
+                      "temp_store": 2, "wal_autocheckpoint": wal_pages_for(str(tmp_path / "deep/er/t.db"), 4096)}
+
+
+def test_the_wal_is_sized_by_the_free_space_of_the_stores_disk(small_disk):
+    disk = small_disk(8 * 1024 * 1024)
+    engine = open_engine(f"sqlite:///{disk}/t.db")
+    with engine.connect() as conn:
+        pages = conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar()
+        limit = conn.exec_driver_sql("PRAGMA journal_size_limit").scalar()
+    engine.dispose()
+    assert WAL_PAGES_MIN <= pages <= 8 * 1024 * 1024 // 8 // 4096, "at most 1/8 of the free space"
+    assert limit == pages * 4096
+    assert wal_pages_for("/", 4096) <= WAL_PAGES_MAX
 
 
 @pytest.mark.parametrize("url, words", [

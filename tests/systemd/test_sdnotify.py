@@ -135,3 +135,43 @@ def test_a_vanished_systemd_never_takes_the_daemon_down(notify_socket):
     notify_socket.close()
     os.unlink(os.environ["NOTIFY_SOCKET"])
     assert n.watchdog(force=True) is False and n.stopping() is False  # no exception
+
+
+def test_no_ping_follows_stopping_even_when_the_signal_lands_inside_a_ping(notify_socket):
+    """SIGTERM's handler runs on the main thread between two bytecodes, possibly in the middle of a ping: here it
+    is made to land exactly between the ping's check and its send. STOPPING still comes last."""
+    n = Notifier()
+    real_send = n.send
+
+    def send_with_a_signal_landing(message: str) -> bool:
+        if message == "WATCHDOG=1" and not n._stop_requested:
+            n.stopping()  # what install_stop_handlers' handler calls
+        return real_send(message)
+
+    n.send = send_with_a_signal_landing
+    assert n.ready()
+    n.watchdog(force=True)
+    for _ in range(3):  # the loop's last ticks after the signal: silent
+        assert n.watchdog(force=True) is False
+    assert n.stopping() is False  # the final cleanup's second call sends nothing more
+    n.close()
+    assert [m for m, _ in notify_socket.messages()] == ["READY=1", "WATCHDOG=1", "STOPPING=1"]
+
+
+def test_a_stop_from_another_thread_during_pings_from_the_main_loop_is_last(notify_socket):
+    n = Notifier()
+    pinging = threading.Event()
+
+    def loop():
+        while not n._stopping_sent:
+            n.watchdog(force=True)
+            pinging.set()
+
+    t = threading.Thread(target=loop)
+    t.start()
+    pinging.wait(2)
+    n.stopping()
+    t.join(5)
+    n.close()
+    got = [m for m, _ in notify_socket.messages()]
+    assert got[-1] == "STOPPING=1" and got.count("STOPPING=1") == 1 and set(got[:-1]) == {"WATCHDOG=1"}
