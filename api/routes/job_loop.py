@@ -91,14 +91,15 @@ def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_
              description="Says that the code owning the knob on `rank` (the job's loop or a framework adapter) could "
                          "not apply change `change_id`, and why. The change ends `refused`, the job's knob keeps its "
                          "value, and the rebalancer closes its decision as `refused` (never counted as kept) and does "
-                         "not try that knob again for a while. A change already applied stays applied. 404 when the "
-                         "job has no such change. Scope: job.")
+                         "not try that knob again for a while. A change already applied stays applied. 404 for an "
+                         "unknown job; 422 naming change_id when the job has no such change. Scope: job — only the "
+                         "job token that registered the job, or an admin.")
 def refuse(body: RefusalIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
            token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
     job = _rank_of(ctx, name, token, body.rank)
     change = job_store.refuse_change(ctx.engine, job.id, body.change_id, body.rank, body.reason)
-    if change is None:
-        raise HTTPException(404, f"job {name!r} has no change {body.change_id}")
+    if change is None:  # as for acks: the job exists, the body names a change it never had
+        raise invalid(("body", "change_id"), f"job {name!r} has no change {body.change_id}")
     if ctx.after_refusal is not None:
         ctx.after_refusal(job)  # the rebalancer closes the decision now rather than at the next report
     return change_out(change)
