@@ -3,6 +3,8 @@ response), acknowledgements of the step each rank applied a change at, and manua
 
 from __future__ import annotations
 
+from typing import Optional
+
 from fastapi import APIRouter, Depends, HTTPException
 
 from trimtab.api.context import ApiContext
@@ -81,9 +83,15 @@ def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_
         token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
     job = _rank_of(ctx, name, token, body.rank)
     change = job_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
-    if change is None:  # the job exists (404 would say it does not): the body names a change it never had
-        raise invalid(("body", "change_id"), f"job {name!r} has no change {body.change_id}")
-    return change_out(change)
+    return change_out(_known(change, name, body.change_id))
+
+
+def _known(change: Optional[StoredChange], name: str, change_id: int) -> StoredChange:
+    """The change an ack or refusal named; the job exists (404 would say it does not), so a change it never had
+    is a 422 naming change_id."""
+    if change is None:
+        raise invalid(("body", "change_id"), f"job {name!r} has no change {change_id}")
+    return change
 
 
 @router.post("/{name}/refusals", response_model=ChangeOut, responses={**WRITE, **NOT_FOUND},
@@ -97,9 +105,8 @@ def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_
 def refuse(body: RefusalIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
            token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
     job = _rank_of(ctx, name, token, body.rank)
-    change = job_store.refuse_change(ctx.engine, job.id, body.change_id, body.rank, body.reason)
-    if change is None:  # as for acks: the job exists, the body names a change it never had
-        raise invalid(("body", "change_id"), f"job {name!r} has no change {body.change_id}")
+    change = _known(job_store.refuse_change(ctx.engine, job.id, body.change_id, body.rank, body.reason), name,
+                    body.change_id)
     if ctx.after_refusal is not None:
         ctx.after_refusal(job)  # the rebalancer closes the decision now rather than at the next report
     return change_out(change)
