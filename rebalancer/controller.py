@@ -212,7 +212,8 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
                if d.rule == "oom" and isinstance(d.evidence, dict)]
     advised = [int(v) for v in advised if isinstance(v, (int, float))]
     ctx = JobContext(all_steps=state.steps, probe_baseline_us=state.probe_baseline_us,
-                     ooms_since_step=_last_applied_step(state), ooms_reported=max(advised) if advised else None)
+                     ooms_since_step=_last_applied_step(state), ooms_reported=max(advised) if advised else None,
+                     period=period(state.job, rules))
     gpus: Optional[Sequence[GpuWindow]] = None
     out = {}
     for rule in rules.rules:

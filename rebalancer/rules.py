@@ -88,7 +88,7 @@ class Rule:
 class ControllerSettings:
     window_min_steps: int = 1
     window_min_s: float = 4.0
-    window_max_steps: int = 20
+    window_max_steps: int = 400
     settle_steps: int = 1
     cooldown_steps: int = 0
     dead_band_pct: float = 3.0
@@ -99,6 +99,10 @@ class ControllerSettings:
     gpu_min_samples: int = 3
     probe_baseline_steps: int = 5
     period_knob: str = "sync_every"
+    report_phase_slack_s: float = 0.05
+    report_phase_max_x_step: float = 1.05
+    report_phases_sum_max_x_step: float = 2.0
+    report_max_steps_ahead: int = 10_000
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class JobStep:
         value = self.phases_s.get(phase)
         if value is None or self.step_time_s <= 0:
             return None
-        return 100.0 * value / self.step_time_s
+        return min(100.0, 100.0 * value / self.step_time_s)
 
 
 def fold_step(step: int, rows: Sequence) -> JobStep:
@@ -104,8 +104,10 @@ def first_probes(engine: Engine, job_id: int, n: int) -> list[float]:
 
 def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: int,
            period: int = 1) -> Optional[list[JobStep]]:
-    """The newest steps covering at least ``min_steps`` steps and ``min_s`` seconds (at most ``max_steps``), in
-    whole multiples of ``period`` steps; None when ``steps`` cannot cover that yet.
+    """The newest steps covering at least ``min_steps`` steps and ``min_s`` seconds, in whole multiples of
+    ``period`` steps; None when ``steps`` cannot cover that yet. ``max_steps`` only bounds what is read when the
+    steps are too short to cover ``min_s`` within it (a stalled clock, 0 s steps): at 20+ steps/s a window holds
+    80+ steps, never a sub-second sample judged as if it were ``min_s`` long.
 
     ``period`` is the job's sync interval: with a weight sync every 2nd step, steps alternate fast and slow, and a
     window of 5 steps holding 3 syncs would read 8 % slower than one holding 2 — enough to roll back a good change.
@@ -121,8 +123,20 @@ def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: in
         if whole and len(chosen) >= min_steps and total_s >= min_s:
             return list(reversed(chosen))
         if len(chosen) >= cap:
-            return list(reversed(chosen)) if len(chosen) >= min_steps else None
+            return None
     return None
+
+
+def chunk_rates(steps: Sequence[JobStep], period: int = 1) -> list[float]:
+    """Throughput (samples/s) of each whole sync period of ``steps``, oldest first: the per-period samples a
+    verdict tests (a period, not a step, so a sync step is never compared with a step without one)."""
+    period = max(1, int(period))
+    out = []
+    for i in range(0, len(steps) - period + 1, period):
+        rate = throughput(steps[i:i + period])
+        if rate is not None:
+            out.append(rate)
+    return out
 
 
 def throughput(steps: Sequence[JobStep]) -> Optional[float]:
