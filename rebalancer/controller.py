@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from trimtab.rebalancer.balance import GpuWindow
+from trimtab.rebalancer.memory_fit import GIB, fit
 from trimtab.rebalancer.rules import Action, Rule, RuleSet
 from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.rebalancer.verdict import GAIN, INCONCLUSIVE, WORSE, Sample, changed_level, compare
@@ -210,11 +211,35 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         why = _blocked(state, rules, action, new, now)
         if why is None and action.needs_memory_headroom and action.direction > 0:
             why = _headroom(state, rules, readings)
+            if why is None:
+                new, why = _memory_step(state, rules, action, spec, new, policy)
         if why is not None:
             skipped.append(f"{action.describe()}: {why}")
             continue
         return (action, new), skipped, policy
     return None, skipped, []
+
+
+def _memory_step(state: JobState, rules: RuleSet, action: Action, spec: dict, new: float,
+                 policy: list) -> tuple[float, Optional[str]]:
+    """The raise cut to the largest value whose predicted memory stays under the line (the prediction goes into
+    the policy notes and, as a dict, into the decision's evidence); why not, when not even one step fits."""
+    current = float(spec["value"])
+    mfit = fit(state.steps, state.changes, action.knob, current, rules.controller)
+    if mfit is None:
+        return new, None  # no allocator peaks or capacity reported: today's headroom check alone
+    largest = mfit.largest_fitting()
+    if largest <= current:
+        nxt = current + 1
+        return new, (f"memory predicted at {action.knob}={nxt:g}: {mfit.predict(nxt) / GIB:.1f} GiB + margin "
+                     f"{mfit.margin_bytes / GIB:.1f} GiB, above the line ({mfit.line_bytes / GIB:.1f} GiB)")
+    if new > largest:
+        policy.append(f"memory: {action.knob}={new:g} would need {mfit.predict(new) / GIB:.1f} GiB (line "
+                      f"{mfit.line_bytes / GIB:.1f} GiB less {mfit.margin_bytes / GIB:.1f} GiB margin): "
+                      f"{largest:g} fits")
+        new = float(largest)
+    policy.append({"memory_prediction": mfit.evidence(new)})
+    return new, None
 
 
 def _window_evidence(steps: Sequence[JobStep]) -> dict[str, Any]:
@@ -350,6 +375,12 @@ def _follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     closed = dict(close=open_d.id, throughput_after=after_tp, applied_step=change.applied_step)
     if before_tp and after_tp:
         evidence["gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)
+    predicted = evidence.get("memory_prediction")
+    peaks = [s.mem_peak_bytes for s in grown if s.mem_peak_bytes is not None]
+    if isinstance(predicted, dict) and peaks and predicted.get("predicted_gib"):
+        seen = max(peaks) / GIB
+        evidence["memory_observed"] = {"peak_gib": round(seen, 3), "predicted_gib": predicted["predicted_gib"],
+                                       "error_pct": round(100.0 * (seen / predicted["predicted_gib"] - 1.0), 1)}
     if any(r.name == open_d.rule and r.safety for r in rules.rules):
         # A safety change (memory, fragmentation) is not undone for speed: it was made to stop an OOM.
         return Plan(note=f"decision {open_d.id}: safety change kept", outcome="kept", evidence=evidence, **closed)
@@ -414,8 +445,11 @@ def plan(state: JobState, rules: RuleSet,
         choice, skipped, policy = _choose(rule, state, rules, readings, Sample.of(chunk_rates(win, every)))
         if skipped:
             evidence["skipped"] = skipped
-        if policy:
-            evidence["step_policy"] = policy
+        for note in policy:
+            if isinstance(note, dict):
+                evidence.update(note)
+            else:
+                evidence.setdefault("step_policy", []).append(note)
         advice = rule.advice
         if rule.placement_advice and placement is not None:
             proposal = placement(state, readings, win)

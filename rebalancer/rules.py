@@ -105,6 +105,7 @@ class ControllerSettings:
     advice_repeat_s: float = 600.0
     raise_batch_max_mem_pct: float = 85.0
     raise_batch_max_fragmentation_pct: float = 15.0
+    memory_margin_pct: float = 3.0
     gpu_min_samples: int = 3
     probe_baseline_steps: int = 5
     period_knob: str = "sync_every"

@@ -25,7 +25,8 @@ def step_columns(r) -> tuple:
     """The ``job_reports`` columns a step is folded from (``r`` is the table's ``.c``): one list for every reader."""
     return (r.step, r.rank, r.received_ms, r.step_time_s, *(r[f"{p}_s"] for p in PHASES), r.samples,
             r.fragmentation, r.num_ooms, r.num_alloc_retries, r.collective_latency_us, r.rollout_slowest_s,
-            r.rollout_mean_s, *(r[c] for c in RL_COUNTS + RL_MEANS))
+            r.rollout_mean_s, *(r[c] for c in RL_COUNTS + RL_MEANS), r.peak_allocated_bytes, r.reserved_bytes,
+            r.total_bytes)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class JobStep:
     rollout_slowest_s: Optional[float] = None  # the slowest sample's generation time (the long tail)
     rollout_mean_s: Optional[float] = None     # the mean sample's
     rl: dict[str, Optional[float]] = field(default_factory=dict)  # RL_COUNTS and RL_MEANS (None: not reported)
+    mem_peak_bytes: Optional[float] = None   # the worst rank's allocator peak (else its reserved bytes)
+    mem_total_bytes: Optional[float] = None  # the smallest rank GPU's capacity
 
     def share_pct(self, phase: str) -> Optional[float]:
         value = self.phases_s.get(phase)
@@ -54,7 +57,7 @@ class JobStep:
 
 def fold_step(step: int, rows: Sequence) -> JobStep:
     def known(name: str) -> list:
-        return [getattr(r, name) for r in rows if getattr(r, name) is not None]
+        return [getattr(r, name, None) for r in rows if getattr(r, name, None) is not None]
 
     def worst(name: str) -> Optional[float]:
         return max(known(name)) if known(name) else None
@@ -72,7 +75,9 @@ def fold_step(step: int, rows: Sequence) -> JobStep:
                    num_alloc_retries=int(retries) if retries is not None else None,
                    collective_latency_us=statistics.median(latencies) if latencies else None,
                    start_ms=end_ms - int(step_time * 1000), end_ms=end_ms,
-                   rollout_slowest_s=worst("rollout_slowest_s"), rollout_mean_s=worst("rollout_mean_s"), rl=rl)
+                   rollout_slowest_s=worst("rollout_slowest_s"), rollout_mean_s=worst("rollout_mean_s"), rl=rl,
+                   mem_peak_bytes=worst("peak_allocated_bytes") or worst("reserved_bytes"),
+                   mem_total_bytes=min(known("total_bytes")) if known("total_bytes") else None)
 
 
 def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, limit: int = 200) -> list[JobStep]:
