@@ -110,8 +110,8 @@ class ControllerSettings:
     probe_baseline_steps: int = 5
     period_knob: str = "sync_every"
     report_phase_slack_s: float = 0.05
-    report_phase_max_x_step: float = 1.05
-    report_phases_sum_max_x_step: float = 2.0
+    report_phase_max_x_step: float = 20.0
+    report_phases_sum_max_x_step: float = 40.0
     report_max_steps_ahead: int = 10_000
 
 

@@ -35,16 +35,17 @@ def change_out(change: StoredChange) -> ChangeOut:
 
 
 def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
-    """422 for a report that cannot describe a real step (and would fire rules on garbage): a phase longer than
-    the step, phases adding up far beyond it (nested phases may count twice, no more), or a step number far ahead
-    of the job's newest (it would stay "newest" in every later window)."""
+    """422 for a report that cannot describe a real step (and would fire rules on garbage): a phase far longer
+    than the step (a prefetched phase overlaps a few steps, not a million), phases adding up far beyond it, or a
+    step number far ahead of the job's newest (it would stay "newest" in every later window)."""
     ctl = ctx.rules.controller
     phases = {k: v for k, v in body.phases.model_dump().items() if v is not None}
     slack_s = ctl.report_phase_slack_s
     for phase, seconds in phases.items():
         if seconds > body.step_time_s * ctl.report_phase_max_x_step + slack_s:
-            raise invalid(("body", "phases", phase), f"{phase} {seconds:g} s is longer than the step "
-                                                     f"(step_time_s {body.step_time_s:g} s)")
+            raise invalid(("body", "phases", phase), f"{phase} {seconds:g} s is more than "
+                                                     f"{ctl.report_phase_max_x_step:g}× the step (step_time_s "
+                                                     f"{body.step_time_s:g} s)")
     if sum(phases.values()) > body.step_time_s * ctl.report_phases_sum_max_x_step + slack_s:
         raise invalid(("body", "phases"), f"phases add up to {sum(phases.values()):g} s, more than "
                                           f"{ctl.report_phases_sum_max_x_step:g}× the step (step_time_s "

@@ -74,11 +74,11 @@ JOB = {"name": "ppo", "ranks": 1, "device_map": {}, "hostnames": ["cpu-box"], "m
 
 @pytest.mark.parametrize("report, field, text", [
     ({"step": 0, "step_time_s": 0.0, "phases": {"generation": 5.0}}, ["body", "phases", "generation"],
-     "longer than the step"),
+     "more than 20× the step"),
     ({"step": 0, "step_time_s": 0.09, "phases": {"generation": 1e6}}, ["body", "phases", "generation"],
-     "longer than the step"),
-    ({"step": 0, "step_time_s": 1.0, "phases": {"generation": 1.0, "evaluation": 1.0, "update": 0.9}},
-     ["body", "phases"], "add up to 2.9 s"),
+     "more than 20× the step"),
+    ({"step": 0, "step_time_s": 1.0, "phases": {"generation": 15.0, "evaluation": 15.0, "update": 15.0}},
+     ["body", "phases"], "add up to 45 s"),
 ])
 def test_impossible_phases_are_refused_with_a_422_naming_the_field(sqlite_api, report, field, text):
     assert sqlite_api.post("/v1/jobs", JOB, scope="job").status_code == 201
@@ -90,7 +90,8 @@ def test_impossible_phases_are_refused_with_a_422_naming_the_field(sqlite_api, r
 
 def test_a_step_far_ahead_of_the_newest_is_refused_and_a_near_one_accepted(sqlite_api):
     assert sqlite_api.post("/v1/jobs", JOB, scope="job").status_code == 201
-    ok = {"rank": 0, "step_time_s": 1.0, "phases": {"generation": 0.6, "communication": 0.5}}  # nested: fine
+    # prefetched generation overlapping earlier steps (3.5× the step on the pipeline): fine
+    ok = {"rank": 0, "step_time_s": 0.04, "phases": {"generation": 0.14, "update": 0.03}}
     assert sqlite_api.post("/v1/jobs/ppo/reports", {**ok, "step": 5}, scope="job").status_code == 200
     r = sqlite_api.post("/v1/jobs/ppo/reports", {**ok, "step": 1_000_005}, scope="job")
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "step"]
