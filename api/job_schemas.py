@@ -107,6 +107,10 @@ class Phases(InputModel):
 class MemoryIn(InputModel):
     allocated_bytes: Optional[Count] = Field(None, description="torch.cuda allocated bytes.")
     reserved_bytes: Optional[Count] = Field(None, description="torch.cuda reserved (cached) bytes.")
+    peak_allocated_bytes: Optional[Count] = Field(None, description="torch.cuda peak allocated bytes since the "
+                                                                   "rank's previous sample (what this batch size "
+                                                                   "needs at its high point).")
+    total_bytes: Optional[Count] = Field(None, description="The rank's GPU memory capacity, bytes.")
     fragmentation: Optional[float] = Field(None, ge=0, le=1,
                                            description="Free memory stranded in split blocks (torch's "
                                                        "inactive_split_bytes) / reserved, a fraction 0–1 "

@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from trimtab.rebalancer.balance import GpuWindow
+from trimtab.rebalancer.memory_fit import GIB, fit
 from trimtab.rebalancer.rules import Action, Rule, RuleSet
 from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
-from trimtab.rebalancer.window import JobStep, throughput, window
+from trimtab.rebalancer.verdict import GAIN, INCONCLUSIVE, WORSE, Sample, changed_level, compare
+from trimtab.rebalancer.window import JobStep, chunk_rates, throughput, window
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, StoredJob, number
 
@@ -80,9 +82,9 @@ def _integer_knob(spec: dict) -> bool:
     return all(float(spec[k]).is_integer() for k in ("value", "min", "max"))
 
 
-def _next_value(action: Action, spec: dict) -> float:
+def _next_value(action: Action, spec: dict, strong: bool = False) -> float:
     current = float(spec["value"])
-    new = action.apply(current)
+    new = action.apply(current, strong)
     if _integer_knob(spec):
         new = math.ceil(new - 1e-9) if action.direction > 0 else math.floor(new + 1e-9)
         new = max(new, current + 1) if action.direction > 0 else min(new, current - 1)
@@ -93,25 +95,64 @@ def _recent(decisions: Sequence[StoredDecision], now_ms: int, within_s: float) -
     return [d for d in decisions if now_ms - d.ts_ms <= within_s * 1000]
 
 
-def _blocked(state: JobState, rules: RuleSet, action: Action, new: float) -> Optional[str]:
-    """Why this move may not be tried now (a recent rollback of the same value, or a recent no-gain move in the
-    same direction), else None."""
+def _verdict_ms(d: StoredDecision) -> int:
+    return d.evidence.get("verdict_ms", d.ts_ms) if isinstance(d.evidence, dict) else d.ts_ms
+
+
+def _still_holds(state: JobState, rules: RuleSet, d: StoredDecision, now: Optional[Sample]) -> bool:
+    """A measured verdict (rolled back, no gain) still describes the job: its throughput at the setting the verdict
+    left it in has not moved measurably since (else — a slowdown that began with the change, another knob moved,
+    a new phase of training — it is re-measured: the move may be tried again)."""
+    ev = d.evidence if isinstance(d.evidence, dict) else {}
+    level = ev.get("before_sample") if d.outcome == "rolled_back" else ev.get("after_sample")
+    return not changed_level(Sample.from_evidence(level), now, rules.controller)
+
+
+def _blocked(state: JobState, rules: RuleSet, action: Action, new: float, now: Optional[Sample]) -> Optional[str]:
+    """Why this move may not be tried now (a rolled-back value or a no-gain direction whose verdict still holds, a
+    recently refused direction), else None."""
     for d in state.decisions:
-        verdict_ms = d.evidence.get("verdict_ms", d.ts_ms) if isinstance(d.evidence, dict) else d.ts_ms
-        if state.now_ms - verdict_ms > rules.controller.retry_after_s * 1000:
-            continue  # the clock runs from the verdict (a rollback), not from when the change was decided
         if d.knob != action.knob or d.new_value is None or d.old_value is None:
             continue
-        if d.outcome == "rolled_back" and float(d.new_value) == new:
-            return f"{action.knob}={new:g} was rolled back at decision {d.id}"
-        if d.outcome == "refused" and (d.new_value - d.old_value) * action.direction > 0:
+        same_way = (d.new_value - d.old_value) * action.direction > 0
+        if d.outcome == "refused" and same_way:
+            if state.now_ms - _verdict_ms(d) > rules.controller.retry_after_s * 1000:
+                continue  # the clock runs from the verdict, not from when the change was decided
             # The job's knob owner said no; asking again the same way would only be refused again.
             reason = d.evidence.get("refused_reason") if isinstance(d.evidence, dict) else None
             return f"the job refused {action.knob} → {d.new_value:g} at decision {d.id} ({reason or 'no reason'})"
-        same_way = (d.new_value - d.old_value) * action.direction > 0
-        if d.outcome == "kept" and d.evidence.get("no_gain") and same_way and d.new_value == state.job.knobs[action.knob]["value"]:
+        if d.outcome == "rolled_back" and float(d.new_value) == new and _still_holds(state, rules, d, now):
+            return f"{action.knob}={new:g} was rolled back at decision {d.id}"
+        if d.outcome == "kept" and d.evidence.get("no_gain") and same_way \
+                and d.new_value == state.job.knobs[action.knob]["value"] and _still_holds(state, rules, d, now):
             return f"the last {action.describe()} (decision {d.id}) gained nothing measurable"
     return None
+
+
+def _bracket(state: JobState, rules: RuleSet, action: Action, spec: dict, new: float,
+             now: Optional[Sample]) -> tuple[Optional[float], Optional[str]]:
+    """After an overshoot that was rolled back, the next move goes between the current value and the failed one
+    (the geometric middle for ×/÷ steps, the arithmetic one for +), until they are closer than
+    ``bracket_min_gap_pct``. (new, note) — new None when nothing is left between them."""
+    current = float(spec["value"])
+    failed = [d for d in state.decisions if d.outcome == "rolled_back" and d.knob == action.knob
+              and d.new_value is not None and (float(d.new_value) - current) * action.direction > 0
+              and _still_holds(state, rules, d, now)]
+    if not failed:
+        return new, None
+    nearest = min(failed, key=lambda d: abs(float(d.new_value) - current))
+    bad = float(nearest.new_value)
+    if (new - bad) * action.direction < 0:
+        return new, None  # the step stays short of the value that failed
+    where = f"between {current:g} and {bad:g} (rolled back at decision {nearest.id})"
+    if current > 0 and abs(bad / current - 1.0) * 100.0 < rules.controller.bracket_min_gap_pct:
+        return None, f"{where}: closer than {rules.controller.bracket_min_gap_pct:g} %, nothing left to try"
+    mid = math.sqrt(current * bad) if action.op != "add" and current > 0 else (current + bad) / 2.0
+    if _integer_knob(spec):
+        mid = float(round(mid))
+    if not min(current, bad) < mid < max(current, bad):
+        return None, f"{where}: no value left between them"
+    return mid, f"bracket search {where}: {mid:g}"
 
 
 def _headroom(state: JobState, rules: RuleSet, readings: dict[str, Reading]) -> Optional[str]:
@@ -129,31 +170,76 @@ def _headroom(state: JobState, rules: RuleSet, readings: dict[str, Reading]) -> 
     return None
 
 
-def _choose(rule: Rule, state: JobState, rules: RuleSet,
-            readings: dict[str, Reading]) -> tuple[Optional[tuple[Action, float]], list[str]]:
-    skipped = []
+def _strong(rule: Rule, reading: Reading) -> bool:
+    """The signal is far above its line (over the whole window and each half): the rule's larger step."""
+    if rule.strong_above is None or reading.value is None or reading.value <= rule.strong_above:
+        return False
+    return all(h is None or h > rule.strong_above for h in reading.detail.get("halves", []))
+
+
+def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Reading],
+            now: Optional[Sample] = None) -> tuple[Optional[tuple[Action, float]], list[str], list[str]]:
+    """The first action of the rule that may act, with its new value; the actions skipped and why; how the step
+    was chosen (strong evidence, bracket search, memory prediction)."""
+    skipped: list[str] = []
     # A rule lists actions for several kinds of job (one batch size, or a framework's per-call micro-batches);
     # the knobs a job did not declare are worth naming only when it declared none of them.
     declared_any = any(a.knob in state.job.knobs for a in rule.actions)
+    strong = _strong(rule, readings[rule.name])
     for action in rule.actions:
         spec = state.job.knobs.get(action.knob)
         if spec is None:
             if not declared_any:
                 skipped.append(f"{action.describe()}: the job declared no knob {action.knob!r}")
             continue
-        new = _next_value(action, spec)
+        policy = []
+        new = _next_value(action, spec, strong)
+        if strong and action.strong_by is not None and new != float(spec["value"]):
+            policy.append(f"strong evidence ({readings[rule.name].value:.1f} > {rule.strong_above:g} over the "
+                          f"window and each half): step {action.strong_by:g} instead of {action.by:g}")
         if new == float(spec["value"]):
             bound = "max" if action.direction > 0 else "min"
             skipped.append(f"{action.describe()}: {action.knob} is at its {bound} ({spec[bound]:g})")
             continue
-        why = _blocked(state, rules, action, new)
+        bracketed, note = _bracket(state, rules, action, spec, new, now)
+        if note is not None:
+            policy.append(note)
+        if bracketed is None:
+            skipped.append(f"{action.describe()}: {note}")
+            continue
+        new = bracketed
+        why = _blocked(state, rules, action, new, now)
         if why is None and action.needs_memory_headroom and action.direction > 0:
             why = _headroom(state, rules, readings)
+            if why is None:
+                new, why = _memory_step(state, rules, action, spec, new, policy)
         if why is not None:
             skipped.append(f"{action.describe()}: {why}")
             continue
-        return (action, new), skipped
-    return None, skipped
+        return (action, new), skipped, policy
+    return None, skipped, []
+
+
+def _memory_step(state: JobState, rules: RuleSet, action: Action, spec: dict, new: float,
+                 policy: list) -> tuple[float, Optional[str]]:
+    """The raise cut to the largest value whose predicted memory stays under the line (the prediction goes into
+    the policy notes and, as a dict, into the decision's evidence); why not, when not even one step fits."""
+    current = float(spec["value"])
+    mfit = fit(state.steps, state.changes, action.knob, current, rules.controller)
+    if mfit is None:
+        return new, None  # no allocator peaks or capacity reported: today's headroom check alone
+    largest = mfit.largest_fitting()
+    if largest <= current:
+        nxt = current + 1
+        return new, (f"memory predicted at {action.knob}={nxt:g}: {mfit.predict(nxt) / GIB:.1f} GiB + margin "
+                     f"{mfit.margin_bytes / GIB:.1f} GiB, above the line ({mfit.line_bytes / GIB:.1f} GiB)")
+    if new > largest:
+        policy.append(f"memory: {action.knob}={new:g} would need {mfit.predict(new) / GIB:.1f} GiB (line "
+                      f"{mfit.line_bytes / GIB:.1f} GiB less {mfit.margin_bytes / GIB:.1f} GiB margin): "
+                      f"{largest:g} fits")
+        new = float(largest)
+    policy.append({"memory_prediction": mfit.evidence(new)})
+    return new, None
 
 
 def _window_evidence(steps: Sequence[JobStep]) -> dict[str, Any]:
@@ -172,14 +258,32 @@ def period(job: StoredJob, rules: RuleSet) -> int:
         return 1
 
 
-def _first_window(steps: Sequence[JobStep], rules: RuleSet, every: int) -> Optional[list[JobStep]]:
-    """The earliest window after a change (the verdict comes as soon as an equal window exists)."""
+def _leading(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int) -> tuple[list[JobStep], bool]:
+    """The oldest steps of ``steps`` covering ``min_s`` seconds and ``min_steps`` steps in whole periods of
+    ``every`` steps, and True; or all whole periods there are so far, and False."""
+    every = max(1, every)
+    total_s = 0.0
+    for i, step in enumerate(steps):
+        total_s += step.step_time_s
+        n = i + 1
+        if n % every == 0 and n >= min_steps and total_s >= min_s:
+            return list(steps[:n]), True
+    return list(steps[:len(steps) - len(steps) % every]), False
+
+
+def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
+    """The steps before a change at the setting it changed: after the previous change's settle steps, the newest
+    covering ``verdict_before_s`` (in whole periods of the old sync interval)."""
     ctl = rules.controller
-    for end in range(1, len(steps) + 1):
-        w = window(steps[:end], ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every)
-        if w is not None:
-            return w
-    return None
+    earlier = [c.applied_step for c in state.changes if c.status == "applied" and c.applied_step is not None
+               and c.applied_step < change.applied_step]
+    start = max(earlier) + ctl.settle_steps if earlier else 0
+    every = period(state.job, rules)
+    if change.knob == ctl.period_knob and change.previous_value:
+        every = max(1, int(round(float(change.previous_value))))
+    candidates = [s for s in state.steps if start <= s.step < change.applied_step]
+    newest_first, _ = _leading(candidates[::-1], ctl.window_min_steps, ctl.verdict_before_s, every)
+    return newest_first[::-1]
 
 
 def _last_applied_step(state: JobState) -> Optional[int]:
@@ -212,7 +316,8 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
                if d.rule == "oom" and isinstance(d.evidence, dict)]
     advised = [int(v) for v in advised if isinstance(v, (int, float))]
     ctx = JobContext(all_steps=state.steps, probe_baseline_us=state.probe_baseline_us,
-                     ooms_since_step=_last_applied_step(state), ooms_reported=max(advised) if advised else None)
+                     ooms_since_step=_last_applied_step(state), ooms_reported=max(advised) if advised else None,
+                     period=period(state.job, rules))
     gpus: Optional[Sequence[GpuWindow]] = None
     out = {}
     for rule in rules.rules:
@@ -247,45 +352,67 @@ def _follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id, outcome="superseded",
                     evidence={**open_d.evidence, "closed_because": why}, applied_step=change.applied_step)
     ctl = rules.controller
+    every = period(state.job, rules)
     after_steps = [s for s in state.steps if s.step >= change.applied_step + ctl.settle_steps]
-    after = _first_window(after_steps, rules, period(state.job, rules))
-    if after is None:
-        return Plan(note=f"measuring throughput after change {change.id} (from step {change.applied_step + ctl.settle_steps})",
-                    applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None)
-    before_tp, after_tp = open_d.throughput_before_samples_per_s, throughput(after)
-    evidence = {**open_d.evidence, "after_window": _window_evidence(after), "verdict_ms": state.now_ms,
+    after, complete = _leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every)
+    measuring = Plan(note=f"measuring throughput after change {change.id} (from step {change.applied_step + ctl.settle_steps})",
+                     applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None)
+    if not complete:
+        return measuring
+    # While the test cannot tell, the after window grows (up to verdict_max_after_s), then "no measurable gain".
+    grown, at_bound = _leading(after_steps, ctl.window_min_steps, max(ctl.window_min_s, ctl.verdict_max_after_s),
+                               every)
+    before = _before_steps(state, rules, change)
+    before_tp = throughput(before) if before else open_d.throughput_before_samples_per_s
+    after_tp = throughput(grown)
+    evidence = {**open_d.evidence, "after_window": _window_evidence(grown), "verdict_ms": state.now_ms,
                 "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
+    if before:
+        evidence["before_window"] = _window_evidence(before)
+    old_every = every if change.knob != ctl.period_knob else max(1, int(round(float(change.previous_value or 1))))
+    b_sample = Sample.of(chunk_rates(before, old_every)) if before else None
+    a_sample = Sample.of(chunk_rates(grown, every))
+    closed = dict(close=open_d.id, throughput_after=after_tp, applied_step=change.applied_step)
+    if before_tp and after_tp:
+        evidence["gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)
+    predicted = evidence.get("memory_prediction")
+    peaks = [s.mem_peak_bytes for s in grown if s.mem_peak_bytes is not None]
+    if isinstance(predicted, dict) and peaks and predicted.get("predicted_gib"):
+        seen = max(peaks) / GIB
+        evidence["memory_observed"] = {"peak_gib": round(seen, 3), "predicted_gib": predicted["predicted_gib"],
+                                       "error_pct": round(100.0 * (seen / predicted["predicted_gib"] - 1.0), 1)}
     if any(r.name == open_d.rule and r.safety for r in rules.rules):
         # A safety change (memory, fragmentation) is not undone for speed: it was made to stop an OOM.
-        if before_tp and after_tp:
-            evidence["gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)
-        return Plan(note=f"decision {open_d.id}: safety change kept", close=open_d.id, outcome="kept",
-                    evidence=evidence, throughput_after=after_tp, applied_step=change.applied_step)
-    if before_tp is None or after_tp is None or before_tp <= 0:
+        return Plan(note=f"decision {open_d.id}: safety change kept", outcome="kept", evidence=evidence, **closed)
+    if b_sample is None or a_sample is None:
         evidence["no_gain"] = True
-        return Plan(note=f"decision {open_d.id}: kept (throughput not measurable)", close=open_d.id, outcome="kept",
-                    evidence=evidence, throughput_after=after_tp, applied_step=change.applied_step)
-    gain_pct = 100.0 * (after_tp / before_tp - 1.0)
-    evidence["gain_pct"] = round(gain_pct, 2)
-    if gain_pct < -ctl.dead_band_pct:
+        return Plan(note=f"decision {open_d.id}: kept (throughput not measurable)", outcome="kept", evidence=evidence,
+                    **closed)
+    v = compare(b_sample, a_sample, ctl)
+    evidence.update(verdict=v.evidence(), before_sample=b_sample.evidence(), after_sample=a_sample.evidence())
+    if v.result == INCONCLUSIVE and not at_bound:
+        measuring.note = (f"decision {open_d.id}: inconclusive so far ({100 * (v.ratio - 1):+.1f} %, "
+                          f"{v.confidence_pct:.0f} % sure): lengthening the after window")
+        return measuring
+    figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
+               f"{v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, {v.confidence_pct:.0f} % sure)")
+    if v.result == WORSE:
         old = _within_bounds(state.job.knobs[change.knob],
                              open_d.old_value if open_d.old_value is not None else change.previous_value)
         if old is None or float(old) == float(change.value):
             # The job narrowed its bounds since (a new registration): the old value is out of them now.
-            why = (f"throughput fell ({gain_pct:+.1f} %) but {change.knob}'s old value is outside the job's bounds "
-                   f"[{state.job.knobs[change.knob]['min']}, {state.job.knobs[change.knob]['max']}] now: not rolled back")
-            return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id, outcome="kept",
-                        evidence={**evidence, "no_gain": True, "rollback_blocked": why}, throughput_after=after_tp,
-                        applied_step=change.applied_step)
-        return Plan(note=f"decision {open_d.id}: throughput {before_tp:.2f} → {after_tp:.2f} samples/s "
-                         f"({gain_pct:+.1f} %): rolling {change.knob} back to {old}",
-                    close=open_d.id, outcome="rolled_back", evidence=evidence, throughput_after=after_tp,
-                    rollback_to=old, rollback_knob=change.knob, applied_step=change.applied_step)
-    if gain_pct <= ctl.dead_band_pct:
+            spec = state.job.knobs[change.knob]
+            why = (f"throughput fell ({figures}) but {change.knob}'s old value is outside the job's bounds "
+                   f"[{spec['min']}, {spec['max']}] now: not rolled back")
+            return Plan(note=f"decision {open_d.id}: {why}", outcome="kept",
+                        evidence={**evidence, "no_gain": True, "rollback_blocked": why}, **closed)
+        return Plan(note=f"decision {open_d.id}: throughput {figures}: rolling {change.knob} back to {old}",
+                    outcome="rolled_back", evidence=evidence, rollback_to=old, rollback_knob=change.knob, **closed)
+    if v.result != GAIN:
         evidence["no_gain"] = True
-    return Plan(note=f"decision {open_d.id}: throughput {before_tp:.2f} → {after_tp:.2f} samples/s ({gain_pct:+.1f} %): "
-                     f"kept", close=open_d.id, outcome="kept", evidence=evidence, throughput_after=after_tp,
-                applied_step=change.applied_step)
+    kind = "kept" if v.result == GAIN else "kept, no measurable gain"
+    return Plan(note=f"decision {open_d.id}: throughput {figures}: {kind}", outcome="kept", evidence=evidence,
+                **closed)
 
 
 def _within_bounds(spec: dict, value: Optional[float]) -> Optional[float]:
@@ -316,8 +443,9 @@ def plan(state: JobState, rules: RuleSet,
     ctl = rules.controller
     last = _last_applied_step(state)
     start = (last + ctl.settle_steps + ctl.cooldown_steps) if last is not None else 0
+    every = period(job, rules)
     win = window([s for s in state.steps if s.step >= start], ctl.window_min_steps, ctl.window_min_s,
-                 ctl.window_max_steps, period(job, rules))
+                 ctl.window_max_steps, every)
     if win is None:
         return Plan(note=f"collecting a window (steps from {start})")
     readings = readings_for(state, rules, win)
@@ -329,9 +457,14 @@ def plan(state: JobState, rules: RuleSet,
         if not reading.fires:
             continue
         evidence = {**base_evidence, "reading": reading.evidence()}
-        choice, skipped = _choose(rule, state, rules, readings)
+        choice, skipped, policy = _choose(rule, state, rules, readings, Sample.of(chunk_rates(win, every)))
         if skipped:
             evidence["skipped"] = skipped
+        for note in policy:
+            if isinstance(note, dict):
+                evidence.update(note)
+            else:
+                evidence.setdefault("step_policy", []).append(note)
         advice = rule.advice
         if rule.placement_advice and placement is not None:
             proposal = placement(state, readings, win)

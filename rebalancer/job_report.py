@@ -25,7 +25,7 @@ from sqlalchemy import Engine, and_, func, select
 from trimtab.rebalancer.balance import ACT, NO_DATA, OK, SEVERITY, WATCH, Verdict
 from trimtab.rebalancer.rules import Rule, RuleSet, RulesError, default_rules
 from trimtab.rebalancer.step_facts import generation_cadence, rl_facts
-from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, job_reading
+from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, job_reading, phase_share_pct
 from trimtab.rebalancer.window import PHASES, JobStep, fold_step, step_columns, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
@@ -268,13 +268,9 @@ def _latency(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext, mean_us: O
 
 
 def _shares(win: Sequence[JobStep]) -> dict[str, Optional[float]]:
-    """Time-weighted share of each phase over the steps that report it (as the rules see it), 0–1."""
-    out: dict[str, Optional[float]] = {}
-    for phase in PHASES:
-        known = [s for s in win if s.phases_s.get(phase) is not None]
-        seconds = sum(s.step_time_s for s in known)
-        out[phase] = sum(s.phases_s[phase] for s in known) / seconds if known and seconds > 0 else None
-    return out
+    """Time-weighted share of each phase over the window (as the rules see it), 0–1."""
+    shares = {phase: phase_share_pct(win, phase) for phase in PHASES}
+    return {phase: None if v is None else v / 100.0 for phase, v in shares.items()}
 
 
 def _mean(values) -> Optional[float]:

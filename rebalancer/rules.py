@@ -40,13 +40,15 @@ class Action:
     op: str
     by: float
     needs_memory_headroom: bool = False
+    strong_by: Optional[float] = None  # the step when the rule's signal is above its strong_above line
 
-    def apply(self, value: float) -> float:
+    def apply(self, value: float, strong: bool = False) -> float:
+        by = self.strong_by if strong and self.strong_by is not None else self.by
         if self.op == "mul":
-            return value * self.by
+            return value * by
         if self.op == "div":
-            return value / self.by
-        return value + self.by
+            return value / by
+        return value + by
 
     @property
     def direction(self) -> int:
@@ -75,6 +77,7 @@ class Rule:
     placement_advice: bool = False
     gpu_signal: Optional[str] = None
     fallback_gpu_signal: Optional[str] = None
+    strong_above: Optional[float] = None  # over the whole window and each half: the actions take strong_by steps
 
     def grade(self, value: float) -> str:
         if value > self.act_above:
@@ -88,17 +91,28 @@ class Rule:
 class ControllerSettings:
     window_min_steps: int = 1
     window_min_s: float = 4.0
-    window_max_steps: int = 20
+    window_max_steps: int = 400
     settle_steps: int = 1
     cooldown_steps: int = 0
-    dead_band_pct: float = 3.0
+    dead_band_pct: float = 2.0
+    confidence_pct: float = 95.0
+    assumed_noise_pct: float = 10.0
+    min_noise_pct: float = 1.0
+    verdict_before_s: float = 12.0
+    verdict_max_after_s: float = 12.0
+    bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
     advice_repeat_s: float = 600.0
     raise_batch_max_mem_pct: float = 85.0
     raise_batch_max_fragmentation_pct: float = 15.0
+    memory_margin_pct: float = 3.0
     gpu_min_samples: int = 3
     probe_baseline_steps: int = 5
     period_knob: str = "sync_every"
+    report_phase_slack_s: float = 0.05
+    report_phase_max_x_step: float = 20.0
+    report_phases_sum_max_x_step: float = 40.0
+    report_max_steps_ahead: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -237,8 +251,9 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         for i, a in enumerate(d["actions"]):
             w = f"{where('actions')}[{i}]"
             if not isinstance(a, Mapping) or not {"knob", "op", "by"} <= set(a) \
-                    or set(a) - {"knob", "op", "by", "needs_memory_headroom"}:
-                raise RulesError(f"{w}: needs exactly knob, op, by (and optionally needs_memory_headroom), got {a!r}")
+                    or set(a) - {"knob", "op", "by", "needs_memory_headroom", "strong_by"}:
+                raise RulesError(f"{w}: needs exactly knob, op, by (and optionally needs_memory_headroom, strong_by), "
+                                 f"got {a!r}")
             if a["op"] not in OPS:
                 raise RulesError(f"{w}: op must be one of {OPS}, got {a['op']!r}")
             by = _number(a["by"], f"{w}.by")
@@ -246,7 +261,11 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
                 raise RulesError(f"{w}: by={by} would not change the knob")
             if not isinstance(a["knob"], str) or not a["knob"]:
                 raise RulesError(f"{w}: knob must be a knob name")
-            actions.append(Action(a["knob"], a["op"], by, bool(a.get("needs_memory_headroom", False))))
+            strong_by = None if a.get("strong_by") is None else _number(a["strong_by"], f"{w}.strong_by")
+            if strong_by is not None and Action(a["knob"], a["op"], strong_by).direction != \
+                    Action(a["knob"], a["op"], by).direction:
+                raise RulesError(f"{w}: strong_by={strong_by} moves the knob the other way than by={by}")
+            actions.append(Action(a["knob"], a["op"], by, bool(a.get("needs_memory_headroom", False)), strong_by))
         for key in ("advice", "unit"):
             if not isinstance(d.get(key, ""), str):
                 raise RulesError(f"{where(key)}: must be text")
@@ -257,7 +276,9 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
                           scope=d["scope"], signal=d["signal"], unit=d.get("unit", ""), healthy_below=healthy,
                           act_above=act, actions=tuple(actions), advice=d["advice"], safety=d.get("safety", False),
                           placement_advice=d.get("placement_advice", False), gpu_signal=d.get("gpu_signal"),
-                          fallback_gpu_signal=d.get("fallback_gpu_signal")))
+                          fallback_gpu_signal=d.get("fallback_gpu_signal"),
+                          strong_above=None if d.get("strong_above") is None
+                          else _number(d["strong_above"], where("strong_above"))))
     rules.sort(key=lambda r: (r.priority, r.name))
     return RuleSet(ControllerSettings(**ctl), tuple(rules))
 

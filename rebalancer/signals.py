@@ -57,25 +57,31 @@ class JobContext:
     probe_baseline_us: Optional[float]
     ooms_since_step: Optional[int] = None  # the last change's step: an OOM in its settle step still counts
     ooms_reported: Optional[int] = None    # cumulative OOMs an "oom" decision already reported
+    period: int = 1                        # steps per sync period (halves are split at a period boundary)
 
 
 Aggregate = Callable[[Sequence[JobStep]], Optional[float]]
 
 
-def _halves(window: Sequence[JobStep]) -> list[Sequence[JobStep]]:
-    if len(window) < 2:
+def _halves(window: Sequence[JobStep], period: int = 1) -> list[Sequence[JobStep]]:
+    """The window's two halves, split at a sync-period boundary (a half of a period would hold no sync step and
+    read 0 % communication); a window of one period is judged whole."""
+    periods = len(window) // max(1, period)
+    if periods < 2:
         return [window]
-    mid = len(window) // 2
+    mid = (periods // 2) * period
     return [window[:mid], window[mid:]]
 
 
 def _sustained(rule: Rule, window: Sequence[JobStep], aggregate: Aggregate, values: list[Optional[float]],
-               what: str) -> Reading:
+               what: str, period: int = 1, absent_is_zero: bool = False) -> Reading:
     base = dict(rule=rule.name, signal=rule.signal, unit=rule.unit, per_step=values)
     whole = aggregate(window)
     if whole is None:
         return Reading(status=NO_DATA, value=None, message=f"no {what} in the window's reports", **base)
-    halves = [aggregate(h) for h in _halves(window)]
+    halves = [aggregate(h) for h in _halves(window, period)]
+    if absent_is_zero:  # a phase the window reports but one half never entered: 0 % there, not "no data"
+        halves = [0.0 if h is None else h for h in halves]
     lowest = min((h for h in halves if h is not None), default=whole)
     status = "act" if whole > rule.act_above and lowest > rule.act_above else \
         ("watch" if rule.grade(whole) != "ok" else "ok")
@@ -86,12 +92,20 @@ def _sustained(rule: Rule, window: Sequence[JobStep], aggregate: Aggregate, valu
                    detail={"steps": [s.step for s in window], "halves": [_round(h) for h in halves]}, **base)
 
 
+def phase_share_pct(steps: Sequence[JobStep], phase: str) -> Optional[float]:
+    """``phase``'s seconds over *all* the steps' seconds, capped at 100 %; None when no step reports it. A step
+    that reports other phases but not this one spent no time in it (the hook leaves out phases a step never
+    entered): a sync every 8th step is a share of every step's time, not only of the 8th step's."""
+    timed = [s for s in steps if any(v is not None for v in s.phases_s.values())]
+    if not any(s.phases_s.get(phase) is not None for s in timed):
+        return None
+    seconds = sum(s.step_time_s for s in timed)
+    spent = sum(s.phases_s.get(phase) or 0.0 for s in timed)
+    return min(100.0, 100.0 * spent / seconds) if seconds > 0 else None
+
+
 def _share(phase: str) -> Aggregate:
-    def aggregate(steps: Sequence[JobStep]) -> Optional[float]:
-        known = [s for s in steps if s.phases_s.get(phase) is not None]
-        seconds = sum(s.step_time_s for s in known)
-        return 100.0 * sum(s.phases_s[phase] for s in known) / seconds if known and seconds > 0 else None
-    return aggregate
+    return lambda steps: phase_share_pct(steps, phase)
 
 
 def _mean_of(values_of: Callable[[JobStep], Optional[float]]) -> Aggregate:
@@ -140,7 +154,8 @@ def job_reading(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Readi
 
         return _sustained(rule, window, _mean_of(frag), [frag(s) for s in window], "allocator fragmentation")
     phase = signal.removesuffix("_share_pct")
-    return _sustained(rule, window, _share(phase), [s.share_pct(phase) for s in window], f"{phase} share")
+    return _sustained(rule, window, _share(phase), [s.share_pct(phase) for s in window], f"{phase} share",
+                      ctx.period, absent_is_zero=True)
 
 
 def alloc_retries(window: Sequence[JobStep], ctx: JobContext) -> int:

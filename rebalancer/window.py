@@ -25,7 +25,8 @@ def step_columns(r) -> tuple:
     """The ``job_reports`` columns a step is folded from (``r`` is the table's ``.c``): one list for every reader."""
     return (r.step, r.rank, r.received_ms, r.step_time_s, *(r[f"{p}_s"] for p in PHASES), r.samples,
             r.fragmentation, r.num_ooms, r.num_alloc_retries, r.collective_latency_us, r.rollout_slowest_s,
-            r.rollout_mean_s, *(r[c] for c in RL_COUNTS + RL_MEANS))
+            r.rollout_mean_s, *(r[c] for c in RL_COUNTS + RL_MEANS), r.peak_allocated_bytes, r.reserved_bytes,
+            r.total_bytes)
 
 
 @dataclass(frozen=True)
@@ -44,17 +45,19 @@ class JobStep:
     rollout_slowest_s: Optional[float] = None  # the slowest sample's generation time (the long tail)
     rollout_mean_s: Optional[float] = None     # the mean sample's
     rl: dict[str, Optional[float]] = field(default_factory=dict)  # RL_COUNTS and RL_MEANS (None: not reported)
+    mem_peak_bytes: Optional[float] = None   # the worst rank's allocator peak (else its reserved bytes)
+    mem_total_bytes: Optional[float] = None  # the smallest rank GPU's capacity
 
     def share_pct(self, phase: str) -> Optional[float]:
         value = self.phases_s.get(phase)
         if value is None or self.step_time_s <= 0:
             return None
-        return 100.0 * value / self.step_time_s
+        return min(100.0, 100.0 * value / self.step_time_s)
 
 
 def fold_step(step: int, rows: Sequence) -> JobStep:
     def known(name: str) -> list:
-        return [getattr(r, name) for r in rows if getattr(r, name) is not None]
+        return [getattr(r, name, None) for r in rows if getattr(r, name, None) is not None]
 
     def worst(name: str) -> Optional[float]:
         return max(known(name)) if known(name) else None
@@ -72,7 +75,9 @@ def fold_step(step: int, rows: Sequence) -> JobStep:
                    num_alloc_retries=int(retries) if retries is not None else None,
                    collective_latency_us=statistics.median(latencies) if latencies else None,
                    start_ms=end_ms - int(step_time * 1000), end_ms=end_ms,
-                   rollout_slowest_s=worst("rollout_slowest_s"), rollout_mean_s=worst("rollout_mean_s"), rl=rl)
+                   rollout_slowest_s=worst("rollout_slowest_s"), rollout_mean_s=worst("rollout_mean_s"), rl=rl,
+                   mem_peak_bytes=worst("peak_allocated_bytes") or worst("reserved_bytes"),
+                   mem_total_bytes=min(known("total_bytes")) if known("total_bytes") else None)
 
 
 def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, limit: int = 200) -> list[JobStep]:
@@ -104,8 +109,10 @@ def first_probes(engine: Engine, job_id: int, n: int) -> list[float]:
 
 def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: int,
            period: int = 1) -> Optional[list[JobStep]]:
-    """The newest steps covering at least ``min_steps`` steps and ``min_s`` seconds (at most ``max_steps``), in
-    whole multiples of ``period`` steps; None when ``steps`` cannot cover that yet.
+    """The newest steps covering at least ``min_steps`` steps and ``min_s`` seconds, in whole multiples of
+    ``period`` steps; None when ``steps`` cannot cover that yet. ``max_steps`` only bounds what is read when the
+    steps are too short to cover ``min_s`` within it (a stalled clock, 0 s steps): at 20+ steps/s a window holds
+    80+ steps, never a sub-second sample judged as if it were ``min_s`` long.
 
     ``period`` is the job's sync interval: with a weight sync every 2nd step, steps alternate fast and slow, and a
     window of 5 steps holding 3 syncs would read 8 % slower than one holding 2 — enough to roll back a good change.
@@ -121,8 +128,20 @@ def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: in
         if whole and len(chosen) >= min_steps and total_s >= min_s:
             return list(reversed(chosen))
         if len(chosen) >= cap:
-            return list(reversed(chosen)) if len(chosen) >= min_steps else None
+            return None
     return None
+
+
+def chunk_rates(steps: Sequence[JobStep], period: int = 1) -> list[float]:
+    """Throughput (samples/s) of each whole sync period of ``steps``, oldest first: the per-period samples a
+    verdict tests (a period, not a step, so a sync step is never compared with a step without one)."""
+    period = max(1, int(period))
+    out = []
+    for i in range(0, len(steps) - period + 1, period):
+        rate = throughput(steps[i:i + period])
+        if rate is not None:
+            out.append(rate)
+    return out
 
 
 def throughput(steps: Sequence[JobStep]) -> Optional[float]:

@@ -186,6 +186,13 @@ def ranks_reported(engine: Engine, job_id: int, step: int) -> int:
                             .where(r.job_id == job_id, r.step == step)).scalar_one()
 
 
+def newest_step(engine: Engine, job_id: int) -> Optional[int]:
+    """The highest step any rank of the job has reported (None: no reports yet); one indexed lookup."""
+    r = job_reports.c
+    with engine.connect() as conn:
+        return conn.execute(select(func.max(r.step)).where(r.job_id == job_id)).scalar_one()
+
+
 def list_reports(engine: Engine, job_id: int, limit: int, offset: int) -> list[dict[str, Any]]:
     """Newest steps first, ranks in order; each report as a dict of its columns."""
     r = job_reports.c

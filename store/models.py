@@ -246,6 +246,8 @@ job_reports = Table(
     Column("tokens", BigInteger),
     Column("allocated_bytes", BigInteger),
     Column("reserved_bytes", BigInteger),
+    Column("peak_allocated_bytes", BigInteger),  # the allocator's peak since the rank's previous sample
+    Column("total_bytes", BigInteger),  # the rank's GPU capacity (the memory line of a batch raise)
     Column("fragmentation", Double),
     Column("num_alloc_retries", BigInteger),
     Column("num_ooms", BigInteger),

@@ -13,7 +13,8 @@ import torch
 
 from trimtab.trainer.timing import cuda_in_use
 
-WIRE_KEYS = ("allocated_bytes", "reserved_bytes", "fragmentation", "num_alloc_retries", "num_ooms")
+WIRE_KEYS = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "total_bytes", "fragmentation",
+             "num_alloc_retries", "num_ooms")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -29,9 +30,15 @@ class MemorySampler:
     """Rate-limited ``memory_stats()``: a dict for the next report, or None (not due, or no CUDA in use)."""
 
     def __init__(self, every_s: float = 5.0, stats_fn: Optional[Callable[[], dict]] = None,
-                 enabled_fn: Callable[[], bool] = cuda_in_use):
+                 enabled_fn: Callable[[], bool] = cuda_in_use, reset_peak_fn: Optional[Callable[[], None]] = None,
+                 total_fn: Optional[Callable[[], Optional[int]]] = None):
         self.every_s = every_s
         self._stats_fn = stats_fn or torch.cuda.memory_stats
+        # The peak is reset after each sample, so the next one is the peak of the steps since (at the batch size
+        # they ran at) — what the rebalancer's memory prediction learns from.
+        self._reset_peak_fn = reset_peak_fn if reset_peak_fn is not None else (
+            torch.cuda.reset_peak_memory_stats if stats_fn is None else (lambda: None))
+        self._total_fn = total_fn if total_fn is not None else (_device_total if stats_fn is None else (lambda: None))
         self._enabled_fn = enabled_fn
         self._next_s = float("-inf")
         self._last_retries: Optional[int] = None
@@ -50,9 +57,16 @@ class MemorySampler:
         inactive = int(stats.get("inactive_split_bytes.all.current", 0))
         retries = int(stats.get("num_alloc_retries", 0))
         ooms = int(stats.get("num_ooms", 0))
+        peak = stats.get("allocated_bytes.all.peak")
+        try:
+            self._reset_peak_fn()
+        except Exception:  # a peak that cannot be reset only makes the next one an older high point
+            pass
         out = {
             "allocated_bytes": allocated,
             "reserved_bytes": reserved,
+            "peak_allocated_bytes": int(peak) if peak is not None else None,
+            "total_bytes": self._total_fn(),
             # Fragmentation = free memory stranded inside split blocks (usable only by allocations that fit the
             # holes) over reserved memory. Not 1 − allocated/reserved: at a step boundary the activations are
             # freed but stay cached, which reads 50–90 % "fragmented" on a perfectly healthy job.
@@ -67,3 +81,10 @@ class MemorySampler:
         }
         self._last_retries, self._last_ooms = retries, ooms
         return out
+
+
+def _device_total() -> Optional[int]:
+    try:
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    except Exception:
+        return None

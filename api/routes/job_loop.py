@@ -36,6 +36,28 @@ def change_out(change: StoredChange) -> ChangeOut:
                            for a in change.acks], refused_reason=change.refused_reason)
 
 
+def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
+    """422 for a report that cannot describe a real step (and would fire rules on garbage): a phase far longer
+    than the step (a prefetched phase overlaps a few steps, not a million), phases adding up far beyond it, or a
+    step number far ahead of the job's newest (it would stay "newest" in every later window)."""
+    ctl = ctx.rules.controller
+    phases = {k: v for k, v in body.phases.model_dump().items() if v is not None}
+    slack_s = ctl.report_phase_slack_s
+    for phase, seconds in phases.items():
+        if seconds > body.step_time_s * ctl.report_phase_max_x_step + slack_s:
+            raise invalid(("body", "phases", phase), f"{phase} {seconds:g} s is more than "
+                                                     f"{ctl.report_phase_max_x_step:g}× the step (step_time_s "
+                                                     f"{body.step_time_s:g} s)")
+    if sum(phases.values()) > body.step_time_s * ctl.report_phases_sum_max_x_step + slack_s:
+        raise invalid(("body", "phases"), f"phases add up to {sum(phases.values()):g} s, more than "
+                                          f"{ctl.report_phases_sum_max_x_step:g}× the step (step_time_s "
+                                          f"{body.step_time_s:g} s)")
+    newest = job_store.newest_step(ctx.engine, job.id)
+    if newest is not None and body.step > newest + ctl.report_max_steps_ahead:
+        raise invalid(("body", "step"), f"step {body.step} is more than {ctl.report_max_steps_ahead} steps ahead "
+                                        f"of the job's newest report (step {newest})")
+
+
 @router.post("/{name}/reports", response_model=ReportAcceptedOut, responses={**WRITE, **NOT_FOUND},
              summary="Post a step report",
              description="One rank's report of one step: step time and its phases, samples, tokens, allocator "
@@ -48,6 +70,7 @@ def change_out(change: StoredChange) -> ChangeOut:
 def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
                 token: StoredToken = Depends(require_scope("job"))) -> ReportAcceptedOut:
     job = _rank_of(ctx, name, token, body.rank)
+    _check_possible(ctx, job, body)
     values = body.model_dump(exclude={"phases", "memory"})
     values.update({f"{phase}_s": seconds for phase, seconds in body.phases.model_dump().items()})
     if body.memory is not None:

@@ -53,11 +53,12 @@ def test_shipped_rules_load_sorted_by_priority_with_their_actions():
     assert rs["memory"].actions[0] == Action("batch_size", "div", 2.0)
     assert [a.knob for a in rs["memory"].actions[1:]] == ["actor_update_micro_batch", "log_prob_micro_batch",
                                                          "ref_log_prob_micro_batch"]
-    assert rs["communication_bound"].actions == (Action("sync_every", "mul", 2.0),)
+    assert rs["communication_bound"].actions == (Action("sync_every", "mul", 2.0, strong_by=4.0),)
+    assert rs["communication_bound"].strong_above == 40.0
     assert rs["oom"].actions == ()
     ctl = rs.controller
     assert (ctl.window_min_steps, ctl.window_min_s, ctl.settle_steps, ctl.dead_band_pct, ctl.retry_after_s) == \
-        (1, 4.0, 1, 3.0, 600.0)
+        (1, 4.0, 1, 2.0, 600.0)
     assert isinstance(ctl.window_min_steps, int) and isinstance(ctl.window_min_s, float)
 
 

@@ -90,3 +90,12 @@ def test_logged_values_the_api_would_refuse_are_left_out_not_the_whole_report():
     wire = StepReport(step=1, rank=0, step_time_s=1.0, logged=logs, reward_mean=float("inf")).to_wire()
     assert len(wire["logged"]) == 64 and wire["logged"]["epoch"] == 1.0 and wire["logged"]["loss"] == 0.5
     assert not {"lr", "flag", "bad\nname", "x" * 129} & set(wire["logged"]) and "reward_mean" not in wire
+
+
+def test_the_memory_sample_carries_the_peak_since_the_last_sample_and_the_gpu_capacity():
+    resets = []
+    sampler = MemorySampler(every_s=5.0, stats_fn=lambda: {"allocated_bytes.all.peak": 7 * 2**30},
+                            enabled_fn=lambda: True, reset_peak_fn=lambda: resets.append(1),
+                            total_fn=lambda: 141 * 2**30)
+    out = sampler.maybe_sample(0.0)
+    assert (out["peak_allocated_bytes"], out["total_bytes"], len(resets)) == (7 * 2**30, 141 * 2**30, 1)
