@@ -39,17 +39,21 @@ class Notifier:
     def enabled(self) -> bool:
         return self._sock is not None
 
-    def send(self, message: str) -> bool:
+    def send(self, message: str, wait_s: float = 0.0) -> bool:
+        """One datagram. A ping or status line never waits (a full notify queue must not stall the sampling loop
+        that holds the lock; the next ping replaces a lost one); READY and STOPPING wait up to ``wait_s`` for
+        room, since systemd must not miss them."""
         if self._sock is None:
             return False
         try:
+            self._sock.settimeout(wait_s if wait_s > 0 else 0.0)
             self._sock.sendto(message.encode(), self._target)
             return True
         except OSError:
             return False  # systemd gone or socket full: never take the daemon down for a notification
 
     def ready(self, status: str = "") -> bool:
-        return self.send("READY=1" + (f"\nSTATUS={status}" if status else ""))
+        return self.send("READY=1" + (f"\nSTATUS={status}" if status else ""), wait_s=1.0)
 
     def status(self, text: str) -> bool:
         """A STATUS line; none once stopping began, so STOPPING=1 is the last word."""
@@ -72,7 +76,7 @@ class Notifier:
         try:
             if self._stop_requested and not self._stopping_sent:
                 self._stopping_sent = True
-                return self.send("STOPPING=1")
+                return self.send("STOPPING=1", wait_s=1.0)
             return False
         finally:
             self._lock.release()
