@@ -98,7 +98,9 @@ GpuMetricMeans = _metric_model("GpuMetricMeans", "Every per-GPU metric averaged 
 
 
 class HealthOut(Model):
-    status: Literal["ok", "degraded"] = Field(description="ok, or degraded when the store cannot be reached.")
+    status: Literal["ok", "degraded", "failed"] = Field(
+        description="ok; degraded when the store cannot be reached (an outage: it may come back); failed when a "
+                    "component refuses to go on as configured (see its `failed` text: fix the configuration).")
     store_reachable: bool = Field(description="Whether a trivial query on the store succeeded just now.")
     version: str = Field(description="trimtab's version.")
     mode: Literal["up", "server"] = Field(description="up: one node (agent in this process); server: a head node.")

@@ -24,11 +24,23 @@ def _use_state_dir(_ctx, _param, value):
         use_state_dir(value)
 
 
+def _resolve_db(_ctx, _param, value):
+    """``postgres://…`` and ``postgresql://…`` name no driver trimtab has: use psycopg 3, and say so."""
+    from trimtab.store.engine import mask_url, resolve_url
+
+    if value is None or resolve_url(value) == value:
+        return value
+    resolved = resolve_url(value)
+    click.echo(f"trimtab: --db {mask_url(value)} read as {mask_url(resolved)} (the psycopg driver trimtab installs)",
+               err=True)
+    return resolved
+
+
 def db_option(f):
     """``--db`` and, with it, ``--state-dir``: every command that can use the default store knows where it is."""
-    f = env_option("--db", "db_url", default=None, metavar="URL",
-                   help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
-                        "[default: sqlite:///<state dir>/trimtab.db]")(f)
+    f = env_option("--db", "db_url", default=None, metavar="URL", callback=_resolve_db,
+                   help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db (postgres:// and "
+                        "postgresql:// mean that too) [default: sqlite:///<state dir>/trimtab.db]")(f)
     return env_option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
                       is_eager=True, expose_value=False, callback=_use_state_dir,
                       help="The one directory for the admin token, the spool and the default SQLite store "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from trimtab.cli.agent_cmd import install_stop_handlers, parse_gpu_list
+from trimtab.cli.agent_cmd import exit_if_failed, install_stop_handlers, parse_gpu_list, report_failure
 from trimtab.cli.options import agent_options, db_option, env_option, interval_option, simulate_options
 from trimtab.paths import default_db_url, default_spool_dir, state_dir
 
@@ -64,11 +64,16 @@ def _shut_down(notifier, api, rebalancer, engine) -> None:
 def _open_store(url: str):
     from trimtab.store.engine import StoreError, migrate, open_engine
 
+    from trimtab.daemon import EXIT_MISCONFIGURED
+
     try:
         engine = open_engine(url)
         migrate(engine)
     except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        error = click.ClickException(str(exc))
+        if exc.permanent:  # not an outage: systemd must not restart this in a loop (RestartPreventExitStatus=78)
+            error.exit_code = EXIT_MISCONFIGURED
+        raise error from exc
     return engine
 
 
@@ -143,8 +148,10 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     pinger = StatusPinger(notifier, status, every_s=status_every, log_it=False)
     try:
         runner.run(stop, duration_s=duration, on_tick=pinger)
+        report_failure(runner, notifier)
     finally:
         _shut_down(notifier, api, rebalancer, engine)
+    exit_if_failed(runner)
 
 
 @click.command()
