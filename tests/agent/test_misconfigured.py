@@ -3,7 +3,6 @@ say what to fix, reports itself failed and exits 78 (the units do not restart on
 disk. An outage (connection refused) still spools and waits."""
 
 import secrets
-import socket
 import threading
 from urllib.parse import quote
 
@@ -16,7 +15,7 @@ from trimtab.agent.sinks import HttpSink
 from trimtab.cli.main import cli
 from trimtab.daemon import EXIT_MISCONFIGURED
 from tests.store.conftest import pg_admin_or_skip
-from tests.support.procs import trimtab
+from tests.support.procs import drain, notify_listener, trimtab
 
 
 def run_agent(tmp_path, *args, timeout_s=60, env=None):
@@ -66,18 +65,11 @@ def test_a_store_that_refuses_connections_is_an_outage_spooled_and_waited_for(tm
 
 def test_a_token_the_server_does_not_know_stops_the_agent_with_exit_78(sqlite_api, tmp_path):
     sock_path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(sock_path))
-    sock.settimeout(0.5)
+    sock = notify_listener(sock_path, timeout_s=0.5)
     try:
         code, err = run_agent(tmp_path, "--server", sqlite_api.url, "--token", "tt_" + "x" * 43, "--duration", "40",
                               env={"NOTIFY_SOCKET": str(sock_path)})
-        messages = []
-        while True:
-            try:
-                messages.append(sock.recv(4096).decode())
-            except socket.timeout:
-                break
+        messages = drain(sock)
     finally:
         sock.close()
     assert code == EXIT_MISCONFIGURED, err

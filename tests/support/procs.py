@@ -48,3 +48,21 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 2
         proc.kill()
         out, err = proc.communicate()
     return out or "", err or ""
+
+
+def notify_listener(path, timeout_s: float = 0.2) -> socket.socket:
+    """A datagram socket at ``path`` for a child's NOTIFY_SOCKET (systemd's notify protocol)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(timeout_s)
+    return sock
+
+
+def drain(sock: socket.socket) -> list[str]:
+    """The notifications waiting on ``sock``, until it stays quiet for its timeout."""
+    messages = []
+    while True:
+        try:
+            messages.append(sock.recv(4096).decode())
+        except socket.timeout:
+            return messages
