@@ -79,14 +79,17 @@ def _open_store(url: str):
 
 def _guard_bind(engine, host: str, sd: Path) -> None:
     """Refuse to expose an API without tokens; on loopback create the first admin token and say where it is."""
-    from trimtab.api.auth import any_tokens, ensure_admin_token
+    from trimtab.api.auth import TokenFileConflict, any_tokens, ensure_admin_token
     from trimtab.daemon import is_loopback
 
     if not is_loopback(host) and not any_tokens(engine):
         raise click.ClickException(
             f"refusing to listen on {host}: no API token exists, so anyone who can reach this address could write. "
             f"Create one first (`trimtab token create --name admin --scope admin`) or bind 127.0.0.1.")
-    path = ensure_admin_token(engine, sd)
+    try:
+        path = ensure_admin_token(engine, sd)
+    except TokenFileConflict as exc:
+        raise click.ClickException(str(exc)) from None
     if path is not None:
         click.echo(f"created the first admin API token in {path} (mode 0600); agents and jobs need tokens of their own "
                    f"(`trimtab token create --scope agent`)", err=True)

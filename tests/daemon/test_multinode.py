@@ -22,7 +22,8 @@ def test_every_sample_arrives_once_through_a_server_crash(pg_url, tmp_path):
     server = trimtab("server", "--db", pg_url, "--port", str(port), env=env)
     try:
         wait_http(f"{base}/healthz", proc=server)
-        admin = (tmp_path / "state" / "admin.token").read_text().strip()
+        (admin_file,) = (tmp_path / "state").glob("admin-test-*.token")  # named after its store (database test)
+        admin = admin_file.read_text().strip()
         r = httpx.post(f"{base}/v1/tokens", json={"name": "agents", "scope": "agent"},
                        headers={"Authorization": f"Bearer {admin}"})
         assert r.status_code in (200, 201), r.text
