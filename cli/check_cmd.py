@@ -163,7 +163,7 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
             help="Sampling period with --live.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def check(db_url, window, node, live, server_url, rules_file, simulate, scenario, seed, interval, as_json):
-    """Print the balance report (the seed's check_balance.py made real) and exit 0 balanced, 1 out of balance, 2 error.
+    """Print the balance report and exit 0 balanced, 1 out of balance, 2 error.
 
     Per GPU: utilization, SM activity, memory %, PCIe GB/s and % of link peak, NVLink. Verdicts: utilization
     spread (act > 40 pts), PCIe (act > 90 % of peak), memory (act > 98 %). Then one section per job that reported

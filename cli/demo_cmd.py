@@ -34,8 +34,8 @@ def _fmt(value, unit: str = "") -> str:
 def demo(as_json: bool, budget_s: float, quiet_steps: int, before_steps: int, keep_state: bool) -> None:
     """Watch the rebalancer fix a badly configured PPO job on this CPU (about two minutes).
 
-    Starts a private `trimtab up` on a free loopback port, runs the reference pipeline from the brief's bad
-    defaults (batch 1, no prefetch, sync every step), lets the rebalancer change its knobs in `auto` mode, and
+    Starts a private `trimtab up` on a free loopback port, runs the reference pipeline from deliberately bad
+    settings (batch 1, no prefetch, sync every step), lets the rebalancer change its knobs in `auto` mode, and
     prints throughput before and after with every decision it took. Nothing outside a temporary directory is
     touched.
     """

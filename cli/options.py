@@ -53,7 +53,8 @@ def simulate_options(f):
 
     f = env_option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated node (deterministic readings).")(f)
     f = env_option("--scenario", type=click.Choice(sorted(SCENARIOS)), default="balanced", show_default=True,
-                   help="What the simulated node shows (seed §4: actor-hot = scenario 1, reward-memory = scenario 2).")(f)
+                   help="What the simulated node shows: balanced; actor-hot (actor GPUs busy, critic idle); reward-memory (the "
+                        "reward GPU's memory full); pcie-saturated (the reward GPU's PCIe link above 90 %).")(f)
     f = env_option("--simulate", type=click.IntRange(1, 64), default=None, metavar="N",
                    help="Run a simulated node of N GPUs instead of reading NVML (for machines without a driver).")(f)
     return f
