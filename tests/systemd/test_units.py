@@ -108,15 +108,22 @@ def test_the_default_executable_is_this_trimtab():
         assert Path(command).name == "trimtab"
 
 
-def test_an_executable_under_a_home_directory_keeps_homes_readable(tmp_path, monkeypatch):
-    """ProtectHome=true would hide /root or /home from the service, and with it a trimtab installed there."""
+def venv_trimtab_in(directory, kind: str, monkeypatch):
+    """A trimtab script of a venv in ``directory``, which the renderer is told is one of its ``kind`` (HOME_DIRS,
+    TMP_DIRS) directories."""
     import trimtab.cli.systemd_cmd as systemd_cmd
 
-    monkeypatch.setattr(systemd_cmd, "HOME_DIRS", (tmp_path,))
-    exe = tmp_path / "venv" / "bin" / "trimtab"
+    monkeypatch.setattr(systemd_cmd, kind, (directory,))
+    exe = directory / "venv" / "bin" / "trimtab"
     exe.parent.mkdir(parents=True)
     exe.write_text("#!/usr/bin/python3\n")
     exe.chmod(0o755)
+    return exe
+
+
+def test_an_executable_under_a_home_directory_keeps_homes_readable(tmp_path, monkeypatch):
+    """ProtectHome=true would hide /root or /home from the service, and with it a trimtab installed there."""
+    exe = venv_trimtab_in(tmp_path, "HOME_DIRS", monkeypatch)
     res = run("--role", "agent", "--dry-run", "--exec", str(exe))
     assert directives(res.stdout)["ProtectHome"] == ["read-only"]
     assert "under a home directory" in res.stderr
@@ -152,13 +159,7 @@ def test_an_unwritable_unit_dir_is_a_clear_error(tmp_path):
 
 
 def test_an_executable_under_tmp_is_refused_because_private_tmp_hides_it(tmp_path, monkeypatch):
-    import trimtab.cli.systemd_cmd as systemd_cmd
-
-    monkeypatch.setattr(systemd_cmd, "TMP_DIRS", (tmp_path,))
-    exe = tmp_path / "venv" / "bin" / "trimtab"
-    exe.parent.mkdir(parents=True)
-    exe.write_text("#!/usr/bin/python3\n")
-    exe.chmod(0o755)
+    exe = venv_trimtab_in(tmp_path, "TMP_DIRS", monkeypatch)
     units = tmp_path / "units"
     units.mkdir()
     res = CliRunner().invoke(install_systemd, ["--role", "agent", "--unit-dir", str(units), "--exec", str(exe)])
