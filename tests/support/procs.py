@@ -66,3 +66,12 @@ def drain(sock: socket.socket) -> list[str]:
             messages.append(sock.recv(4096).decode())
         except socket.timeout:
             return messages
+
+
+def admin_secret(state_dir) -> str:
+    """The secret of the one admin token file a daemon wrote into ``state_dir`` (admin.token for the state dir's
+    own store, admin-<database>-<hash>.token for another)."""
+    from pathlib import Path
+
+    (path,) = Path(state_dir).glob("admin*.token")
+    return path.read_text().strip()
