@@ -33,7 +33,7 @@ GPM_MIN_INTERVAL_S = 0.1  # nvmlGpmMetricsGet needs samples more than 100 ms apa
 MIB = 1024 * 1024
 _ALL_LINKS = 0xFFFFFFFF  # field-value scopeId: sum over NVLink links
 _MAX_EVENTS_PER_TICK = 32
-_NO_DRIVER_HINT = "Run `trimtab agent --simulate N` for a simulated node on a machine without NVIDIA GPUs."
+NO_DRIVER_HINT = "Run `trimtab agent --simulate N` for a simulated node on a machine without NVIDIA GPUs."  # commands other than `agent` say their own
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")  # by nvmlValueType_t
 _NO_DRIVER_CODES = (9, 12)  # NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND
 # GPM metric id → (GpuSample field, factor to the field's unit). NVLink ids are asked only where links exist.
@@ -57,7 +57,7 @@ def load_pynvml() -> Any:
         import pynvml
     except ImportError as exc:
         raise SourceUnavailable(f"The NVML bindings are not installed ({exc}); `pip install nvidia-ml-py`. "
-                                + _NO_DRIVER_HINT) from None
+                                + NO_DRIVER_HINT) from None
     return pynvml
 
 
@@ -138,7 +138,7 @@ class NvmlSource:
             nv.nvmlInit()
         except nv.NVMLError as exc:
             hint = "no NVIDIA driver found" if exc.value in _NO_DRIVER_CODES else "NVML failed to start"
-            raise SourceUnavailable(f"NVML unavailable: {hint} ({exc}). {_NO_DRIVER_HINT}") from None
+            raise SourceUnavailable(f"NVML unavailable: {hint} ({exc}). {NO_DRIVER_HINT}") from None
         try:
             self._open(indices)
         except BaseException:
@@ -151,7 +151,7 @@ class NvmlSource:
         q = self._query
         count = q(None, "device_count", "nvmlDeviceGetCount") or 0
         if count == 0:
-            raise SourceUnavailable(f"NVML found no GPU on this machine. {_NO_DRIVER_HINT}")
+            raise SourceUnavailable(f"NVML found no GPU on this machine. {NO_DRIVER_HINT}")
         wanted = list(range(count)) if indices is None else list(indices)
         bad = [i for i in wanted if not 0 <= i < count]
         if bad:

@@ -97,7 +97,7 @@ class Agent:
     def status_line(self) -> str:
         st, ws = self.sampler.stats, self.writer.status
         sim = " [SIMULATED]" if self.node.simulated else ""
-        store = "ok" if ws.sink_ok else f"DOWN ({ws.last_error})"
+        store = ("ok" if ws.sink_ok else f"DOWN ({ws.last_error})") if ws.failed is None else f"FAILED ({ws.failed})"
         util = "-"
         if st.last_batch is not None and st.last_batch.gpu_samples:
             util = " ".join("-" if s.util_pct is None else f"{s.util_pct:.0f}" for s in st.last_batch.gpu_samples) + " %"
@@ -109,16 +109,31 @@ class Agent:
     def health(self) -> dict:
         """The agent's state for /healthz: ticks, the store's reachability, spool and drops."""
         st, ws = self.sampler.stats, self.writer.status
-        return {"hostname": self.node.hostname, "simulated": self.node.simulated, "gpus": len(self.sampler.gpus),
+        state = "failed" if ws.failed is not None else ("ok" if ws.sink_ok else "store_down")
+        return {"state": state, "failed": ws.failed,
+                "hostname": self.node.hostname, "simulated": self.node.simulated, "gpus": len(self.sampler.gpus),
                 "ticks": st.ticks, "ticks_skipped": st.ticks_skipped, "last_tick_cost_s": st.last_tick_cost_s,
                 "store_ok": ws.sink_ok, "rows_written": ws.rows_written, "spool_bytes": ws.spool_bytes,
                 "rows_dropped": ws.rows_dropped, "batches_rejected": ws.batches_rejected, "last_error": ws.last_error}
 
+    @property
+    def failed(self) -> Optional[str]:
+        """Why the sink refuses this agent as configured (then ``run`` has stopped), or None."""
+        return self.writer.status.failed
+
     def run(self, stop: threading.Event, duration_s: Optional[float] = None,
             on_tick: Optional[Callable[[], None]] = None) -> None:
+        """Sample until stopped, ``duration_s`` passed, or the sink refuses this configuration (:attr:`failed`)."""
         self.writer.start()
+
+        def tick() -> None:
+            if on_tick is not None:
+                on_tick()
+            if self.writer.status.failed is not None:  # the store refuses us: sampling on would only fill the spool
+                stop.set()
+
         try:
-            self.sampler.run(stop, duration_s=duration_s, on_tick=on_tick)
+            self.sampler.run(stop, duration_s=duration_s, on_tick=tick)
         finally:
             self.writer.stop()
             for src in self.sources:

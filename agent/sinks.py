@@ -1,7 +1,9 @@
 """Where the agent's batches go: a store it opens itself (SQLite / PostgreSQL), or later a remote server.
 
-A sink says "not now" by raising :class:`SinkUnavailable` (the writer then spools and retries); any other
-exception means the batch itself was refused, and the writer keeps it aside instead of retrying forever.
+A sink says "not now" by raising :class:`SinkUnavailable` (the writer then spools and retries), "never, as
+configured" by raising :class:`SinkMisconfigured` (the writer keeps what it has on disk, says so once and reports
+itself failed: a database that does not exist, a refused token); any other exception means the batch itself was
+refused, and the writer keeps it aside instead of retrying forever.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ log = logging.getLogger(__name__)
 
 class SinkUnavailable(RuntimeError):
     """The destination cannot be reached right now; try again later."""
+
+
+class SinkMisconfigured(RuntimeError):
+    """The destination refuses this agent as configured (wrong database, schema, credentials or token): waiting
+    cannot help, only fixing the configuration does. The message says what to fix."""
 
 
 class Sink(Protocol):
@@ -55,7 +62,9 @@ class StoreSink:
             try:
                 engine = open_engine(self.url)
                 migrate(engine)
-            except (StoreError, SQLAlchemyError, OSError) as exc:
+            except StoreError as exc:
+                raise (SinkMisconfigured if exc.permanent else SinkUnavailable)(str(exc)) from exc
+            except (SQLAlchemyError, OSError) as exc:
                 raise SinkUnavailable(str(exc)) from exc
             self._engine, self._writer = engine, BatchWriter(engine)
         return self._writer
@@ -110,8 +119,9 @@ class BatchRefused(RuntimeError):
 class HttpSink:
     """Ships batches to a `trimtab server` over HTTP (``POST /v1/ingest`` with a bearer token of scope ``agent``).
 
-    Connection errors, timeouts, 429 and 5xx mean "not now" (spool and retry); 401/403/404/413/422 mean the batch
-    or the configuration is wrong, and retrying would not help, so the writer keeps the batch aside and says why.
+    Connection errors, timeouts, 429 and 5xx mean "not now" (spool and retry); 401/403 (the token) and 404 (no
+    ingest at that URL) mean the configuration is wrong (:class:`SinkMisconfigured`); 413/422 mean this batch is,
+    so the writer keeps it aside and says why.
     """
 
     def __init__(self, server_url: str, token: Optional[str], timeout_s: float = 10.0):
@@ -138,6 +148,9 @@ class HttpSink:
         self.last_latency_s = time.perf_counter() - started
         if resp.status_code == 429 or resp.status_code >= 500:
             raise SinkUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        if resp.status_code in MISCONFIGURED_HTTP:
+            raise SinkMisconfigured(f"{self.description} answered HTTP {resp.status_code} ({_detail(resp)}): "
+                                    f"{MISCONFIGURED_HTTP[resp.status_code]}")
         if resp.status_code >= 400:
             raise BatchRefused(f"HTTP {resp.status_code}: {resp.text[:300]}")
         try:
@@ -150,6 +163,23 @@ class HttpSink:
 
     def close(self) -> None:
         self._client.close()
+
+
+MISCONFIGURED_HTTP = {
+    401: "the server does not know this token (mistyped, revoked, or made for another store): "
+         "create one with `trimtab token create --scope agent` on the server's store and pass it with --token-file",
+    403: "this token may not ingest: the agent needs a token of scope 'agent' (or 'admin')",
+    404: "no trimtab ingest at this URL: --server takes the server's base URL, e.g. http://head:9460",
+}
+
+
+def _detail(resp) -> str:
+    """The API's own ``detail`` of an error answer (else the body's start), on one line."""
+    try:
+        detail = resp.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return " ".join(str(detail if detail is not None else resp.text).split())[:200]
 
 
 def open_sink(db_url: Optional[str] = None, server_url: Optional[str] = None, token: Optional[str] = None) -> Sink:

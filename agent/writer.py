@@ -5,6 +5,10 @@ merges what has queued up into one write, and when the sink is down it appends t
 with backoff, and on recovery replays the spool in order *before* newer data. Overflow of the spool and batches
 the sink refuses are logged, kept or recorded as health events — never dropped silently.
 
+A sink that refuses the agent as configured (:class:`~trimtab.agent.sinks.SinkMisconfigured`: no such database,
+a refused token) is not an outage: the writer says so once, marks itself ``failed`` and from then on only spools
+(nothing is lost; once the configuration is fixed, the next start replays it). The agent stops on it.
+
 Drops are counted in the spool (on disk, across restarts) until a ``spool_dropped`` event saying how many rows
 were lost has been written to the sink itself. The event travels alone, never inside a batch that could be
 spooled and dropped in turn, and one event covers every drop since the last one that arrived.
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from trimtab.agent.readings import EVENT_SPOOL_DROPPED, Batch, HealthEvent, NodeInfo
-from trimtab.agent.sinks import Sink, SinkUnavailable
+from trimtab.agent.sinks import Sink, SinkMisconfigured, SinkUnavailable
 from trimtab.agent.spool import Dropped, Spool
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,7 @@ class WriterStatus:
     sink_down_since: Optional[float] = None
     last_error: Optional[str] = None
     spool_bytes: int = 0
+    failed: Optional[str] = None  # the sink refuses this configuration: what to fix (waiting will not help)
 
 
 class Writer:
@@ -89,7 +94,7 @@ class Writer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if not self.spool.is_empty():
+        if not self.spool.is_empty() and self.status.failed is None:
             self._replay()  # one more try even if the sink was down at the last attempt: it may be back
         self._drain_and_flush()
         self.sink.close()
@@ -118,6 +123,9 @@ class Writer:
     def _cycle(self, first: Optional[Batch]) -> None:
         for merged in self._merge(self._take_queued(first)):
             self._deliver(merged)
+        if self.status.failed is not None:  # only a new configuration helps: keep what comes on disk
+            self.status.spool_bytes = self.spool.pending_bytes()
+            return
         retry_due = self.status.sink_ok or time.monotonic() >= self._retry_at  # also when no batch came in
         if retry_due and not self.spool.is_empty():
             self._replay()
@@ -147,7 +155,7 @@ class Writer:
 
     def _deliver(self, batch: Batch) -> None:
         # Order: while anything is spooled, newer batches queue up behind it on disk.
-        if not self.status.sink_ok and time.monotonic() < self._retry_at:
+        if self.status.failed is not None or (not self.status.sink_ok and time.monotonic() < self._retry_at):
             self._spool(batch)
             return
         if not self.spool.is_empty():
@@ -159,6 +167,11 @@ class Writer:
     def _write(self, batch: Batch, spool_on_failure: bool) -> bool:
         try:
             rows = self.sink.write(batch)
+        except SinkMisconfigured as exc:
+            self._fail(str(exc))
+            if spool_on_failure:
+                self._spool(batch)
+            return False
         except SinkUnavailable as exc:
             self._mark_down(str(exc))
             if spool_on_failure:
@@ -227,6 +240,15 @@ class Writer:
             return
         log.error("the store refused a batch of %d rows (%s); kept in %s", batch.row_count(), exc, path)
 
+    def _fail(self, error: str) -> None:
+        """Said once: the sink refuses this configuration, so retrying is pointless; the batches stay spooled."""
+        if self.status.failed is None:
+            log.error("%s refuses this agent: %s. Nothing more is sent; batches stay in %s until trimtab is "
+                      "started with a corrected configuration", self.sink.description, error, self.spool.directory)
+        self.status.failed = error
+        self.status.sink_ok = False
+        self.status.last_error = error
+
     def _mark_down(self, error: str) -> None:
         if self.status.sink_ok:
             log.warning("%s unreachable, spooling to %s: %s", self.sink.description, self.spool.directory, error)
@@ -248,12 +270,12 @@ class Writer:
     def _drain_and_flush(self) -> None:
         batches = self._merge(self._take_queued(None))
         for b in batches:
-            if self.status.sink_ok and self.spool.is_empty():
+            if self.status.failed is None and self.status.sink_ok and self.spool.is_empty():
                 if self._write(b, spool_on_failure=True):
                     continue
             else:
                 self._spool(b)
-        if self.status.sink_ok:
+        if self.status.sink_ok and self.status.failed is None:
             self._report_drops()  # else the count waits on disk for the next start
         self.status.spool_bytes = self.spool.pending_bytes()
 

@@ -7,8 +7,11 @@ Reads are open (the server binds loopback unless tokens exist); every write need
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.staticfiles import StaticFiles
 
 from trimtab.api.auth import Authenticator
 from trimtab.api.body_limit import BodyLimitMiddleware
@@ -39,7 +42,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         writers.close()
 
     app = FastAPI(title="trimtab", version=version(), description=DESCRIPTION, lifespan=lifespan,
-                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+                  docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    _serve_docs(app)
     app.state.ctx = ctx
     app.state.auth = Authenticator(ctx.engine)
     app.state.writers = writers
@@ -56,6 +60,24 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     app.openapi = openapi
     return app
+
+
+SWAGGER_UI = Path(__file__).parent / "static" / "swagger-ui"  # swagger-ui-dist, shipped in the package
+
+
+def _serve_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from files this package ships (``/docs/assets``), never a CDN, so it works on an
+    air-gapped cluster; no online validator badge either."""
+    app.mount("/docs/assets", StaticFiles(directory=SWAGGER_UI), name="swagger-ui")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs(request: Request):
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(openapi_url=f"{root}{app.openapi_url}", title="trimtab API",
+                                   swagger_js_url=f"{root}/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{root}/docs/assets/swagger-ui.css",
+                                   swagger_favicon_url=f"{root}/docs/assets/favicon-32x32.png",
+                                   swagger_ui_parameters={"validatorUrl": None})
 
 
 __all__ = ["create_app"]

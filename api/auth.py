@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Optional
 
 from sqlalchemy import Engine
 
-from trimtab.paths import private_dir, write_private_file
+from trimtab.paths import BadToken, private_dir, read_token_file, write_private_file
 from trimtab.store import tokens as token_store
 from trimtab.store.tokens import StoredToken
 
@@ -49,18 +50,55 @@ def any_tokens(engine: Engine) -> bool:
     return token_store.count_tokens(engine) > 0
 
 
+class TokenFileConflict(RuntimeError):
+    """An admin token file exists that this store does not know: it belongs to another store and is never replaced."""
+
+
+def admin_token_path(engine: Engine, state_dir: Path) -> Path:
+    """Where the first admin token of the store behind ``engine`` goes: ``<state_dir>/admin.token`` for the state
+    directory's own store (``<state_dir>/trimtab.db``), else ``admin-<database>-<8 hex of the URL>.token``, so two
+    stores sharing a state directory never share (or overwrite) a token file."""
+    url = engine.url
+    own = Path(state_dir) / "trimtab.db"
+    if url.get_backend_name() == "sqlite" and url.database and Path(url.database).resolve() == own.resolve():
+        return Path(state_dir) / ADMIN_TOKEN_FILE
+    name = Path(url.database or "memory").stem if url.get_backend_name() == "sqlite" else (url.database or url.host)
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(name or "store"))[:40]
+    digest = hashlib.sha256(url.set(password=None).render_as_string(hide_password=False).encode()).hexdigest()[:8]
+    return Path(state_dir) / f"admin-{label}-{digest}.token"
+
+
+def _known_here(engine: Engine, path: Path) -> bool:
+    """Whether ``path`` holds a secret of this store (revoked or not): only then may it be replaced."""
+    try:
+        digest = hash_secret(read_token_file(path))
+    except BadToken:
+        return False
+    return token_store.find_any(engine, digest) is not None
+
+
 def ensure_admin_token(engine: Engine, state_dir: Path) -> Optional[Path]:
     """On a store without an active admin token (first start, or every admin token revoked), create one and
-    write its secret to ``<state_dir>/admin.token`` (mode 0600). Returns the file's path, or None when an admin
+    write its secret to :func:`admin_token_path` (mode 0600). Returns the file's path, or None when an admin
     token exists.
 
+    A file that is already there is replaced only when it holds one of this store's own (revoked) tokens; any
+    other file belongs to another store, and :class:`TokenFileConflict` says so instead of destroying its secret.
     The file is written (under a temporary name) before the token is stored: a crash in between leaves an unused
     file, never a stored admin token whose secret nobody has. The directory is created 0700, the file 0600, and a
     symlink at the file's name is replaced, not followed (:func:`trimtab.paths.write_private_file`).
     """
     if token_store.count_tokens(engine, scope="admin", active_only=True) > 0:
         return None
-    path = private_dir(Path(state_dir)) / ADMIN_TOKEN_FILE
+    path = admin_token_path(engine, private_dir(Path(state_dir)))
+    if (path.exists() or path.is_symlink()) and not _known_here(engine, path):
+        from trimtab.store.engine import mask_url
+
+        raise TokenFileConflict(
+            f"{path} already holds an admin token that the store {mask_url(engine.url)} does not know: it belongs to "
+            f"another store (one that used this file before, e.g. a store at the same place deleted and created "
+            f"anew), and trimtab never overwrites a token file. Move the file away if that store is gone, or give "
+            f"this store a state directory of its own (--state-dir)")
     secret = new_secret()
     write_private_file(path, secret + "\n", before_replace=lambda: token_store.add_token(
         engine, "admin (created at first start)", "admin", hash_secret(secret)))

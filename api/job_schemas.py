@@ -81,7 +81,8 @@ class JobOut(Model):
     mode: Mode = Field(description="auto, advise or off.")
     rules: Optional[dict[str, Any]] = Field(None, description="The job's overrides of the rules, as registered.")
     advise_only_reason: Optional[str] = Field(None, description="Why the job declares no knobs, as registered.")
-    simulated: bool = Field(description="True when any of the job's nodes is a simulated node.")
+    simulated: bool = Field(description="True when any of the job's hosts is a simulated node (a host whose only "
+                                        "node is its simulated <host>-sim counts).")
     created_ms: int = Field(description="First registration, epoch milliseconds.")
     updated_ms: int = Field(description="Last registration, mode change or applied change, epoch milliseconds.")
     last_report_ms: Optional[int] = Field(description="When the newest step report arrived; null before any.")

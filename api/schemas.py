@@ -98,7 +98,9 @@ GpuMetricMeans = _metric_model("GpuMetricMeans", "Every per-GPU metric averaged 
 
 
 class HealthOut(Model):
-    status: Literal["ok", "degraded"] = Field(description="ok, or degraded when the store cannot be reached.")
+    status: Literal["ok", "degraded", "failed"] = Field(
+        description="ok; degraded when the store cannot be reached (an outage: it may come back); failed when a "
+                    "component refuses to go on as configured (see its `failed` text: fix the configuration).")
     store_reachable: bool = Field(description="Whether a trivial query on the store succeeded just now.")
     version: str = Field(description="trimtab's version.")
     mode: Literal["up", "server"] = Field(description="up: one node (agent in this process); server: a head node.")
@@ -249,7 +251,8 @@ class JobCheckOut(Model):
     mode: Literal["auto", "advise", "off"] = Field(description="How the rebalancer treats it.")
     ranks: int = Field(description="Number of ranks.")
     hostnames: list[str] = Field(description="Nodes the job runs on.")
-    simulated: bool = Field(description="True when any of the job's nodes is a simulated node.")
+    simulated: bool = Field(description="True when any of the job's hosts is a simulated node (a host whose only "
+                                        "node is its simulated <host>-sim counts).")
     status: Literal["ok", "watch", "act"] = Field(description="The worst of the job's rows.")
     knobs: dict[str, JobKnobStateOut] = Field(description="Knobs with current value and bounds.")
     last_report_ms: Optional[int] = Field(description="When the newest step report arrived, epoch milliseconds.")
@@ -304,5 +307,6 @@ class EventOut(Model):
 
 
 class EventsOut(PageOut):
-    simulated: bool = Field(description="True when any listed event comes from a simulated node.")
+    simulated: bool = Field(description="True when any listed event comes from a simulated node, or every node the "
+                                        "query covers is simulated (also when no event is listed).")
     events: list[EventOut] = Field(description="Events, newest first.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Optional
@@ -63,8 +64,15 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
 
     if server_url and db_url:
         raise click.UsageError("give --db (write a store) or --server (ship to a server), not both")
-    if token_file is not None:
-        token = token_file.read_text().strip()
+    from trimtab.paths import BadToken, check_token, read_token_file
+
+    try:
+        if token_file is not None:
+            token = read_token_file(token_file)
+        elif token:
+            token = check_token(token, "--token (or TRIMTAB_TOKEN)")
+    except BadToken as exc:
+        raise click.UsageError(str(exc)) from None
     if server_url and not token:
         raise click.UsageError("--server needs a token of scope 'agent' (--token, --token-file or TRIMTAB_TOKEN)")
 
@@ -90,5 +98,25 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
     try:
         runner.run(stop, duration_s=duration,
                    on_tick=StatusPinger(notifier, runner.status_line, every_s=status_every, log_it=False))
+        report_failure(runner, notifier)
     finally:
         notifier.stopping()
+    exit_if_failed(runner)
+
+
+def report_failure(runner, notifier) -> None:
+    """Before STOPPING: systemd's STATUS says why a refused configuration stopped the agent."""
+    if runner.failed is not None:
+        notifier.status(f"failed: {runner.failed}")
+
+
+def exit_if_failed(runner) -> None:
+    """A store or server that refuses this configuration ends the process: say so and exit EXIT_MISCONFIGURED,
+    which the units do not restart on (restarting cannot fix a configuration)."""
+    from trimtab.daemon import EXIT_MISCONFIGURED
+
+    if runner.failed is None:
+        return
+    click.echo(f"trimtab: stopped (exit {EXIT_MISCONFIGURED}): fix the configuration as said above; what was sampled "
+               f"is kept in {runner.spool.directory} and sent once trimtab runs with the corrected one.", err=True)
+    sys.exit(EXIT_MISCONFIGURED)

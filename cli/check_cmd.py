@@ -43,7 +43,8 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
 
     from trimtab.rebalancer.job_report import live_job_summaries
     from trimtab.rebalancer.node_report import node_reports
-    from trimtab.store.engine import StoreError, mask_url, open_engine
+    from trimtab.rebalancer.rules import thresholds
+    from trimtab.store.engine import StoreError, has_schema, mask_url, open_engine
 
     if db_url.startswith("sqlite:///") and not Path(db_url[len("sqlite:///"):]).exists():
         raise CheckError(f"no store at {db_url[len('sqlite:///'):]}: start `trimtab agent` (or `trimtab up`) first, "
@@ -51,12 +52,18 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
     try:
         engine = open_engine(db_url)
         try:
+            if not has_schema(engine):
+                raise CheckError(f"no trimtab tables in {mask_url(db_url)} yet: run `trimtab agent`, `trimtab up` or "
+                                 f"`trimtab server` with this --db once (they create them), then check again")
             now_ms = int(time.time() * 1000)
             summaries = live_job_summaries(engine, window_s, rules, hostname=node, now_ms=now_ms) if jobs else []
-            reports = node_reports(engine, window_s, hostname=node, now_ms=now_ms, live_jobs=bool(summaries))
+            reports = node_reports(engine, window_s, hostname=node, now_ms=now_ms, live_jobs=bool(summaries),
+                                   thresholds=thresholds(rules) if rules is not None else None)
         finally:
             engine.dispose()
-    except (StoreError, SQLAlchemyError) as exc:
+    except StoreError as exc:
+        raise CheckError(str(exc)) from exc
+    except SQLAlchemyError as exc:
         raise CheckError(f"cannot read the store {mask_url(db_url)}: {' '.join(str(exc).split())[:300]}") from exc
     if not reports:
         who = f"node {node!r}" if node else "any node"
@@ -72,8 +79,8 @@ def _jobs_only(message: str, summaries) -> None:
     click.echo(f"trimtab check: {message} (showing the jobs only)", err=True)
 
 
-def _reports_from_store(db_url: str, window_s: float, node):
-    return _from_store(db_url, window_s, node, jobs=False)[0]
+def _reports_from_store(db_url: str, window_s: float, node, rules=None):
+    return _from_store(db_url, window_s, node, rules, jobs=False)[0]
 
 
 def _get(url: str, params: dict):
@@ -118,14 +125,17 @@ def _from_server(server_url: str, window_s: float, node):
     return reports, summaries
 
 
-def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, node):
+def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, node, rules):
     from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
     from trimtab.agent.sinks import StoreSink
+
+    from trimtab.agent.nvml import NO_DRIVER_HINT
 
     try:
         sources = make_sources(simulate=simulate, scenario=scenario, seed=seed, hostname=node)
     except SourceUnavailable as exc:
-        raise CheckError(str(exc)) from exc
+        raise CheckError(str(exc).replace(NO_DRIVER_HINT, "Run `trimtab check --simulate N` to grade a simulated "
+                                          "node of N GPUs on a machine without NVIDIA GPUs.")) from exc
     with tempfile.TemporaryDirectory(prefix="trimtab-check-") as tmp:
         url = f"sqlite:///{tmp}/live.db"
         runner = Agent(sources, StoreSink(url), Path(tmp) / "spool", interval_s=interval_s, hostname=node,
@@ -133,7 +143,7 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
         click.echo(f"sampling {len(runner.sampler.gpus)} GPUs live for {window_s:g} s …", err=True)
         runner.run(threading.Event(), duration_s=window_s)
         # The live window ends now; widen it by one interval so the first tick is inside it.
-        return _reports_from_store(url, window_s + interval_s + 1, runner.node.hostname)
+        return _reports_from_store(url, window_s + interval_s + 1, runner.node.hostname, rules)
 
 
 @click.command()
@@ -145,14 +155,15 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
 @env_option("--server", "server_url", default=None, metavar="URL",
             help="Ask a running `trimtab up`/`trimtab server` at URL (GET /v1/balance) instead of reading the store.")
 @env_option("--rules-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-            help="Grade jobs by this rules file (rules.toml's format; only the keys it names change), as the daemon's "
-                 "--rules-file; trimtab.toml's [controller] and [rules.<name>] apply on top. Not with --server.")
+            help="Grade by this rules file (rules.toml's format; only the keys it names change: the node checks' and "
+                 "the jobs' thresholds), as the daemon's --rules-file; trimtab.toml's [controller] and [rules.<name>] "
+                 "apply on top. Refused with --server: the server grades by the rules it was started with.")
 @simulate_options
 @env_option("--interval", type=click.FloatRange(0.05, 60), default=1.0, show_default=True, metavar="SECONDS",
             help="Sampling period with --live.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def check(db_url, window, node, live, server_url, rules_file, simulate, scenario, seed, interval, as_json):
-    """Print the balance report (the seed's check_balance.py made real) and exit 0 balanced, 1 out of balance, 2 error.
+    """Print the balance report and exit 0 balanced, 1 out of balance, 2 error.
 
     Per GPU: utilization, SM activity, memory %, PCIe GB/s and % of link peak, NVLink. Verdicts: utilization
     spread (act > 40 pts), PCIe (act > 90 % of peak), memory (act > 98 %). Then one section per job that reported
@@ -163,8 +174,11 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     """
     jobs = []
     try:
+        if server_url and rules_file and not (live or simulate):
+            raise CheckError(f"--rules-file {rules_file} cannot apply with --server: the server grades by the rules it "
+                             f"was started with (start it with --rules-file), or read the store here with --db")
         if live or simulate:
-            reports = _reports_live(window, interval, simulate, scenario, seed, node)
+            reports = _reports_live(window, interval, simulate, scenario, seed, node, _load_rules(rules_file))
         elif server_url:
             reports, jobs = _from_server(server_url, window, node)
         else:

@@ -32,12 +32,13 @@ def _fmt(value, unit: str = "") -> str:
               help="Steps measured at the bad defaults (after one warm-up step).")
 @click.option("--keep-state", is_flag=True, help="Keep the demo daemon's state directory (store, log) afterwards.")
 def demo(as_json: bool, budget_s: float, quiet_steps: int, before_steps: int, keep_state: bool) -> None:
-    """Watch the rebalancer fix a badly configured PPO job on this CPU (about two minutes).
+    """Watch the rebalancer fix a badly configured PPO job on this CPU (about 90 s on 2 CPU cores).
 
-    Starts a private `trimtab up` on a free loopback port, runs the reference pipeline from the brief's bad
-    defaults (batch 1, no prefetch, sync every step), lets the rebalancer change its knobs in `auto` mode, and
-    prints throughput before and after with every decision it took. Nothing outside a temporary directory is
-    touched.
+    Starts a private `trimtab up` on a free loopback port, runs the reference pipeline from deliberately bad
+    settings (batch 1, no prefetch, sync every step), lets the rebalancer change its knobs in `auto` mode, and
+    prints throughput before and after with every decision it took. The header's before/after are the steps
+    before the hand-off and the last --quiet-steps steps; each decision's figures are the rebalancer's own
+    windows around that change. Nothing outside a temporary directory is touched.
     """
     try:
         import torch  # noqa: F401
@@ -121,7 +122,9 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, before_steps: int, ke
     click.echo(f"after   {_fmt(after_tp)} samples/s   batch_size {final['batch_size']}, prefetch {final['prefetch']}, "
                f"sync_every {final['sync_every']}   ({result['speedup']}× in {len(run.records)} steps, "
                f"last {len(after)} steps measured)")
-    click.echo("\ndecisions (oldest first):")
+    click.echo(f"\ndecisions (oldest first; each measured by the rebalancer over the steps just before the change and "
+               f"as many after it settled, so their figures differ from the {len(before)} 'before' and {len(after)} "
+               f"'after' steps above):")
     for d in decisions:
         change = f"{d['knob']} {d['old_value']} → {d['new_value']}" if d["knob"] else "advice only"
         gain = d["evidence"].get("gain_pct")

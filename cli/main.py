@@ -27,7 +27,7 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
 
     `trimtab up` runs this node's daemon (agent + REST API + /metrics, SQLite). A cluster runs `trimtab server`
     on a head node and `trimtab agent --server URL` on every GPU node (or agents writing PostgreSQL directly).
-    `trimtab check` grades a node's balance (and each job's step composition) against the brief's thresholds and
+    `trimtab check` grades a node's balance (and each job's step composition) against the thresholds of rules.toml and
     exits 0 / 1 / 2. `trimtab demo` shows the rebalancer fixing a badly configured job on this CPU.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,

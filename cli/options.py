@@ -24,11 +24,23 @@ def _use_state_dir(_ctx, _param, value):
         use_state_dir(value)
 
 
+def _resolve_db(_ctx, _param, value):
+    """``postgres://…`` and ``postgresql://…`` name no driver trimtab has: use psycopg 3, and say so."""
+    from trimtab.store.engine import mask_url, resolve_url
+
+    if value is None or resolve_url(value) == value:
+        return value
+    resolved = resolve_url(value)
+    click.echo(f"trimtab: --db {mask_url(value)} read as {mask_url(resolved)} (the psycopg driver trimtab installs)",
+               err=True)
+    return resolved
+
+
 def db_option(f):
     """``--db`` and, with it, ``--state-dir``: every command that can use the default store knows where it is."""
-    f = env_option("--db", "db_url", default=None, metavar="URL",
-                   help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
-                        "[default: sqlite:///<state dir>/trimtab.db]")(f)
+    f = env_option("--db", "db_url", default=None, metavar="URL", callback=_resolve_db,
+                   help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db (postgres:// and "
+                        "postgresql:// mean that too) [default: sqlite:///<state dir>/trimtab.db]")(f)
     return env_option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
                       is_eager=True, expose_value=False, callback=_use_state_dir,
                       help="The one directory for the admin token, the spool and the default SQLite store "
@@ -41,7 +53,8 @@ def simulate_options(f):
 
     f = env_option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated node (deterministic readings).")(f)
     f = env_option("--scenario", type=click.Choice(sorted(SCENARIOS)), default="balanced", show_default=True,
-                   help="What the simulated node shows (seed §4: actor-hot = scenario 1, reward-memory = scenario 2).")(f)
+                   help="What the simulated node shows: balanced; actor-hot (actor GPUs busy, critic idle); reward-memory (the "
+                        "reward GPU's memory full); pcie-saturated (the reward GPU's PCIe link above 90 %).")(f)
     f = env_option("--simulate", type=click.IntRange(1, 64), default=None, metavar="N",
                    help="Run a simulated node of N GPUs instead of reading NVML (for machines without a driver).")(f)
     return f

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from trimtab.cli.agent_cmd import install_stop_handlers, parse_gpu_list
+from trimtab.cli.agent_cmd import exit_if_failed, install_stop_handlers, parse_gpu_list, report_failure
 from trimtab.cli.options import agent_options, db_option, env_option, interval_option, simulate_options
 from trimtab.paths import default_db_url, default_spool_dir, state_dir
 
@@ -64,24 +64,32 @@ def _shut_down(notifier, api, rebalancer, engine) -> None:
 def _open_store(url: str):
     from trimtab.store.engine import StoreError, migrate, open_engine
 
+    from trimtab.daemon import EXIT_MISCONFIGURED
+
     try:
         engine = open_engine(url)
         migrate(engine)
     except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        error = click.ClickException(str(exc))
+        if exc.permanent:  # not an outage: systemd must not restart this in a loop (RestartPreventExitStatus=78)
+            error.exit_code = EXIT_MISCONFIGURED
+        raise error from exc
     return engine
 
 
 def _guard_bind(engine, host: str, sd: Path) -> None:
     """Refuse to expose an API without tokens; on loopback create the first admin token and say where it is."""
-    from trimtab.api.auth import any_tokens, ensure_admin_token
+    from trimtab.api.auth import TokenFileConflict, any_tokens, ensure_admin_token
     from trimtab.daemon import is_loopback
 
     if not is_loopback(host) and not any_tokens(engine):
         raise click.ClickException(
             f"refusing to listen on {host}: no API token exists, so anyone who can reach this address could write. "
             f"Create one first (`trimtab token create --name admin --scope admin`) or bind 127.0.0.1.")
-    path = ensure_admin_token(engine, sd)
+    try:
+        path = ensure_admin_token(engine, sd)
+    except TokenFileConflict as exc:
+        raise click.ClickException(str(exc)) from None
     if path is not None:
         click.echo(f"created the first admin API token in {path} (mode 0600); agents and jobs need tokens of their own "
                    f"(`trimtab token create --scope agent`)", err=True)
@@ -143,8 +151,10 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     pinger = StatusPinger(notifier, status, every_s=status_every, log_it=False)
     try:
         runner.run(stop, duration_s=duration, on_tick=pinger)
+        report_failure(runner, notifier)
     finally:
         _shut_down(notifier, api, rebalancer, engine)
+    exit_if_failed(runner)
 
 
 @click.command()

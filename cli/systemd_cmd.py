@@ -16,6 +16,8 @@ DEFAULT_UNIT_DIR = Path("/etc/systemd/system")
 ENV_FILE = Path("/etc/trimtab/trimtab.env")
 # ProtectHome=true hides these from the service: an executable (or its Python) under one of them cannot start.
 HOME_DIRS = (Path("/home"), Path("/root"), Path("/run/user"))
+# PrivateTmp=true gives the service empty /tmp and /var/tmp of its own: nothing installed there can start.
+TMP_DIRS = (Path("/tmp"), Path("/var/tmp"))
 
 
 def unit_name(role: str) -> str:
@@ -70,12 +72,12 @@ def _interpreter(path: Path) -> Optional[Path]:
     return Path(words[0]) if words else None
 
 
-def _under_home(paths: list[Path]) -> Optional[Path]:
-    """The first of ``paths`` or their ``#!`` interpreters inside a home directory, also through links (a venv's
+def _under(paths: list[Path], dirs: tuple[Path, ...]) -> Optional[Path]:
+    """The first of ``paths`` or their ``#!`` interpreters inside one of ``dirs``, also through links (a venv's
     python links to its base interpreter, which may live in ~/.pyenv)."""
     for path in paths + [i for i in map(_interpreter, paths) if i is not None]:
         for p in (path.absolute(), path.resolve()):
-            if any(p.is_relative_to(home) for home in HOME_DIRS):
+            if any(p.is_relative_to(d) for d in dirs):
                 return p
     return None
 
@@ -87,7 +89,13 @@ def render_unit(role: str, command: list[str], needs: list[Path]) -> tuple[str, 
     if PLACEHOLDER not in text:
         raise click.ClickException(f"{unit_name(role)} has no {PLACEHOLDER} in its ExecStart=: a broken template")
     notes = []
-    in_home = _under_home(needs)
+    in_tmp = _under(needs, TMP_DIRS)
+    if in_tmp is not None:
+        notes.append(f"WARNING: {in_tmp} is under {next(d for d in TMP_DIRS if in_tmp.is_relative_to(d))}, which "
+                     f"the unit's PrivateTmp=true replaces by an empty directory: the service could not start. "
+                     f"Install trimtab outside /tmp and /var/tmp (e.g. a venv in /opt/trimtab) and pass its path "
+                     f"with --exec")
+    in_home = _under(needs, HOME_DIRS)
     if in_home is not None:
         text = text.replace("\nProtectHome=true\n", "\nProtectHome=read-only\n")
         notes.append(f"{in_home} is under a home directory, which ProtectHome=true would hide from the service: "
@@ -136,12 +144,17 @@ def install_systemd(role: str, dry_run: bool, unit_dir: Path, exec_path: Optiona
 
     Settings come from /etc/trimtab/trimtab.env (TRIMTAB_DB, TRIMTAB_SERVER, TRIMTAB_TOKEN, ...) if it exists.
     """
-    text, notes = render_unit(role, *_executable(exec_path))
+    command, needs = _executable(exec_path)
+    text, notes = render_unit(role, command, needs)
     for note in notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(note if note.startswith("WARNING") else f"note: {note}", err=True)
     if dry_run:
         click.echo(text, nl=False)
         return
+    in_tmp = _under(needs, TMP_DIRS)
+    if in_tmp is not None:
+        raise click.ClickException(f"not writing {unit_name(role)}: it would run {in_tmp}, which the service cannot "
+                                   f"see (PrivateTmp=true). Install trimtab outside /tmp and /var/tmp and pass --exec")
     path = unit_dir / unit_name(role)
     write_unit(path, text)
     click.echo(f"wrote {path}")

@@ -1,7 +1,7 @@
 """`trimtab verl-tail`: follow a verl job's file-logger JSONL and post its steps as trimtab step reports.
 
-A thin door to ``trimtab.trainer.adapters.verl`` (which needs the `[trainer]` extra: torch + httpx); the
-arguments are that module's, passed through unchanged.
+A thin door to ``trimtab.trainer.adapters.verl``, which needs httpx only (no torch: tailing a file trains
+nothing); the arguments are that module's, passed through unchanged.
 """
 
 from __future__ import annotations
@@ -22,5 +22,5 @@ def verl_tail(ctx: click.Context) -> None:
     try:
         from trimtab.trainer.adapters.verl import main
     except ImportError as exc:
-        raise click.ClickException(f"verl-tail needs the trainer extra (pip install 'trimtab[trainer]'): {exc}") from exc
+        raise click.ClickException(f"verl-tail cannot load its tailer (a broken install?): {exc}") from exc
     sys.exit(main(list(ctx.args)))

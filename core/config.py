@@ -43,14 +43,31 @@ def find_config_file(explicit: Optional[str]) -> Optional[Path]:
     return None
 
 
-def load_toml(path: Path) -> dict[str, Any]:
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """``text`` as TOML; :class:`ConfigError` "``source``: reason (at line N, column M)" otherwise — also where
+    tomllib says only "at end of document" (a value left unfinished on the last line): that is the file's last line."""
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:  # message carries "(at line N, column M)"
-        raise ConfigError(f"{path}: {exc}") from exc
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        reason = str(exc).replace("(at end of document)",
+                                  f"(at line {max(1, len(text.splitlines()))}, the end of the file)")
+        raise ConfigError(f"{source}: {reason}") from None
+
+
+def read_toml_text(path: Path) -> str:
+    """The text of the TOML file at ``path``; :class:`ConfigError` naming it for a file that cannot be read or is
+    not UTF-8 text."""
+    try:
+        return Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a TOML file (not UTF-8 text: byte {exc.start} is 0x{exc.object[exc.start]:02x})") \
+            from None
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    return parse_toml(read_toml_text(path), str(path))
 
 
 def build_default_map(data: Mapping[str, Any], commands: Mapping[str, set[str]], source: str) -> dict[str, dict]:

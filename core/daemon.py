@@ -21,6 +21,11 @@ from trimtab.sdnotify import Notifier
 log = logging.getLogger("trimtab.daemon")
 
 
+# The exit status of a daemon whose store or server refuses its configuration (sysexits' EX_CONFIG); the units
+# set RestartPreventExitStatus= to it: a restart cannot fix a configuration.
+EXIT_MISCONFIGURED = 78
+
+
 class DaemonError(RuntimeError):
     """The daemon cannot start; the message says why and what to do."""
 

@@ -83,3 +83,39 @@ def write_private_file(path: Path, text: str, before_replace: Callable[[], None]
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class BadToken(ValueError):
+    """A token (or token file) that cannot be a trimtab secret; the message names the file and what is wrong."""
+
+
+def check_token(token: str, source: str = "the token") -> str:
+    """``token`` without surrounding whitespace, if it can be sent as a bearer token: one line of printable ASCII
+    without spaces (what ``trimtab token create`` writes). Else :class:`BadToken` saying what ``source`` holds."""
+    text = token.strip()
+    if not text:
+        raise BadToken(f"{source} is empty: put the secret that `trimtab token create` printed in it")
+    if "\n" in text or "\r" in text:
+        raise BadToken(f"{source} holds {len(text.splitlines())} lines; a token is one line (the secret that "
+                       f"`trimtab token create` printed, or its --out file as written)")
+    bad = next((c for c in text if not (c.isascii() and c.isprintable()) or c.isspace()), None)
+    if bad is not None:
+        raise BadToken(f"{source} is not a token: it contains {bad!r}; a token is one line of letters, digits, "
+                       f"'_' and '-' (the secret that `trimtab token create` printed)")
+    return text
+
+
+def read_token_file(path: os.PathLike | str) -> str:
+    """The token in ``path`` (see :func:`check_token`); :class:`BadToken` for an unreadable, binary or
+    multi-line file, naming it."""
+    try:
+        raw = Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise BadToken(f"cannot read the token file {path}: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadToken(f"the token file {path} is not a token: it holds binary or non-ASCII bytes "
+                       f"({len(raw)} bytes); write the secret that `trimtab token create` printed into it, or "
+                       f"make it with `trimtab token create --out {path}`") from None
+    return check_token(text, f"the token file {path}")

@@ -103,7 +103,7 @@ def balance_pg() -> dict:
         table("Verdict per threshold (last 30 s of the range)",
               "What `trimtab check` grades, per node, over the last 30 seconds of the selected range: utilization "
               "spread, the worst GPU's PCIe use (% of link peak) and memory use (% of total), each against the "
-              "seed's thresholds. act: above the act threshold; watch: between the two; ok: below healthy.",
+              "thresholds of rebalancer/rules.toml. act: above the act threshold; watch: between the two; ok: below healthy.",
               sql(VERDICT_SQL, "table"),
               ["host", "check", "value", "unit", "status", "healthy below", "act above"],
               overrides=[override("status", mappings=STATUS_MAPPINGS,
@@ -111,7 +111,7 @@ def balance_pg() -> dict:
         NODES_TABLE,
     ]
     return dashboard("trimtab-balance", "trimtab · Balance",
-                     "Is the work spread evenly over the GPUs? (seed §5.1: utilization balance)",
+                     "Is the work spread evenly over the GPUs? Utilization spread, per-GPU busy and SM activity.",
                      [PG_HOST, PG_JOB_FOR_GPUS, PG_GPU], panels, tags=["gpu", "postgresql"])
 
 
@@ -210,7 +210,7 @@ def interconnect_pg() -> dict:
               + [override(c, mappings=[unsupported_if_null()]) for c in ("PCIe link", "NVLink links")], h=8),
     ]
     return dashboard("trimtab-interconnect", "trimtab · Interconnect",
-                     "PCIe and NVLink per GPU (seed §5.1: PCIe saturation).",
+                     "PCIe and NVLink per GPU: traffic and PCIe use as a share of the link's peak.",
                      [PG_HOST, PG_JOB_FOR_GPUS, PG_GPU], panels, tags=["gpu", "postgresql"])
 
 
@@ -294,7 +294,7 @@ def memory_pg() -> dict:
                    [sql(OOM_SQL)], "none", no_value="no job reports OOM counts", draw="line"),
     ]
     return dashboard("trimtab-memory", "trimtab · Memory",
-                     "GPU memory per GPU, allocator fragmentation and OOMs per job (seed §5.1, §4.2).",
+                     "GPU memory per GPU, allocator fragmentation and OOMs per job.",
                      [PG_HOST, PG_JOB_FOR_GPUS, PG_GPU], panels, tags=["gpu", "job", "postgresql"])
 
 
@@ -432,7 +432,7 @@ def job_pg() -> dict:
                    "update, other; each phase its slowest rank's time, as a share of the step.",
                    [sql(COMPOSITION_SQL)], "percent", stack=True, max_=100, no_value="no phase timings"),
         timeseries("Phase shares against the guides",
-                   f"Generation, evaluation and communication shares with the seed's guides (dashed): generation ≤ "
+                   f"Generation, evaluation and communication shares with their guide lines (dashed): generation ≤ "
                    f"{GUIDES['generation']:g} %, evaluation ≤ {GUIDES['evaluation']:g} %, communication ≤ "
                    f"{GUIDES['communication']:g} %. Above its guide a phase bounds the step: generation → batch size "
                    f"up, evaluation → prefetch up, communication → sync less often.",
@@ -448,7 +448,7 @@ def job_pg() -> dict:
                               override(f"{LATENCY[1]:g}× baseline", custom__lineStyle=dashed,
                                        color={"mode": "fixed", "fixedColor": "red"})]),
         stat("Step-time variation over the range",
-             "Mean step time and its coefficient of variation (standard deviation / mean). The seed's target state: "
+             "Mean step time and its coefficient of variation (standard deviation / mean). Aim for "
              "variation below 5 %.", [sql(STEP_CV_SQL, "table")], "none",
              columns=["mean step time", "step-time variation", "steps"], w=12, h=8,
              overrides=[override("mean step time", unit="s", decimals=2),

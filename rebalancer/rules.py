@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 SHIPPED = "rules.toml"
 OPS = ("mul", "div", "add")
@@ -284,10 +278,12 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
 
 
 def _parse(text: str, source: str) -> dict[str, Any]:
+    from trimtab.config import ConfigError, parse_toml
+
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:  # its message carries "(at line N, column M)"
-        raise RulesError(f"{source}: {exc}") from None
+        return parse_toml(text, source)
+    except ConfigError as exc:  # "source: reason (at line N, column M)"
+        raise RulesError(str(exc)) from None
 
 
 def shipped_text() -> str:
@@ -300,11 +296,13 @@ def load_rules(path: Optional[str | Path] = None, overrides: Optional[Mapping[st
     (``{"controller": …, "rules": …}`` from trimtab.toml). Raises :class:`RulesError` with file, line and reason."""
     data = _parse(shipped_text(), SHIPPED)
     if path is not None:
+        from trimtab.config import ConfigError, read_toml_text
+
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise RulesError(f"{p}: cannot read: {exc.strerror or exc}") from None
+            text = read_toml_text(p)
+        except ConfigError as exc:
+            raise RulesError(str(exc)) from None
         doc = _parse(text, str(p))
         _merge(data, _normalise(doc), str(p), text)
         rs = _build(data, str(p), text)

@@ -39,7 +39,49 @@ _MIGRATE_LOCK_KEY = 0x7472696D74616221  # any constant; PostgreSQL advisory lock
 
 class StoreError(RuntimeError):
     """The store cannot be used: a malformed or unsupported URL, an unreachable server, a failed migration.
-    The message names the URL (password masked) and what failed."""
+    The message names the URL (password masked) and what failed. ``permanent``: waiting will not help (a database
+    or schema that does not exist, refused credentials, a URL trimtab cannot use); else it may be an outage."""
+
+    def __init__(self, message: str, permanent: bool = False):
+        super().__init__(message)
+        self.permanent = permanent
+
+
+# Errors that no retry can cure, by SQLSTATE (class or code) and, for errors PostgreSQL sends while the connection
+# is being made (libpq reports those without a SQLSTATE), by the server's words; each with what to do about it.
+_PERMANENT_SQLSTATES = {"3D000": "the database does not exist", "3F000": "the schema does not exist",
+                        "28000": "the server refused these credentials", "28P01": "the server refused these credentials",
+                        "42501": "the user lacks a privilege trimtab needs"}
+_PERMANENT_MESSAGES = (
+    (re.compile(r'database "([^"]+)" does not exist'),
+     "the database {0} does not exist: create it (createdb {0}) or fix the database name in the URL"),
+    (re.compile(r"no schema has been selected to create in|schema \"?([^\" ]*)\"? does not exist"),
+     "the schema selected by search_path does not exist: create it first (CREATE SCHEMA name;), or drop the "
+     "URL's options=-csearch_path to use public"),
+    (re.compile(r'role "([^"]+)" does not exist'), "the user {0} does not exist on that server: fix the URL's user"),
+    (re.compile(r"password authentication failed|no pg_hba\.conf entry|authentication failed"),
+     "the server refused these credentials: fix the URL's user/password (or the server's pg_hba.conf)"),
+    (re.compile(r"permission denied"), "the user lacks a privilege trimtab needs (it creates and alters its tables): "
+                                       "grant it, or use the owner of the database"),
+)
+POSTGRES_DRIVER = "postgresql+psycopg"  # the driver trimtab installs (psycopg 3)
+
+
+def resolve_url(url: str) -> str:
+    """``postgres://`` and ``postgresql://`` (no driver named: SQLAlchemy would look for psycopg2, which trimtab
+    does not install) mean PostgreSQL through psycopg 3; every other URL is returned as given."""
+    return re.sub(r"^(postgres|postgresql)://", POSTGRES_DRIVER + "://", str(url), count=1)
+
+
+def permanent_reason(exc: BaseException) -> str | None:
+    """Why a store error will not go away by waiting, with what to do; None when it may be an outage."""
+    orig = getattr(exc, "orig", None) or exc
+    words = " ".join(str(orig).split())
+    for pattern, advice in _PERMANENT_MESSAGES:
+        found = pattern.search(words)
+        if found:
+            return advice.format(*(g or "" for g in found.groups()))
+    return _PERMANENT_SQLSTATES.get(getattr(orig, "sqlstate", None) or "")
 
 
 def mask_url(url: str | URL) -> str:
@@ -77,6 +119,7 @@ def open_engine(url: str) -> Engine:
     PostgreSQL gets ``pool_pre_ping`` so a connection dropped by a server restart is replaced, not reused, and
     the timeouts of :data:`PG_CONNECT_DEFAULTS` where the URL does not set its own.
     """
+    url = resolve_url(url)
     masked = mask_url(url)
     try:
         parsed = make_url(url)
@@ -87,11 +130,12 @@ def open_engine(url: str) -> Engine:
             connect_args = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in parsed.query}
             engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
         else:
-            raise StoreError(f"unsupported store {masked}: trimtab stores to sqlite:/// or postgresql:// URLs")
+            raise StoreError(f"unsupported store {masked}: trimtab stores to sqlite:/// or postgresql:// URLs",
+                             permanent=True)
     except ArgumentError as exc:
-        raise StoreError(f"not a database URL: {masked!r} ({exc})") from exc
+        raise StoreError(f"not a database URL: {masked!r} ({exc})", permanent=True) from exc
     except NoSuchModuleError as exc:
-        raise StoreError(f"no driver for {masked}: {exc}") from exc
+        raise StoreError(f"no driver for {masked}: {exc}", permanent=True) from exc
     except OSError as exc:
         raise StoreError(f"cannot create the directory of the store {masked}: {exc}") from exc
     try:
@@ -99,7 +143,7 @@ def open_engine(url: str) -> Engine:
             pass
     except SQLAlchemyError as exc:
         engine.dispose()
-        raise StoreError(f"cannot open the store {masked}: {_reason(exc)}") from exc
+        raise _store_error(f"cannot open the store {masked}", exc) from exc
     return engine
 
 
@@ -230,7 +274,24 @@ def migrate(engine: Engine, revision: str = "head") -> None:
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
     except (SQLAlchemyError, CommandError) as exc:
-        raise StoreError(f"cannot migrate the store {mask_url(engine.url)}: {_reason(exc)}") from exc
+        raise _store_error(f"cannot migrate the store {mask_url(engine.url)}", exc,
+                           permanent=isinstance(exc, CommandError)) from exc
+
+
+def has_schema(engine: Engine) -> bool:
+    """Whether trimtab's tables exist where this engine looks (readers do not migrate: an empty database or
+    schema has none until an agent, `up` or `server` has run on it once)."""
+    from sqlalchemy import inspect
+
+    return inspect(engine).has_table("alembic_version")
+
+
+def _store_error(what: str, exc: BaseException, permanent: bool = False) -> StoreError:
+    """``what: <the driver's words>``; for an error waiting cannot cure, what to do about it instead of the SQL."""
+    advice = permanent_reason(exc)
+    if advice is None:
+        return StoreError(f"{what}: {_reason(exc)}", permanent=permanent)
+    return StoreError(f"{what}: {advice} ({_reason(exc).split(' LINE ')[0]})", permanent=True)
 
 
 def _reason(exc: BaseException) -> str:

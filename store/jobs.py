@@ -296,7 +296,26 @@ def list_changes(engine: Engine, job_id: int, limit: int, offset: int,
     return [_change(r, tuple(acks[r.id])) for r in rows]
 
 
+SIMULATED_SUFFIX = "-sim"  # a simulated node is stored as '<host>-sim' (trimtab.agent.sampler)
+
+
 def simulated_hostnames(engine: Engine) -> set[str]:
-    """Host names of the simulated nodes: a job running on one says so in every response about it."""
+    """Host names whose data is simulated: a job running on one says so in every response about it. That is every
+    simulated node, and the plain host name of a '<host>-sim' node where <host> has no real node: a job reports
+    under its machine's host name, and on such a machine its GPUs are the simulated node's."""
     with engine.connect() as conn:
-        return set(conn.execute(select(nodes.c.hostname).where(nodes.c.simulated)).scalars())
+        rows = conn.execute(select(nodes.c.hostname, nodes.c.simulated)).all()
+    simulated = {h for h, sim in rows if sim}
+    real = {h for h, sim in rows if not sim}
+    bases = {h[: -len(SIMULATED_SUFFIX)] for h in simulated if h.endswith(SIMULATED_SUFFIX)}
+    return simulated | (bases - real)
+
+
+def only_simulated(engine: Engine, hostname: Optional[str] = None) -> bool:
+    """Whether the store knows nodes (or the node ``hostname``) and every one of them is simulated."""
+    query = select(nodes.c.simulated)
+    if hostname is not None:
+        query = query.where(nodes.c.hostname == hostname)
+    with engine.connect() as conn:
+        kinds = set(conn.execute(query).scalars())
+    return kinds == {True}

@@ -57,6 +57,13 @@ def find_active(engine: Engine, secret_sha256: str) -> Optional[tuple[StoredToke
     return None if row is None else (StoredToken(*row[:-1]), row[-1])
 
 
+def find_any(engine: Engine, secret_sha256: str) -> Optional[StoredToken]:
+    """The token with this digest, revoked or not, or None."""
+    with engine.connect() as conn:
+        row = conn.execute(select(*_COLUMNS).where(api_tokens.c.secret_sha256 == secret_sha256)).first()
+    return None if row is None else StoredToken(*row)
+
+
 def touch(engine: Engine, token_id: int, now_ms: Optional[int] = None) -> None:
     """Record a use of the token (callers throttle this: it is a write)."""
     with write_transaction(engine) as conn:

@@ -12,9 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from trimtab.trainer.timing import cuda_in_use
-
-WIRE_KEYS = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "total_bytes", "fragmentation",
-             "num_alloc_retries", "num_ooms")
+from trimtab.trainer.wire import WIRE_KEYS  # noqa: F401 (importers take it from here too)
 
 
 def is_oom(exc: BaseException) -> bool:

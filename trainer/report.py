@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from trimtab.trainer.memory import WIRE_KEYS
-from trimtab.trainer.timing import PHASES
+from trimtab.trainer.wire import PHASES, WIRE_KEYS
 
 MAX_SECONDS = 1e7  # the API's bound on a duration
 MAX_LOGGED, MAX_LOGGED_KEY = 64, 128  # the API's bounds on a report's ``logged`` scalars

@@ -14,8 +14,7 @@ from typing import Mapping, Optional
 
 import torch
 
-PHASES = ("generation", "evaluation", "communication", "update", "validation", "checkpoint", "wait", "other")
-NAMED_PHASES = PHASES[:-1]  # "other" is whatever the step's wall time leaves
+from trimtab.trainer.wire import NAMED_PHASES, PHASES  # noqa: F401 (importers take them from here too)
 MAX_UNRESOLVED_STEPS = 32  # a step whose events never complete (a hung stream) must not grow memory forever
 
 

@@ -12,6 +12,7 @@ from trimtab.api.errors import invalid
 from trimtab.api.routes.gpus import node_query
 from trimtab.api.schemas import EVENT_KIND, MAX_EPOCH_MS, EventOut, EventsOut
 from trimtab.store.events import event_page
+from trimtab.store.jobs import only_simulated
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
 
@@ -30,4 +31,5 @@ def events(start_ms: Optional[int] = Query(None, ge=0, le=MAX_EPOCH_MS, descript
     rows, next_offset = pages.cut(event_page(ctx.engine, start_ms, end_ms, node, kind, pages.fetch(), pages.offset))
     out = [EventOut(id=e.id, hostname=e.hostname, simulated=sim, ts_ms=e.ts_ms, kind=e.kind, gpu_uuid=e.gpu_uuid,
                     xid=e.xid, detail=e.detail) for e, sim in rows]
-    return EventsOut(simulated=any(e.simulated for e in out), events=out, next_offset=next_offset)
+    simulated = any(e.simulated for e in out) or only_simulated(ctx.engine, node)
+    return EventsOut(simulated=simulated, events=out, next_offset=next_offset)

@@ -28,10 +28,11 @@ def version() -> str:
 
 
 @router.get("/healthz", response_model=HealthOut, summary="Liveness and store reachability",
-            description="ok when the store answers a trivial query, else 503 with status degraded. Also says the "
+            description="ok when the store answers a trivial query, else 503 with status degraded (an outage) or "
+                        "failed (a component refuses its configuration, e.g. the agent's store or token). Also says the "
                         "version, the mode (up/server), whether any known node is simulated, and the status of the "
                         "agent, writer and rebalancer around the API. No authentication.",
-            responses={503: {"model": HealthOut, "description": "The store is unreachable."}})
+            responses={503: {"model": HealthOut, "description": "The store is unreachable, or a component failed."}})
 def healthz(ctx: ApiContext = Depends(get_ctx)):
     simulated = any(snap.node.simulated for snap in ctx.snapshot.nodes())
     try:
@@ -42,10 +43,13 @@ def healthz(ctx: ApiContext = Depends(get_ctx)):
         reachable = True
     except (SQLAlchemyError, OSError):
         reachable = False
-    health = HealthOut(status="ok" if reachable else "degraded", store_reachable=reachable, version=version(),
+    components = _components(ctx)
+    failed = any(isinstance(c, dict) and c.get("state") == "failed" for c in components.values())
+    status = "failed" if failed else ("ok" if reachable else "degraded")
+    health = HealthOut(status=status, store_reachable=reachable, version=version(),
                        mode=ctx.mode, simulated=simulated, uptime_s=round(time.time() - ctx.started_ms / 1000, 3),
-                       components=_components(ctx))
-    return health if reachable else JSONResponse(health.model_dump(mode="json"), status_code=503)
+                       components=components)
+    return health if status == "ok" else JSONResponse(health.model_dump(mode="json"), status_code=503)
 
 
 def _components(ctx: ApiContext) -> dict:

@@ -3,6 +3,7 @@ immediate, secrets are shown once and stored only hashed, and the first start le
 
 from __future__ import annotations
 
+import re
 import stat
 
 import pytest
@@ -99,7 +100,8 @@ def test_use_of_a_token_is_recorded(sqlite_api):
 
 def test_first_start_writes_a_working_admin_token_to_a_0600_file(api):
     mode = stat.S_IMODE(api.admin_token_file.stat().st_mode)
-    assert api.admin_token_file.name == "admin.token" and mode == 0o600
+    # The fixture's store lies outside its state dir, so the file is named after the store (admin-<db>-<hash>.token).
+    assert re.fullmatch(r"admin-[\w.-]+-[0-9a-f]{8}\.token", api.admin_token_file.name) and mode == 0o600
     r = api.post("/v1/tokens", {"name": "from the file", "scope": "agent"}, token=api.admin_token)
     assert r.status_code == 201
     # An admin token exists now: later starts leave the file and the store alone.
@@ -163,3 +165,48 @@ def test_a_job_an_admin_registered_cannot_be_taken_over_by_any_job_token(sqlite_
     assert api.get("/v1/jobs/job-a/changes").json()["changes"][0]["status"] == "pending", "not acked by the job token"
     assert api.post("/v1/jobs/job-a/reports", report, token=api.admin_token).status_code == 200
     assert api.post("/v1/jobs", JOB, token=api.admin_token).status_code == 200
+
+
+def test_a_server_on_another_store_in_the_same_state_dir_keeps_the_first_stores_token(tmp_path):
+    """The reported loss: `trimtab server --db <new store>` replaced the admin token of the state dir's store."""
+    from click.testing import CliRunner
+
+    from trimtab.cli.main import cli
+
+    state = tmp_path / "state"
+    own = open_engine(f"sqlite:///{state}/trimtab.db")
+    migrate(own)
+    first = ensure_admin_token(own, state)
+    assert first == state / "admin.token"
+    secret = first.read_text()
+    res = CliRunner().invoke(cli, ["server", "--db", f"sqlite:///{tmp_path}/other.db", "--state-dir", str(state),
+                                   "--port", "0", "--duration", "0.3", "--no-rebalance"])
+    assert res.exit_code == 0, res.output
+    assert first.read_text() == secret, "the first store's admin token is untouched"
+    (other_file,) = state.glob("admin-other-*.token")
+    assert f"created the first admin API token in {other_file}" in res.output
+    assert other_file.read_text() != secret and other_file.stat().st_mode & 0o777 == 0o600
+    assert ensure_admin_token(own, state) is None, "the first store still has its admin token"
+    own.dispose()
+
+
+def test_a_token_file_of_a_store_that_is_gone_is_never_overwritten(tmp_path):
+    state = tmp_path / "state"
+    engine = open_engine(f"sqlite:///{state}/trimtab.db")
+    migrate(engine)
+    path = ensure_admin_token(engine, state)
+    engine.dispose()
+    old = path.read_text()
+    for suffix in ("", "-wal", "-shm"):
+        (state / f"trimtab.db{suffix}").unlink(missing_ok=True)
+    fresh = open_engine(f"sqlite:///{state}/trimtab.db")  # a new store where the old one was
+    migrate(fresh)
+    try:
+        from trimtab.api.auth import TokenFileConflict
+
+        with pytest.raises(TokenFileConflict, match="does not know: it belongs to another store"):
+            ensure_admin_token(fresh, state)
+        assert path.read_text() == old
+        assert not any_tokens(fresh), "no admin token stored whose secret nobody has"
+    finally:
+        fresh.dispose()

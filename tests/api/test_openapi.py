@@ -35,6 +35,21 @@ def test_the_api_is_under_v1_and_documented_at_docs(sqlite_api):
     assert r.status_code == 200 and "swagger" in r.text.lower()
 
 
+def test_docs_loads_everything_from_the_daemon_itself_so_it_works_air_gapped(sqlite_api):
+    import re
+    from urllib.parse import urlsplit
+
+    page = sqlite_api.get("/docs").text
+    referenced = re.findall(r"""(?:src|href|url)\s*[:=]\s*['"]([^'"]+)['"]""", page)
+    assert {"/docs/assets/swagger-ui-bundle.js", "/docs/assets/swagger-ui.css", "/openapi.json"} <= set(referenced)
+    assert not [u for u in referenced if urlsplit(u).netloc], f"an external host in /docs: {referenced}"
+    assert "cdn." not in page and "https://" not in page and '"validatorUrl": null' in page
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png"):
+        served = sqlite_api.get(f"/docs/assets/{asset}")
+        assert served.status_code == 200 and len(served.content) > 500, asset
+    assert "SwaggerUIBundle" in sqlite_api.get("/docs/assets/swagger-ui-bundle.js").text
+
+
 def test_a_405_lists_every_method_of_the_path_in_allow(sqlite_api):
     doc = sqlite_api.get("/openapi.json").json()
     for path in ("/v1/jobs", "/v1/jobs/job-a/reports", "/v1/jobs/job-a/changes", "/v1/tokens"):

@@ -65,7 +65,7 @@ def test_a_store_without_recent_samples_is_an_error(tmp_path):
 def test_an_unreachable_database_is_exit_2():
     res = run("check", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/test?connect_timeout=2")
     assert res.exit_code == 2
-    assert "cannot read the store" in res.stderr
+    assert "cannot open the store" in res.stderr and "Connection refused" in res.stderr
 
 
 def test_agent_without_a_driver_says_how_to_simulate(monkeypatch):
@@ -80,3 +80,72 @@ def test_agent_without_a_driver_says_how_to_simulate(monkeypatch):
     res = run("agent", "--duration", "0.1")
     assert res.exit_code == 1
     assert "--simulate" in res.output
+
+
+def test_check_live_without_a_driver_suggests_check_simulate(tmp_path, monkeypatch):
+    from trimtab.agent.nvml import NvmlSource
+    from trimtab.agent.source import SourceUnavailable
+
+    try:
+        NvmlSource().close()
+        pytest.skip("this machine has an NVIDIA driver")
+    except SourceUnavailable:
+        pass
+    monkeypatch.setenv("TRIMTAB_STATE_DIR", str(tmp_path))
+    res = run("check", "--live", "--window", "1")
+    assert res.exit_code == 2
+    assert "`trimtab check --simulate N`" in res.stderr and "trimtab agent" not in res.stderr
+
+
+def test_a_rules_file_with_server_is_refused_not_ignored(tmp_path):
+    rules = tmp_path / "x.toml"
+    rules.write_text("[rules.pcie]\nact_above = 50\n")
+    res = run("check", "--server", "http://127.0.0.1:9", "--rules-file", str(rules))
+    assert res.exit_code == 2
+    assert f"--rules-file {rules} cannot apply with --server" in res.stderr
+
+
+def test_a_rules_file_changes_the_node_verdicts_it_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIMTAB_STATE_DIR", str(tmp_path))
+    args = ("check", "--simulate", "4", "--scenario", "actor-hot", "--window", "1", "--interval", "0.2")
+    assert run(*args).exit_code == 1  # the shipped act line (40 pts) is crossed
+    rules = tmp_path / "loose.toml"
+    rules.write_text("[rules.utilization_spread]\nhealthy_below = 98\nact_above = 99\n")
+    res = run(*args, "--rules-file", str(rules), "--json")
+    assert res.exit_code == 0, res.output
+    spread = next(v for v in json.loads(res.stdout)["nodes"][0]["verdicts"] if v["check"] == "utilization_spread")
+    assert spread["status"] == "ok"
+
+
+def test_a_toml_syntax_error_names_the_file_and_the_line_even_at_its_end(tmp_path):
+    rules = tmp_path / "bad.toml"
+    rules.write_text("[rules.pcie]\nact_above = 95\nhealthy_below = ")  # unfinished on its last line
+    res = run("check", "--db", f"sqlite:///{tmp_path}/none.db", "--rules-file", str(rules))
+    assert res.exit_code == 2
+    assert f"{rules}: Invalid value (at line 3, the end of the file)" in res.stderr
+    res = run("--config", str(rules), "check")
+    assert res.exit_code == 2 and f"{rules}: Invalid value (at line 3" in res.output
+
+
+@pytest.mark.postgres
+def test_check_on_an_empty_postgresql_database_says_to_start_trimtab_once_not_sql():
+    import secrets
+
+    from sqlalchemy import text
+
+    from tests.store.conftest import pg_admin_or_skip
+
+    base, admin = pg_admin_or_skip()
+    name = f"trimtab_empty_{secrets.token_hex(3)}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = base.rsplit("/", 1)[0] + f"/{name}"
+        res = run("check", "--db", url.replace("postgresql+psycopg://", "postgres://"))
+        assert res.exit_code == 2
+        assert f"read as {url}" in res.stderr, "postgres:// is accepted, and the command says how it read it"
+        assert "no trimtab tables in" in res.stderr and "`trimtab agent`, `trimtab up` or `trimtab server`" in res.stderr
+        assert "SQL" not in res.stderr and "relation" not in res.stderr
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))

@@ -40,10 +40,11 @@ def run_up(tmp_path, *args, env=None):
 def test_state_dir_holds_token_spool_and_store_and_db_moves_only_the_store(tmp_path):
     state, elsewhere = tmp_path / "state", tmp_path / "data" / "elsewhere.db"
     home, err = run_up(tmp_path, "--state-dir", str(state), "--db", f"sqlite:///{elsewhere}")
-    assert (state / "admin.token").is_file() and (state / "spool").is_dir()
+    (token,) = state.glob("admin-elsewhere-*.token")  # another store's token: named after it, never admin.token
+    assert token.is_file() and (state / "spool").is_dir() and not (state / "admin.token").exists()
     assert elsewhere.is_file() and not (state / "trimtab.db").exists()
     assert not any(home.rglob("*")), "nothing is written under ~ when a state dir is given"
-    assert str(state / "admin.token") in err
+    assert str(token) in err
 
 
 def test_the_environment_names_the_state_dir_and_the_default_store_goes_there(tmp_path):

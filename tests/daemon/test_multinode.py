@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from trimtab.store.engine import open_engine
-from tests.support.procs import free_port, stop, trimtab, wait_http
+from tests.support.procs import admin_secret, free_port, stop, trimtab, wait_http
 
 pytestmark = pytest.mark.postgres
 
@@ -22,7 +22,7 @@ def test_every_sample_arrives_once_through_a_server_crash(pg_url, tmp_path):
     server = trimtab("server", "--db", pg_url, "--port", str(port), env=env)
     try:
         wait_http(f"{base}/healthz", proc=server)
-        admin = (tmp_path / "state" / "admin.token").read_text().strip()
+        admin = admin_secret(tmp_path / "state")
         r = httpx.post(f"{base}/v1/tokens", json={"name": "agents", "scope": "agent"},
                        headers={"Authorization": f"Bearer {admin}"})
         assert r.status_code in (200, 201), r.text

@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from tests.support.procs import free_port, stop, trimtab, wait_http
+from tests.support.procs import drain, free_port, notify_listener, stop, trimtab, wait_http
 
 
 def enough(messages: list[str]) -> bool:
@@ -20,9 +20,7 @@ def test_up_sends_ready_watchdog_stopping_in_order(tmp_path):
     to a minute), then sends SIGTERM at whatever point of the loop the daemon is; STOPPING must be the last word
     and no ping may follow it (the notifier guarantees that by construction, see trimtab.sdnotify)."""
     sock_path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(sock_path))
-    sock.settimeout(0.2)
+    sock = notify_listener(sock_path)
     port = free_port()
     proc = trimtab("up", "--simulate", "2", "--port", str(port), "--interval", "0.1", "--status-every", "0.5",
                    env={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "400000", "TRIMTAB_STATE_DIR": str(tmp_path)})
@@ -39,11 +37,7 @@ def test_up_sends_ready_watchdog_stopping_in_order(tmp_path):
             except socket.timeout:
                 pass
         out, err = stop(proc, signal.SIGTERM)
-        while True:
-            try:
-                messages.append(sock.recv(4096).decode())
-            except socket.timeout:
-                break
+        messages += drain(sock)
     finally:
         stop(proc)
         sock.close()

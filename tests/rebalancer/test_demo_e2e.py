@@ -42,3 +42,18 @@ def test_the_demo_raises_throughput_and_logs_every_change(tmp_path):
         if change["status"] == "applied":
             assert change["applied_step"] is not None
     assert not os.listdir(tmp_path) or all(not p.startswith("trimtab-demo-") for p in os.listdir(tmp_path))
+
+
+def test_the_readme_and_demo_help_state_the_same_duration():
+    import re
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from trimtab.cli.main import cli
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    help_text = " ".join(CliRunner().invoke(cli, ["demo", "--help"]).output.split())
+    said = re.search(r"`trimtab demo`.*?in about (\d+) s on (\d+) CPU cores", " ".join(readme.split()))
+    assert said, "the README says how long the demo takes"
+    assert f"about {said.group(1)} s on {said.group(2)} CPU cores" in help_text

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.procs import stop, trimtab, wait_http
+from tests.support.procs import admin_secret, stop, trimtab, wait_http
 from trimtab.rebalancer.service import Rebalancer
 from trimtab.rebalancer.rules import default_rules
 
@@ -159,7 +159,7 @@ def test_the_head_node_rebalances_jobs_on_postgresql(pg_url, tmp_path):
                      env={"TRIMTAB_STATE_DIR": str(tmp_path / "state")})
     try:
         wait_http(f"{url}/healthz", proc=server)
-        admin = {"Authorization": f"Bearer {(tmp_path / 'state' / 'admin.token').read_text().strip()}"}
+        admin = {"Authorization": f"Bearer {admin_secret(tmp_path / 'state')}"}
         assert httpx.post(f"{url}/v1/jobs", json={**JOB, "ranks": 2}, headers=admin).status_code == 201
         r0 = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(0), headers=admin).json()
         assert r0["pending_changes"] == []  # rank 1 has not reported step 0 yet

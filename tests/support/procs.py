@@ -48,3 +48,30 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 2
         proc.kill()
         out, err = proc.communicate()
     return out or "", err or ""
+
+
+def notify_listener(path, timeout_s: float = 0.2) -> socket.socket:
+    """A datagram socket at ``path`` for a child's NOTIFY_SOCKET (systemd's notify protocol)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(timeout_s)
+    return sock
+
+
+def drain(sock: socket.socket) -> list[str]:
+    """The notifications waiting on ``sock``, until it stays quiet for its timeout."""
+    messages = []
+    while True:
+        try:
+            messages.append(sock.recv(4096).decode())
+        except socket.timeout:
+            return messages
+
+
+def admin_secret(state_dir) -> str:
+    """The secret of the one admin token file a daemon wrote into ``state_dir`` (admin.token for the state dir's
+    own store, admin-<database>-<hash>.token for another)."""
+    from pathlib import Path
+
+    (path,) = Path(state_dir).glob("admin*.token")
+    return path.read_text().strip()

@@ -108,15 +108,22 @@ def test_the_default_executable_is_this_trimtab():
         assert Path(command).name == "trimtab"
 
 
-def test_an_executable_under_a_home_directory_keeps_homes_readable(tmp_path, monkeypatch):
-    """ProtectHome=true would hide /root or /home from the service, and with it a trimtab installed there."""
+def venv_trimtab_in(directory, kind: str, monkeypatch):
+    """A trimtab script of a venv in ``directory``, which the renderer is told is one of its ``kind`` (HOME_DIRS,
+    TMP_DIRS) directories."""
     import trimtab.cli.systemd_cmd as systemd_cmd
 
-    monkeypatch.setattr(systemd_cmd, "HOME_DIRS", (tmp_path,))
-    exe = tmp_path / "venv" / "bin" / "trimtab"
+    monkeypatch.setattr(systemd_cmd, kind, (directory,))
+    exe = directory / "venv" / "bin" / "trimtab"
     exe.parent.mkdir(parents=True)
     exe.write_text("#!/usr/bin/python3\n")
     exe.chmod(0o755)
+    return exe
+
+
+def test_an_executable_under_a_home_directory_keeps_homes_readable(tmp_path, monkeypatch):
+    """ProtectHome=true would hide /root or /home from the service, and with it a trimtab installed there."""
+    exe = venv_trimtab_in(tmp_path, "HOME_DIRS", monkeypatch)
     res = run("--role", "agent", "--dry-run", "--exec", str(exe))
     assert directives(res.stdout)["ProtectHome"] == ["read-only"]
     assert "under a home directory" in res.stderr
@@ -149,3 +156,17 @@ def test_an_unwritable_unit_dir_is_a_clear_error(tmp_path):
     res = CliRunner().invoke(install_systemd, ["--role", "agent", "--unit-dir", str(read_only), "--exec", "/bin/true"])
     assert res.exit_code == 1, res.output
     assert f"cannot write {read_only}/trimtab-agent.service" in res.stderr and "sudo" in res.stderr
+
+
+def test_an_executable_under_tmp_is_refused_because_private_tmp_hides_it(tmp_path, monkeypatch):
+    exe = venv_trimtab_in(tmp_path, "TMP_DIRS", monkeypatch)
+    units = tmp_path / "units"
+    units.mkdir()
+    res = CliRunner().invoke(install_systemd, ["--role", "agent", "--unit-dir", str(units), "--exec", str(exe)])
+    assert res.exit_code == 1
+    assert f"it would run {exe}, which the service cannot see (PrivateTmp=true)" in res.stderr
+    assert not list(units.iterdir()), "no unit that cannot start is written"
+    dry = CliRunner().invoke(install_systemd, ["--role", "agent", "--dry-run", "--exec", str(exe)])
+    assert dry.exit_code == 0 and f"WARNING: {exe} is under {tmp_path}" in dry.stderr and "PrivateTmp" in dry.stderr
+    clean = CliRunner().invoke(install_systemd, ["--role", "agent", "--dry-run", "--exec", "/bin/true"])
+    assert "WARNING" not in clean.stderr
