@@ -15,6 +15,7 @@ from tests.trainer.tiny import TinyRegression, examples
 from trimtab.trainer import attach
 
 L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+from lightning.pytorch.callbacks import Callback  # noqa: E402 (the framework's own base class, checked below)
 VALIDATION_S = 0.02  # each validation batch sleeps this long, so a validation run is seen where it lands
 
 
@@ -88,3 +89,9 @@ def test_an_exception_in_training_reports_the_finished_steps_and_closes_the_hook
         fit(hook, Module(fail_at_batch=2), max_steps=6, num_sanity_val_steps=0, limit_val_batches=0)
     assert hook.closed
     assert sorted(steps_of(api, "pl-crash", 2)) == [0, 1]
+
+
+def test_the_callback_is_a_lightning_callback():
+    from trimtab.trainer.adapters.lightning import TrimtabCallback
+
+    assert issubclass(TrimtabCallback, Callback)  # Lightning refuses callbacks that are not its own kind
