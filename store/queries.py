@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from sqlalchemy import Double, Engine, Select, cast, func, select
+from sqlalchemy import Double, Engine, Select, cast, func, select, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, ROLLUP_METRIC_NAMES
 from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_rollup_1h, gpu_rollup_1m, gpu_samples,
@@ -112,6 +113,24 @@ class StoredEvent:
 class HostPoint:
     ts_ms: int
     metrics: dict[str, Number]
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    reachable: bool  # the store answered a trivial query
+    simulated: bool  # it knows a simulated node (False when unreachable: unknown)
+
+
+def store_health(engine: Engine) -> StoreHealth:
+    """Whether the store answers, and whether any node it knows is simulated; an outage is an answer, never an
+    exception (this is what the health probe asks)."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+            simulated = conn.execute(select(nodes.c.id).where(nodes.c.simulated).limit(1)).first() is not None
+    except (SQLAlchemyError, OSError):
+        return StoreHealth(reachable=False, simulated=False)
+    return StoreHealth(reachable=True, simulated=simulated)
 
 
 def _node_filter(query: Select, hostname: Optional[str]) -> Select:

@@ -138,3 +138,23 @@ def test_rollups_running_beside_a_writer_miss_no_sample(engine):
     assert not errors
     rollup(engine, now_ms=T0_MS + HOUR)
     assert [(b, n) for _, b, n, *_ in minute_rows(engine)] == [(T0_MS + m * MIN, 60) for m in range(5)] * 2
+
+
+def test_upkeep_runs_on_its_own_schedule_and_never_raises(engine, caplog):
+    from sqlalchemy import create_engine
+
+    from trimtab.store.rollup import Upkeep
+
+    now = [1000.0]
+    BatchWriter(engine).write(make_batch([T0_MS, T0_MS + 20_000]))
+    upkeep = Upkeep(every_s=60.0, first_after_s=30.0, clock=lambda: now[0])
+    assert upkeep.maybe_run(engine, T0_MS + 2 * MIN) is None  # not yet: the first run is 30 s after start
+    now[0] += 30.0
+    assert upkeep.maybe_run(engine, T0_MS + 2 * MIN).rollup is not None and len(minute_rows(engine)) == 2
+    now[0] += 59.0
+    assert upkeep.maybe_run(engine, T0_MS + 3 * MIN) is None  # every 60 s, however often it is asked
+    now[0] += 1.0
+    nobody = create_engine("postgresql+psycopg://trimtab@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
+    assert upkeep.maybe_run(nobody, T0_MS + 3 * MIN) is None and "store upkeep failed (will retry)" in caplog.text
+    now[0] += 60.0
+    assert upkeep.maybe_run(engine, T0_MS + 3 * MIN) is not None  # the next period tries again
