@@ -12,7 +12,7 @@ from trimtab.store.models import metadata
 def test_migrate_builds_the_models_schema_with_no_diff(engine):
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0006"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0007"
         assert conn.execute(text("SELECT id, dirty_from_ms FROM rollup_state")).all() == [(1, None)]
 
 
