@@ -166,6 +166,8 @@ class NvmlCalls:
 
     def take_events(self, ts_ms: int) -> list[HealthEvent]:
         """The events raised since the last call, stamped ``ts_ms``."""
+        if not self._pending:  # the common tick; an event appended meanwhile is taken by the next one
+            return []
         with self._lock:
             pending, self._pending = self._pending, []
         return [HealthEvent(ts_ms=ts_ms, kind=k, detail=d, gpu_uuid=u, xid=x) for k, d, u, x in pending]
