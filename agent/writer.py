@@ -145,8 +145,7 @@ class Writer:
             if last is not None and last.node == b.node and last.row_count() + b.row_count() <= self.max_batch_rows:
                 last.extend(b)
             else:
-                out.append(Batch(node=b.node, gpus=list(b.gpus), gpu_samples=list(b.gpu_samples),
-                                 host_samples=list(b.host_samples), processes=list(b.processes), events=list(b.events)))
+                out.append(b.copy())
         return out
 
     def _deliver(self, batch: Batch) -> None:

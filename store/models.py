@@ -29,7 +29,7 @@ from sqlalchemy import (
     text,
 )
 
-from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, ROLLUP_METRIC_NAMES, MetricSpec
+from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, NVLINK_LINK_METRICS, ROLLUP_METRIC_NAMES, MetricSpec
 from trimtab.contract.step_report import REPORT_FIELDS, ReportField
 
 MINUTE_MS = 60_000
@@ -104,6 +104,20 @@ gpu_samples = Table(
     *_metric_columns(GPU_METRICS),
     PrimaryKeyConstraint("gpu_id", "ts_ms"),
     Index(None, "ts_ms"),  # retention, rollups and cross-GPU windows scan by time
+    **_CLUSTERED,
+)
+
+# Per NVLink link: one row per (GPU, time, link), only for links that reported; a GPU without NVLink has none.
+# Raw only (no rollups): the per-GPU sums in gpu_samples are what the rollups keep.
+gpu_nvlink_samples = Table(
+    "gpu_nvlink_samples",
+    metadata,
+    Column("gpu_id", Integer, _gpu_fk(), nullable=False),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("link", Integer, nullable=False),  # NVML's link index
+    *_metric_columns(NVLINK_LINK_METRICS),
+    PrimaryKeyConstraint("gpu_id", "ts_ms", "link"),
+    Index(None, "ts_ms"),
     **_CLUSTERED,
 )
 
@@ -257,7 +271,8 @@ knob_changes = Table(
     Column("applied_ms", BigInteger),
     Column("refused_reason", String(1024)),  # why the code owning the knob could not apply it
     Index(None, "job_id", "status"),
-    # At most one change per job in flight, enforced by the store so two writers racing cannot both queue one.
+    # At most one change per job in flight (so each change is measured alone), enforced by the store
+    # so two writers racing cannot both queue one.
     Index("uq_knob_changes_one_pending", "job_id", unique=True,
           sqlite_where=text("status = 'pending'"), postgresql_where=text("status = 'pending'")),
 )

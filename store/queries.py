@@ -12,9 +12,9 @@ from typing import Literal, Optional
 from sqlalchemy import Double, Engine, Select, cast, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, ROLLUP_METRIC_NAMES
-from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_rollup_1h, gpu_rollup_1m, gpu_samples,
-                                  gpus, host_samples, nodes)
+from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, ROLLUP_METRIC_NAMES
+from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_nvlink_samples, gpu_rollup_1h,
+                                  gpu_rollup_1m, gpu_samples, gpus, host_samples, nodes)
 from trimtab.store.models import health_events as health_events_table
 
 Resolution = Literal["auto", "raw", "1m", "1h"]
@@ -68,6 +68,15 @@ class GpuLabel:
 class LatestSample(GpuLabel):
     ts_ms: int
     metrics: dict[str, Number]  # every GPU metric; None = not measured
+
+
+@dataclass(frozen=True)
+class LatestLink(GpuLabel):
+    """The newest reading of one NVLink link of a GPU."""
+
+    ts_ms: int
+    link: int
+    metrics: dict[str, Number]  # every per-link metric; None = not measured
 
 
 @dataclass(frozen=True)
@@ -178,6 +187,24 @@ def latest_gpu_samples(engine: Engine, hostname: Optional[str] = None,
     with engine.connect() as conn:
         rows = conn.execute(query).mappings().all()
     return [LatestSample(**_label(r), ts_ms=r["ts_ms"], metrics={m: r[m] for m in GPU_METRIC_NAMES}) for r in rows]
+
+
+def latest_nvlink_samples(engine: Engine, hostname: Optional[str] = None,
+                          not_after_ms: Optional[int] = None) -> list[LatestLink]:
+    """Every link of every GPU at the GPU's newest per-link reading (a refresh reads all links at once), with
+    ``not_after_ms`` the newest one not after it. GPUs without NVLink have no rows, so none here."""
+    n = gpu_nvlink_samples.c
+    newest = select(func.max(n.ts_ms)).where(n.gpu_id == gpus.c.id)
+    if not_after_ms is not None:
+        newest = newest.where(n.ts_ms <= not_after_ms)
+    newest = newest.correlate(gpus).scalar_subquery()
+    query = (select(*_LABEL_COLUMNS, n.ts_ms, n.link, *(n[m] for m in NVLINK_LINK_METRIC_NAMES))
+             .join_from(gpus, nodes).join(gpu_nvlink_samples, (n.gpu_id == gpus.c.id) & (n.ts_ms == newest)))
+    query = _node_filter(query, hostname).order_by(nodes.c.hostname, gpus.c.gpu_index, n.link)
+    with engine.connect() as conn:
+        rows = conn.execute(query).mappings().all()
+    return [LatestLink(**_label(r), ts_ms=r["ts_ms"], link=r["link"],
+                       metrics={m: r[m] for m in NVLINK_LINK_METRIC_NAMES}) for r in rows]
 
 
 def gpu_aggregates(engine: Engine, start_ms: int, end_ms: int, hostname: Optional[str] = None) -> list[GpuAggregate]:

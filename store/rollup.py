@@ -22,6 +22,7 @@ from trimtab.store.models import (
     MINUTE_MS,
     ROLLUP_STATE_ID,
     ROLLUP_VALUE_COLUMNS,
+    gpu_nvlink_samples,
     gpu_processes,
     gpu_rollup_1h,
     gpu_rollup_1m,
@@ -39,7 +40,7 @@ DELETE_CHUNK_ROWS = 20_000  # rows per retention transaction: keeps SQLite's wri
 class RetentionPolicy:
     """How long each kind of row is kept, in seconds."""
 
-    raw_s: int = 7 * 86400  # gpu_samples, host_samples, gpu_processes
+    raw_s: int = 7 * 86400  # gpu_samples, host_samples, gpu_processes, gpu_nvlink_samples
     rollup_1m_s: int = 30 * 86400
     rollup_1h_s: int = 400 * 86400
     events_s: int = 90 * 86400
@@ -148,6 +149,7 @@ _RETAINED = (
     (gpu_samples, gpu_samples.c.ts_ms, "raw_s"),
     (host_samples, host_samples.c.ts_ms, "raw_s"),
     (gpu_processes, gpu_processes.c.ts_ms, "raw_s"),
+    (gpu_nvlink_samples, gpu_nvlink_samples.c.ts_ms, "raw_s"),
     (gpu_rollup_1m, gpu_rollup_1m.c.bucket_ms, "rollup_1m_s"),
     (gpu_rollup_1h, gpu_rollup_1h.c.bucket_ms, "rollup_1h_s"),
     (health_events, health_events.c.ts_ms, "events_s"),

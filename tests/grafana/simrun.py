@@ -29,7 +29,8 @@ NVLINK_FIELDS = ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
 
 class BareGpuNode:
     """A simulated node whose GPU ``bare`` has no NVLink and no GPM: its inventory says so (link count None,
-    gpm_supported False) and its samples carry None for those metrics, as the NVML source reports such a GPU."""
+    gpm_supported False), its samples carry None for those metrics and it has no per-link readings, as the NVML
+    source reports such a GPU."""
 
     kind = "simulated"
 
@@ -43,10 +44,12 @@ class BareGpuNode:
         return dataclasses.replace(inv, gpus=gpus)
 
     def _strip(self, readings: Readings) -> Readings:
+        bare_uuid = self.node.inventory().gpus[self.bare].uuid
         for s in readings.gpu_samples:
-            if s.gpu_uuid == self.node.inventory().gpus[self.bare].uuid:
+            if s.gpu_uuid == bare_uuid:
                 for f in GPM_FIELDS + NVLINK_FIELDS:
                     setattr(s, f, None)
+        readings.nvlink_samples = [n for n in readings.nvlink_samples if n.gpu_uuid != bare_uuid]  # no links
         return readings
 
     def sample(self, ts_ms: int) -> Readings:

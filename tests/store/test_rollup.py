@@ -6,10 +6,10 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from trimtab.agent.readings import Batch, GpuProcess, HealthEvent
+from trimtab.agent.readings import Batch, GpuProcess, HealthEvent, NvlinkSample
 from trimtab.store.ingest import BatchWriter
-from trimtab.store.models import (gpu_processes, gpu_rollup_1h, gpu_rollup_1m, gpu_samples, gpus, health_events,
-                                  host_samples, rollup_state)
+from trimtab.store.models import (gpu_nvlink_samples, gpu_processes, gpu_rollup_1h, gpu_rollup_1m, gpu_samples, gpus,
+                                  health_events, host_samples, rollup_state)
 from trimtab.store.rollup import RetentionPolicy, apply_retention, rollup, run_maintenance
 from tests.store.conftest import NODE, T0_MS, count, make_batch
 
@@ -91,18 +91,20 @@ def test_retention_deletes_what_is_too_old_and_keeps_the_rest(engine, chunk_rows
     batch = make_batch(ts, n_gpus=2)
     batch.processes = [GpuProcess("GPU-0000", t, pid=1) for t in ts]
     batch.events = [HealthEvent(t, "xid", f"e{t}", gpu_uuid="GPU-0001", xid=13) for t in ts]
+    batch.nvlink_samples = [NvlinkSample("GPU-0000", t, link=0, tx_bytes_per_s=1e9) for t in ts]
     BatchWriter(engine).write(batch)
     rollup(engine, now + MIN)
     assert count(engine, gpu_rollup_1m) == 12 and count(engine, gpu_rollup_1h) == 12
 
     deleted = apply_retention(engine, now, POLICY, chunk_rows=chunk_rows)
 
-    assert deleted == {"gpu_samples": 8, "host_samples": 4, "gpu_processes": 4, "gpu_rollup_1m": 4,
-                       "gpu_rollup_1h": 2, "health_events": 3}
+    assert deleted == {"gpu_samples": 8, "host_samples": 4, "gpu_processes": 4, "gpu_nvlink_samples": 4,
+                       "gpu_rollup_1m": 4, "gpu_rollup_1h": 2, "health_events": 3}
     with engine.connect() as conn:
         def kept(table, col="ts_ms"):
             return sorted(set(conn.execute(select(table.c[col])).scalars()))
         assert kept(gpu_samples) == kept(host_samples) == kept(gpu_processes) == ts[-2:]
+        assert kept(gpu_nvlink_samples) == ts[-2:]
         assert kept(gpu_rollup_1m, "bucket_ms") == [t - t % MIN for t in ts[-4:]]
         assert kept(gpu_rollup_1h, "bucket_ms") == [t - t % HOUR for t in ts[-5:]]
         assert kept(health_events) == ts[-3:]
