@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from trimtab.store.models import job_reports
 
@@ -96,6 +96,17 @@ def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, lim
     steps = [fold_step(s, rs) for s, rs in sorted(by_step.items())
              if len({x.rank for x in rs}) >= ranks or s < newest]
     return steps[-limit:]
+
+
+def steps_since(engine: Engine, job_id: int, after_step: int) -> tuple[int, float]:
+    """(steps, seconds of step time) the job has reported after ``after_step``: each step once, at its slowest
+    rank's time — a cheap look at how much came in, without folding the steps."""
+    r = job_reports.c
+    per_step = (select(r.step, func.max(r.step_time_s).label("t")).where(r.job_id == job_id, r.step > after_step)
+                .group_by(r.step).subquery())
+    with engine.connect() as conn:
+        n, seconds = conn.execute(select(func.count(), func.coalesce(func.sum(per_step.c.t), 0.0))).one()
+    return int(n), float(seconds)
 
 
 def first_probes(engine: Engine, job_id: int, n: int) -> list[float]:
