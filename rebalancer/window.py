@@ -76,6 +76,12 @@ def load_jobs_steps(engine: Engine, ranks_by_job: Mapping[int, int], depth: int,
             for job_id, steps in step_store.complete_steps(engine, ranks_by_job, depth, since_step).items()}
 
 
+def steps_since(engine: Engine, job_id: int, after_step: int) -> tuple[int, float]:
+    """(steps, seconds of step time) the job has reported after ``after_step``: each step once, at its slowest
+    rank's time — a cheap look at how much came in, without folding the steps."""
+    return step_store.steps_since(engine, job_id, after_step)
+
+
 def first_probes(engine: Engine, job_id: int, n: int) -> list[float]:
     """The job's first ``n`` collective-latency probe values (its own baseline)."""
     return step_store.first_probes(engine, {job_id: n}).get(job_id, [])

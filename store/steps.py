@@ -73,3 +73,15 @@ def any_report_since(engine: Engine, since_ms: int) -> bool:
     query = select(job_reports.c.id).where(job_reports.c.received_ms >= since_ms).limit(1)
     with engine.connect() as conn:
         return conn.execute(query).first() is not None
+
+
+def steps_since(engine: Engine, job_id: int, after_step: int) -> tuple[int, float]:
+    """(steps, seconds of step time) the job has reported after ``after_step``: each step once, at its slowest
+    rank's time. One small aggregate query, so the rebalancer can tell whether a window's worth has come in
+    without reading and folding the steps."""
+    r = job_reports.c
+    per_step = (select(r.step, func.max(r.step_time_s).label("t")).where(r.job_id == job_id, r.step > after_step)
+                .group_by(r.step).subquery())
+    with engine.connect() as conn:
+        n, seconds = conn.execute(select(func.count(), func.coalesce(func.sum(per_step.c.t), 0.0))).one()
+    return int(n), float(seconds)

@@ -74,7 +74,7 @@ def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = D
     _check_possible(ctx, job, body)
     stored = job_store.add_report(ctx.engine, job.id, to_columns(body.model_dump()))
     if stored and ctx.after_report is not None:
-        ctx.after_report(job, body.step)  # the rebalancer: a change decided now rides on this very response
+        ctx.after_report(job, body.step, body.step_time_s)  # the rebalancer: a change decided now rides on this response
     pending = [] if job.mode == "off" else job_store.pending_changes(ctx.engine, job.id)
     return ReportAcceptedOut(stored=stored, pending_changes=[
         PendingChangeOut(change_id=c.id, knob=c.knob, value=c.value, reason=c.reason) for c in pending])
