@@ -369,7 +369,8 @@ class TrimtabCollector:
         from trimtab.rebalancer.node_report import node_reports
 
         jobs = read_jobs(self.ctx.engine, self.ctx.rules)
-        return node_reports(self.ctx.engine, BALANCE_WINDOW_S, live_jobs=bool(jobs.summaries)), jobs
+        reports = node_reports(self.ctx.engine, BALANCE_WINDOW_S, rules=self.ctx.rules, live_jobs=bool(jobs.summaries))
+        return reports, jobs
 
 
 def render_metrics(ctx: ApiContext) -> bytes:
