@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from trimtab.cli.agent_cmd import exit_if_failed, install_stop_handlers, parse_gpu_list, report_failure
-from trimtab.cli.options import agent_options, db_option, env_option, interval_option, simulate_options
+from trimtab.cli.options import (agent_options, db_option, env_option, interval_option, misconfigured,
+                                  simulate_options)
 from trimtab.paths import default_db_url, default_spool_dir, state_dir
 
 log = logging.getLogger("trimtab.daemon")
@@ -64,16 +65,12 @@ def _shut_down(notifier, api, rebalancer, engine) -> None:
 def _open_store(url: str):
     from trimtab.store.engine import StoreError, migrate, open_engine
 
-    from trimtab.daemon import EXIT_MISCONFIGURED
-
     try:
         engine = open_engine(url)
         migrate(engine)
     except StoreError as exc:
-        error = click.ClickException(str(exc))
-        if exc.permanent:  # not an outage: systemd must not restart this in a loop (RestartPreventExitStatus=78)
-            error.exit_code = EXIT_MISCONFIGURED
-        raise error from exc
+        # A permanent refusal is not an outage: systemd must not restart this in a loop.
+        raise (misconfigured(str(exc)) if exc.permanent else click.ClickException(str(exc))) from exc
     return engine
 
 
