@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from trimtab.trainer import attach
 from trimtab.trainer.pipeline.config import preset
@@ -19,12 +18,7 @@ SMALL = preset("tiny", samples_per_step=16, train_micro_batch=8, reward_pretrain
 WHOLE_STEP = {"batch_size": 16, "sync_every": 1}
 
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 def run(config, steps: int = 8, **knobs):
