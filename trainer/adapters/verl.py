@@ -4,7 +4,7 @@ Run verl with ``trainer.logger=['console','file']``; it writes ``{"step": N, "da
 line per step, unbuffered, to ``$VERL_FILE_LOGGER_PATH`` (or ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``).
 Then, on the node where the verl driver runs::
 
-    python -m trimtab.trainer.adapters.verl --job grpo-7b --server http://head:9460 --token $TOKEN \\
+    python -m trimtab.trainer.adapters.verl --job grpo-7b --server http://head:9460 --token-file job.token \\
         --device-map actor=0,1 --device-map critic=2 path/to/experiment.jsonl
 
 The mapping of verl's timers to phases (validation and checkpointing as their own phases, V1's wait for rollout as a
