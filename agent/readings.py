@@ -44,6 +44,14 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
 )
 
 GPU_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in GPU_METRICS)
+
+# Per NVLink link, beside the per-GPU sums above: NVML's per-link data counters (payload). Read off the tick, every
+# few seconds (see trimtab.agent.nvml.slow); a GPU without NVLink has no per-link readings at all, never zeros.
+NVLINK_LINK_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("tx_bytes_per_s", "bytes/s", "NVLink data sent over one link (payload)."),
+    MetricSpec("rx_bytes_per_s", "bytes/s", "NVLink data received over one link (payload)."),
+)
+NVLINK_LINK_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in NVLINK_LINK_METRICS)
 ROLLUP_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in GPU_METRICS if m.rollup)
 
 HOST_METRICS: tuple[MetricSpec, ...] = (
@@ -121,6 +129,17 @@ class GpuSample:
 
 
 @dataclass
+class NvlinkSample:
+    """One NVLink link of one GPU at one instant; ``link`` is NVML's link index. None = not measured."""
+
+    gpu_uuid: str
+    ts_ms: int
+    link: int
+    tx_bytes_per_s: Optional[float] = None
+    rx_bytes_per_s: Optional[float] = None
+
+
+@dataclass
 class HostSample:
     """The host at one instant (psutil). Rates are over the interval since the previous sample."""
 
@@ -165,6 +184,7 @@ class Readings:
     host_sample: Optional[HostSample] = None
     processes: list[GpuProcess] = field(default_factory=list)
     events: list[HealthEvent] = field(default_factory=list)
+    nvlink_samples: list[NvlinkSample] = field(default_factory=list)
 
 
 @dataclass
@@ -178,9 +198,11 @@ class Batch:
     host_samples: list[HostSample] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
     events: list[HealthEvent] = field(default_factory=list)
+    nvlink_samples: list[NvlinkSample] = field(default_factory=list)
 
     def row_count(self) -> int:
-        return len(self.gpu_samples) + len(self.host_samples) + len(self.processes) + len(self.events)
+        return (len(self.gpu_samples) + len(self.host_samples) + len(self.processes) + len(self.events)
+                + len(self.nvlink_samples))
 
     def is_empty(self) -> bool:
         return self.row_count() == 0
@@ -192,6 +214,13 @@ class Batch:
         self.host_samples.extend(other.host_samples)
         self.processes.extend(other.processes)
         self.events.extend(other.events)
+        self.nvlink_samples.extend(other.nvlink_samples)
+
+    def copy(self) -> "Batch":
+        """A batch of the same readings in lists of its own (extending it leaves this one as it is)."""
+        return Batch(node=self.node, gpus=list(self.gpus), gpu_samples=list(self.gpu_samples),
+                     host_samples=list(self.host_samples), processes=list(self.processes), events=list(self.events),
+                     nvlink_samples=list(self.nvlink_samples))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -208,6 +237,7 @@ class Batch:
             host_samples=[HostSample(**s) for s in d.get("host_samples", ())],
             processes=[GpuProcess(**p) for p in d.get("processes", ())],
             events=[HealthEvent(**e) for e in d.get("events", ())],
+            nvlink_samples=[NvlinkSample(**n) for n in d.get("nvlink_samples", ())],  # absent from older agents
         )
 
     @classmethod

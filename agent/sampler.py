@@ -13,7 +13,7 @@ import math
 import socket
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from trimtab.agent.readings import (
@@ -24,6 +24,7 @@ from trimtab.agent.readings import (
     HealthEvent,
     HostSample,
     NodeInfo,
+    NvlinkSample,
 )
 from trimtab.agent.source import Source
 
@@ -58,11 +59,10 @@ def node_info_for(sources: Sequence[Source], hostname: Optional[str] = None) -> 
 
 
 def _clean(sample):
-    """Replace NaN/inf (a bad reading) with None in a GpuSample/HostSample, in place."""
-    for f in fields(sample):
-        v = getattr(sample, f.name)
-        if isinstance(v, float) and not math.isfinite(v):
-            setattr(sample, f.name, None)
+    """Replace NaN/inf (a bad reading) with None in a GpuSample/HostSample/NvlinkSample, in place."""
+    bad = [name for name, v in vars(sample).items() if isinstance(v, float) and not math.isfinite(v)]
+    for name in bad:
+        setattr(sample, name, None)
     return sample
 
 
@@ -113,6 +113,7 @@ class Sampler:
                 batch.host_samples.append(_clean(r.host_sample))
             batch.processes.extend(r.processes)
             batch.events.extend(r.events)
+            batch.nvlink_samples.extend(_clean(s) for s in r.nvlink_samples if isinstance(s, NvlinkSample))
         cost = time.perf_counter() - started
         self.stats.ticks += 1
         self.stats.last_tick_cost_s = cost

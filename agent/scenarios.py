@@ -1,6 +1,6 @@
 """What the simulated node shows, as data: per scenario, a profile of ranges for each GPU role.
 
-Roles follow the seed's device map (§3.2): GPU 0 and 1 hold the actor and the reference model, GPU 2 the
+Roles follow a typical RL post-training device map: GPU 0 and 1 hold the actor and the reference model, GPU 2 the
 critic, GPU 3 the reward model; extra GPUs hold more actor shards. Each range is (low, high); the simulated node
 keeps every reading inside its range (see ``trimtab.agent.simulated``).
 """
@@ -37,16 +37,16 @@ class Scenario:
 
 NORMAL = RoleProfile()
 ROLES = ("actor", "critic", "reward")
-# Device maps by GPU count; from 4 GPUs on, the seed's map, extra GPUs being actor shards.
+# Device maps by GPU count; from 4 GPUs on, the typical map, extra GPUs being actor shards.
 _SMALL_MAPS: dict[int, tuple[str, ...]] = {1: ("actor",), 2: ("actor", "reward"), 3: ("actor", "critic", "reward")}
-_SEED_MAP = ("actor", "actor", "critic", "reward")
+_TYPICAL_MAP = ("actor", "actor", "critic", "reward")
 
 
 def device_roles(n_gpus: int) -> tuple[str, ...]:
-    """The role of each GPU index: seed §3.2 for 4+ GPUs (0,1 actor+ref; 2 critic; 3 reward; rest actor)."""
+    """The role of each GPU index; for 4+ GPUs: 0,1 actor+ref; 2 critic; 3 reward; the rest actor."""
     if n_gpus < 4:
         return _SMALL_MAPS[n_gpus]
-    return _SEED_MAP + ("actor",) * (n_gpus - 4)
+    return _TYPICAL_MAP + ("actor",) * (n_gpus - 4)
 
 
 _SCENARIOS = (

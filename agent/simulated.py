@@ -11,7 +11,7 @@ import socket
 from typing import Optional
 
 from trimtab.agent.pcie import pcie_peak_bytes_per_s
-from trimtab.agent.readings import GpuInfo, GpuSample, Readings
+from trimtab.agent.readings import GpuInfo, GpuSample, NvlinkSample, Readings
 from trimtab.agent.scenarios import NORMAL, SCENARIOS, RoleProfile, device_roles, get_scenario
 from trimtab.agent.source import Inventory
 
@@ -24,6 +24,8 @@ PCIE_GEN, PCIE_WIDTH = 5, 16
 PCIE_PEAK_BYTES_PER_S = pcie_peak_bytes_per_s(PCIE_GEN, PCIE_WIDTH)
 NVLINK_LINKS = 18
 NVLINK_PEAK_BYTES_PER_S = NVLINK_LINKS * 25e9  # per direction: 18 NVLink-4 links × 25 GB/s
+# Per-link readings come every few ticks, as the NVML source reads per-link counters off the tick (every 3 s).
+NVLINK_LINK_EVERY_TICKS = 3
 IDLE_POWER_W, MAX_POWER_W = 70.0, 700.0
 MAX_SM_CLOCK_MHZ, CAPPED_SM_CLOCK_MHZ, IDLE_SM_CLOCK_MHZ = 1980, 1755, 345
 CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP = 0x1, 0x4  # NVML clock-event reason bits
@@ -50,6 +52,11 @@ def _unit(*parts: int) -> float:
     return _mix(*parts) / 2.0**64
 
 
+def _shares(weights: list[float]) -> list[float]:
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
 class SimulatedNode:
     """``n_gpus`` simulated H100-class GPUs playing ``scenario`` (``kind = "simulated"``).
 
@@ -57,8 +64,11 @@ class SimulatedNode:
     ``sample()`` is tick k, so tests can run it at any pace and two nodes with the same seed agree exactly.
     Each reading stays inside its role's range (``trimtab.agent.scenarios``): a slow oscillation (a period of
     a few minutes at 1 Hz, its phase drawn per GPU) plus modest per-tick noise. GPUs are PCIe Gen5 x16, 80 GiB,
-    18 NVLink links, GPM-capable, so every metric is populated. No processes are reported: a simulated GPU has
-    none, and making PIDs up would point at real host processes. No health events either.
+    18 NVLink links, GPM-capable, so every metric is populated. Every ``NVLINK_LINK_EVERY_TICKS``-th tick (from
+    tick 0) also carries per-link NVLink readings: the GPU's NVLink TX and RX of that tick shared over its 18
+    links in fixed, uneven proportions drawn per (GPU, link), so the links of a GPU add up to its total. No
+    processes are reported: a simulated GPU has none, and making PIDs up would point at real host processes. No
+    health events either.
     """
 
     kind = "simulated"
@@ -77,6 +87,8 @@ class SimulatedNode:
                               pcie_peak_bytes_per_s=PCIE_PEAK_BYTES_PER_S, nvlink_link_count=NVLINK_LINKS,
                               gpm_supported=True) for i in range(n_gpus)]
         self._period_ticks = 120 + _mix(seed, 0xC0FFEE) % 120
+        self._link_shares = [_shares([0.5 + _unit(seed, gpu, link, 0x11C) for link in range(NVLINK_LINKS)])
+                             for gpu in range(n_gpus)]
         self._tick = 0
 
     def inventory(self) -> Inventory:
@@ -89,7 +101,12 @@ class SimulatedNode:
 
     def readings_at(self, tick: int, ts_ms: int) -> Readings:
         """The readings of tick ``tick`` (what the tick-th ``sample()`` returns), stamped ``ts_ms``."""
-        return Readings(gpu_samples=[self._gpu_sample(i, tick, ts_ms) for i in range(len(self._gpus))])
+        readings = Readings(gpu_samples=[self._gpu_sample(i, tick, ts_ms) for i in range(len(self._gpus))])
+        if tick % NVLINK_LINK_EVERY_TICKS == 0:
+            readings.nvlink_samples = [
+                NvlinkSample(s.gpu_uuid, ts_ms, link, s.nvlink_tx_bytes_per_s * share, s.nvlink_rx_bytes_per_s * share)
+                for s, shares in zip(readings.gpu_samples, self._link_shares) for link, share in enumerate(shares)]
+        return readings
 
     def close(self) -> None:
         """Nothing to release."""

@@ -1,4 +1,5 @@
-"""Where the agent's batches go: a store it opens itself (SQLite / PostgreSQL), or later a remote server.
+"""Where the agent's batches go: the :class:`Sink` protocol, and the sink that ships them to a `trimtab server`
+over HTTP. The sink into a store the agent writes itself lives with the store (``trimtab.store.sink``).
 
 A sink says "not now" by raising :class:`SinkUnavailable` (the writer then spools and retries), "never, as
 configured" by raising :class:`SinkMisconfigured` (the writer keeps what it has on disk, says so once and reports
@@ -33,83 +34,11 @@ class Sink(Protocol):
         ...
 
     def maintenance(self, now_ms: int) -> None:
-        """Periodic upkeep (rollups, retention) where the sink owns a store; may do nothing."""
+        """The store's upkeep (rollups, retention) where the sink owns a store and it is due; may do nothing.
+        The writer calls it on every cycle while the sink is up."""
         ...
 
     def close(self) -> None: ...
-
-
-class StoreSink:
-    """Writes straight into a store through SQLAlchemy. Connects lazily, so an agent can start while its
-    PostgreSQL is still down and spool until it comes up."""
-
-    def __init__(self, url: str, retention=None):
-        from trimtab.store.engine import mask_url
-
-        self.url = url
-        self.description = f"store {mask_url(url)}"
-        self._retention = retention
-        self._engine = None
-        self._writer = None
-
-    def _connect(self):
-        from sqlalchemy.exc import SQLAlchemyError
-
-        from trimtab.store.engine import StoreError, migrate, open_engine
-        from trimtab.store.ingest import BatchWriter
-
-        if self._writer is None:
-            try:
-                engine = open_engine(self.url)
-                migrate(engine)
-            except StoreError as exc:
-                raise (SinkMisconfigured if exc.permanent else SinkUnavailable)(str(exc)) from exc
-            except (SQLAlchemyError, OSError) as exc:
-                raise SinkUnavailable(str(exc)) from exc
-            self._engine, self._writer = engine, BatchWriter(engine)
-        return self._writer
-
-    def write(self, batch: Batch) -> int:
-        from sqlalchemy.exc import DBAPIError, OperationalError
-
-        writer = self._connect()
-        dbapi = self._engine.dialect.loaded_dbapi
-        try:
-            result = writer.write(batch)
-        except (OperationalError, dbapi.OperationalError, dbapi.InterfaceError) as exc:
-            # The raw DB-API errors come from checking out a connection (server down, refused, reset).
-            from trimtab.store.engine import is_disk_full, relieve_full_disk
-
-            if is_disk_full(exc):  # SQLite on a full disk: free what can be freed and say so; retried later
-                raise SinkUnavailable(relieve_full_disk(self._engine)) from exc
-            raise SinkUnavailable(_short(exc)) from exc
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise SinkUnavailable(_short(exc)) from exc
-            raise
-        return result.total_inserted
-
-    def maintenance(self, now_ms: int) -> None:
-        from trimtab.store.rollup import RetentionPolicy, run_maintenance
-
-        if self._engine is None:
-            return
-        run_maintenance(self._engine, now_ms, self._retention or RetentionPolicy())
-
-    @property
-    def engine(self):
-        return self._engine
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._engine is not None:
-            self._engine.dispose()
-
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(getattr(exc, "orig", None) or exc).split())
-    return text[:limit]
 
 
 class BatchRefused(RuntimeError):
@@ -181,11 +110,3 @@ def _detail(resp) -> str:
         detail = None
     return " ".join(str(detail if detail is not None else resp.text).split())[:200]
 
-
-def open_sink(db_url: Optional[str] = None, server_url: Optional[str] = None, token: Optional[str] = None) -> Sink:
-    """A sink for `--server URL` (ship over HTTP) or `--db URL` (write the store directly)."""
-    if server_url:
-        return HttpSink(server_url, token)
-    if db_url is None:
-        raise ValueError("either a store URL or a server URL is needed")
-    return StoreSink(db_url)

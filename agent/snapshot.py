@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from trimtab.agent.readings import MAX_CLOCK_AHEAD_S, Batch, GpuInfo, GpuSample, HostSample, NodeInfo
+from trimtab.agent.readings import MAX_CLOCK_AHEAD_S, Batch, GpuInfo, GpuSample, HostSample, NodeInfo, NvlinkSample
 
 
 @dataclass
@@ -19,6 +19,7 @@ class NodeSnapshot:
     node: NodeInfo
     gpus: dict[str, GpuInfo] = field(default_factory=dict)  # by uuid
     samples: dict[str, GpuSample] = field(default_factory=dict)  # latest per GPU uuid
+    links: dict[tuple[str, int], NvlinkSample] = field(default_factory=dict)  # latest per (GPU uuid, link)
     host: Optional[HostSample] = None
     received_ms: int = 0
 
@@ -35,7 +36,7 @@ class LatestSnapshot:
                 old = snap
                 snap = NodeSnapshot(node=batch.node)
                 if old is not None:
-                    snap.samples, snap.host, snap.gpus = old.samples, old.host, old.gpus
+                    snap.samples, snap.host, snap.gpus, snap.links = old.samples, old.host, old.gpus, old.links
                 self._nodes[batch.node.hostname] = snap
             for g in batch.gpus:
                 snap.gpus[g.uuid] = g
@@ -45,6 +46,11 @@ class LatestSnapshot:
                 # Newest wins, except that a reading dated in the far future never holds the place of real ones.
                 if prev is None or s.ts_ms >= prev.ts_ms or prev.ts_ms > future_ms:
                     snap.samples[s.gpu_uuid] = s
+            for n in batch.nvlink_samples:
+                key = (n.gpu_uuid, n.link)
+                prev_link = snap.links.get(key)
+                if prev_link is None or n.ts_ms >= prev_link.ts_ms or prev_link.ts_ms > future_ms:
+                    snap.links[key] = n
             for h in batch.host_samples:
                 if snap.host is None or h.ts_ms >= snap.host.ts_ms:
                     snap.host = h
@@ -53,5 +59,5 @@ class LatestSnapshot:
     def nodes(self) -> list[NodeSnapshot]:
         """A consistent copy (safe to read while agents keep updating)."""
         with self._lock:
-            return [NodeSnapshot(node=s.node, gpus=dict(s.gpus), samples=dict(s.samples), host=s.host,
-                                 received_ms=s.received_ms) for s in self._nodes.values()]
+            return [NodeSnapshot(node=s.node, gpus=dict(s.gpus), samples=dict(s.samples), links=dict(s.links),
+                                 host=s.host, received_ms=s.received_ms) for s in self._nodes.values()]

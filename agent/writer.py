@@ -55,7 +55,6 @@ class Writer:
         max_batch_rows: int = 5000,
         retry_min_s: float = 0.5,
         retry_max_s: float = 30.0,
-        maintenance_every_s: float = 60.0,
         queue_max_batches: int = 1000,
     ):
         self.sink = sink
@@ -63,13 +62,11 @@ class Writer:
         self.max_batch_rows = max_batch_rows
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
-        self.maintenance_every_s = maintenance_every_s
         self._queue: queue.Queue[Batch] = queue.Queue(maxsize=queue_max_batches)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._retry_at = 0.0
         self._retry_delay_s = retry_min_s
-        self._last_maintenance = time.monotonic()
         self._node: Optional[NodeInfo] = None  # the node of the latest batch: the drop events' node
         self.status = WriterStatus(spool_bytes=spool.pending_bytes())
 
@@ -131,8 +128,7 @@ class Writer:
             self._replay()
         if retry_due and (self.status.sink_ok or self.spool.is_empty()):
             self._report_drops()
-        if self.status.sink_ok and time.monotonic() - self._last_maintenance >= self.maintenance_every_s:
-            self._last_maintenance = time.monotonic()
+        if self.status.sink_ok:  # the sink keeps the schedule (a store sink: trimtab.store.rollup.Upkeep)
             try:
                 self.sink.maintenance(int(time.time() * 1000))
             except Exception as exc:
@@ -149,8 +145,7 @@ class Writer:
             if last is not None and last.node == b.node and last.row_count() + b.row_count() <= self.max_batch_rows:
                 last.extend(b)
             else:
-                out.append(Batch(node=b.node, gpus=list(b.gpus), gpu_samples=list(b.gpu_samples),
-                                 host_samples=list(b.host_samples), processes=list(b.processes), events=list(b.events)))
+                out.append(b.copy())
         return out
 
     def _deliver(self, batch: Batch) -> None:

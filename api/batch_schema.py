@@ -12,7 +12,8 @@ from typing import Annotated, Any, Optional
 
 from pydantic import ConfigDict, Field, StrictBool, StringConstraints, create_model
 
-from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, MAX_CLOCK_AHEAD_S, Batch, MetricSpec
+from trimtab.agent.readings import (GPU_METRICS, HOST_METRICS, MAX_CLOCK_AHEAD_S, NVLINK_LINK_METRICS, Batch,
+                                    MetricSpec)
 from trimtab.api.schemas import EVENT_KIND, MAX_INT32, MAX_INT64, NO_CONTROL_CHARS, NO_NUL, EpochMs, GpuUuid, Hostname, \
     InputModel, Model
 
@@ -83,6 +84,14 @@ HostSampleIn = create_model(
     **_metric_fields(HOST_METRICS))
 
 
+NvlinkSampleIn = create_model(
+    "NvlinkSampleIn", __base__=_BatchPart, __doc__="One NVLink link of one GPU at one instant.",
+    gpu_uuid=(GpuUuid, Field(description="The GPU (need not be in this batch's inventory).")),
+    ts_ms=(EpochMs, Field(description=SAMPLE_TIME)),
+    link=(int, Field(ge=0, le=255, description="NVML's index of the link.")),
+    **_metric_fields(NVLINK_LINK_METRICS))
+
+
 class GpuProcessIn(_BatchPart):
     gpu_uuid: GpuUuid = Field(description="The GPU the process has a context on.")
     ts_ms: EpochMs = Field(description=SAMPLE_TIME)
@@ -112,14 +121,17 @@ class BatchIn(_BatchPart):
     host_samples: list[HostSampleIn] = Field(default_factory=list, description="Host samples.")  # type: ignore[valid-type]
     processes: list[GpuProcessIn] = Field(default_factory=list, description="Processes on the GPUs.")
     events: list[HealthEventIn] = Field(default_factory=list, description="Health events.")
+    nvlink_samples: list[NvlinkSampleIn] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="Per-link NVLink readings (none for GPUs without NVLink).")
 
     def row_count(self) -> int:
-        return len(self.gpu_samples) + len(self.host_samples) + len(self.processes) + len(self.events)
+        return (len(self.gpu_samples) + len(self.host_samples) + len(self.processes) + len(self.events)
+                + len(self.nvlink_samples))
 
     def too_far_ahead(self, now_ms: int) -> Optional[tuple[tuple, str]]:
         """(loc, message) of the first timestamp more than MAX_CLOCK_AHEAD_S past ``now_ms``, else None."""
         bound = now_ms + MAX_CLOCK_AHEAD_S * 1000
-        for part in ("gpu_samples", "host_samples", "processes", "events"):
+        for part in ("gpu_samples", "host_samples", "processes", "events", "nvlink_samples"):
             for i, row in enumerate(getattr(self, part)):
                 if row.ts_ms > bound:
                     return (("body", part, i, "ts_ms"),
@@ -138,3 +150,4 @@ class IngestOut(Model):
     host_samples_inserted: int = Field(description="New host samples.")
     processes_inserted: int = Field(description="New process rows.")
     events_inserted: int = Field(description="New health events.")
+    nvlink_samples_inserted: int = Field(description="New per-link NVLink readings.")

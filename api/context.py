@@ -14,11 +14,11 @@ from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, MAX_CLOCK_AHEAD_S
+from trimtab.agent.readings import GPU_METRIC_NAMES, MAX_CLOCK_AHEAD_S, NVLINK_LINK_METRIC_NAMES
 from trimtab.agent.snapshot import LatestSnapshot
 from trimtab.rebalancer.rules import RuleSet, default_rules
 from trimtab.store.jobs import StoredJob
-from trimtab.store.queries import LatestSample, latest_gpu_samples
+from trimtab.store.queries import LatestLink, LatestSample, latest_gpu_samples, latest_nvlink_samples
 
 
 @dataclass
@@ -35,9 +35,9 @@ class ApiContext:
     component_status: Callable[[], dict[str, Any]] = lambda: {}
     # The rules jobs are judged by (per-job overrides are checked against them at registration).
     rules: RuleSet = field(default_factory=default_rules)
-    # Called with the job and the step after each newly stored step report: the rebalancer's evaluation (None: no
-    # rebalancer).
-    after_report: Optional[Callable[[StoredJob, int], None]] = None
+    # Called with the job, the step and its step time after each newly stored step report: the rebalancer's
+    # evaluation (None: no rebalancer).
+    after_report: Optional[Callable[[StoredJob, int, float], None]] = None
     after_refusal: Optional[Callable[[StoredJob], None]] = None
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
@@ -62,6 +62,28 @@ class ApiContext:
                 if row.gpu_uuid not in out and _live(row.ts_ms, now_ms, max_age_s):
                     out[row.gpu_uuid] = row
         return sorted(out.values(), key=lambda r: (r.hostname, r.gpu_index))
+
+    def latest_links(self, max_age_s: float = 300.0) -> list[LatestLink]:
+        """The newest per-link NVLink reading of every link, as :meth:`latest_gpus` finds GPU samples (memory,
+        then the store on a server; the same age limits). GPUs without NVLink have none."""
+        now_ms = int(time.time() * 1000)
+        out: dict[tuple[str, int], LatestLink] = {}
+        for snap in self.snapshot.nodes():
+            for (uuid, link), n in snap.links.items():
+                g = snap.gpus.get(uuid)
+                if g is None or not _live(n.ts_ms, now_ms, max_age_s):
+                    continue
+                out[(uuid, link)] = LatestLink(
+                    hostname=snap.node.hostname, simulated=snap.node.simulated, gpu_uuid=uuid, gpu_index=g.index,
+                    gpu_name=g.name, pcie_peak_bytes_per_s=g.pcie_peak_bytes_per_s,
+                    nvlink_link_count=g.nvlink_link_count, ts_ms=n.ts_ms, link=link,
+                    metrics={m: getattr(n, m) for m in NVLINK_LINK_METRIC_NAMES})
+        if self.mode == "server":
+            in_memory = {uuid for uuid, _ in out}
+            for row in latest_nvlink_samples(self.engine, not_after_ms=now_ms + MAX_CLOCK_AHEAD_S * 1000):
+                if row.gpu_uuid not in in_memory and _live(row.ts_ms, now_ms, max_age_s):
+                    out[(row.gpu_uuid, row.link)] = row
+        return sorted(out.values(), key=lambda r: (r.hostname, r.gpu_index, r.link))
 
 
 def _live(ts_ms: int, now_ms: int, max_age_s: float) -> bool:

@@ -1,45 +1,41 @@
 """Request and response models of jobs (registration, step reports, knob changes and acks), decisions and tokens.
 
-A job declares its knobs with bounds when it registers; every change (manual or the rebalancer's) must stay
-inside them, so the bounds are checked here, at the edge, and again against the stored job in the routes.
+The step report, knob declarations, pending changes, acks and refusals are generated from the contract
+(:mod:`trimtab.contract`), which the hook builds its requests from: a field added there appears here. A job
+declares its knobs with bounds when it registers; every change (manual or the rebalancer's) must stay inside them,
+so the bounds are checked here, at the edge, and again against the stored job in the routes.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, create_model, model_validator
 
-from trimtab.api.schemas import MAX_EPOCH_MS, MAX_INT64, NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Model, \
-    PageOut
+from trimtab.api.schemas import NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Model, PageOut, contract_field, \
+    input_type, message_model
+from trimtab.contract.knobs import ACK, KNOB_DECLARATION, KNOB_NAME, KNOB_VALUE, MAX_JOB_NAME, MAX_NAME, \
+    PENDING_CHANGE, REFUSAL
+from trimtab.contract.step_report import GROUPS, MEMORY_GROUP, PHASES_GROUP, REPORT_FIELDS
 
-JobName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=SLUG)]
-KnobName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=SLUG)]
-ComponentName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=SLUG)]
-# Knob values: integral ones stay integers (batch sizes, depths); magnitudes a float holds exactly.
-# (The bounds sit on each member of the union: on the union itself they would not reach the JSON Schema.)
-KnobValue = Union[Annotated[int, Field(ge=-10**15, le=10**15)], Annotated[float, Field(ge=-1e15, le=1e15)]]
+JobName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_JOB_NAME, pattern=SLUG)]
+KnobName = input_type(KNOB_NAME)
+ComponentName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME, pattern=SLUG)]
+KnobValue = input_type(KNOB_VALUE)
 Mode = Literal["auto", "advise", "off"]
 Scope = Literal["agent", "job", "admin"]
-Step = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]
-Rank = Annotated[int, Field(ge=0, le=4095)]
-Seconds = Annotated[float, Field(ge=0, le=1e7)]
-Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
-LoggedKey = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_CONTROL_CHARS)]
-Logged = Annotated[float, Field(ge=-1e300, le=1e300)]
-MAX_LOGGED = 64
 
 
-class KnobSpec(InputModel):
-    value: KnobValue = Field(description="Current value in the job.")
-    min: KnobValue = Field(description="Lowest value the rebalancer (or an admin) may set.")
-    max: KnobValue = Field(description="Highest value the rebalancer (or an admin) may set.")
-
+class _WithinBounds(InputModel):
     @model_validator(mode="after")
-    def _within_bounds(self) -> "KnobSpec":
+    def _within_bounds(self) -> "_WithinBounds":
         if not self.min <= self.value <= self.max:
             raise ValueError(f"need min <= value <= max, got min={self.min}, value={self.value}, max={self.max}")
         return self
+
+
+KnobSpec = message_model("KnobSpec", KNOB_DECLARATION, "A knob as the job declares it: value and bounds.",
+                         _WithinBounds, inputs=True)
 
 
 class JobIn(InputModel):
@@ -66,10 +62,7 @@ class JobIn(InputModel):
                           "them between steps); shown by trimtab check beside the job's knobs.")
 
 
-class KnobOut(Model):
-    value: Union[int, float] = Field(description="Current value (follows applied changes).")
-    min: Union[int, float] = Field(description="Lower bound.")
-    max: Union[int, float] = Field(description="Upper bound.")
+KnobOut = message_model("KnobOut", KNOB_DECLARATION, "A knob: current value and bounds.", Model, inputs=False)
 
 
 class JobOut(Model):
@@ -93,67 +86,35 @@ class JobsOut(PageOut):
     jobs: list[JobOut] = Field(description="Jobs by name.")
 
 
-class Phases(InputModel):
-    generation: Optional[Seconds] = Field(None, description="Rollout / generation time in the step, seconds.")
-    evaluation: Optional[Seconds] = Field(None, description="Scoring time (reward, critic, reference), seconds.")
-    communication: Optional[Seconds] = Field(None, description="Collective communication time, seconds.")
-    update: Optional[Seconds] = Field(None, description="Optimizer / parameter update time, seconds.")
-    validation: Optional[Seconds] = Field(None, description="A validation (test-set) run inside the step, seconds.")
-    checkpoint: Optional[Seconds] = Field(None, description="Saving a checkpoint, seconds.")
-    wait: Optional[Seconds] = Field(None, description="The trainer waiting for rollout to hand it a batch (e.g. verl "
-                                                      "V1's replay-buffer wait), seconds.")
-    other: Optional[Seconds] = Field(None, description="Everything else, seconds.")
+def _group_model(group: str, name: str, doc: str) -> type:
+    return message_model(name, [f for f in REPORT_FIELDS if f.group == group], doc, InputModel, inputs=True,
+                         optional=True)
 
 
-class MemoryIn(InputModel):
-    allocated_bytes: Optional[Count] = Field(None, description="torch.cuda allocated bytes.")
-    reserved_bytes: Optional[Count] = Field(None, description="torch.cuda reserved (cached) bytes.")
-    peak_allocated_bytes: Optional[Count] = Field(None, description="torch.cuda peak allocated bytes since the "
-                                                                   "rank's previous sample (what this batch size "
-                                                                   "needs at its high point).")
-    total_bytes: Optional[Count] = Field(None, description="The rank's GPU memory capacity, bytes.")
-    fragmentation: Optional[float] = Field(None, ge=0, le=1,
-                                           description="Free memory stranded in split blocks (torch's "
-                                                       "inactive_split_bytes) / reserved, a fraction 0–1 "
-                                                       "(healthy < 0.15).")
-    num_alloc_retries: Optional[Count] = Field(None, description="Cumulative allocator retries (cudaMalloc after "
-                                                                 "a cache flush) since the process started.")
-    num_ooms: Optional[Count] = Field(None, description="Cumulative out-of-memory errors since the process started.")
+# (A model's own doc differs from its field's: where they are equal, the JSON Schema drops the field's.)
+Phases = _group_model(PHASES_GROUP, "Phases", "Seconds of a step by phase; a phase left out was not measured.")
+MemoryIn = _group_model(MEMORY_GROUP, "MemoryIn", "The caching allocator's statistics, as torch.cuda keeps them.")
+_GROUP_MODELS = {PHASES_GROUP: Phases, MEMORY_GROUP: MemoryIn}
 
 
-class ReportIn(InputModel):
-    step: Step = Field(description="Training step the report is about.")
-    rank: Rank = Field(description="Rank reporting (0 ≤ rank < the job's ranks).")
-    step_time_s: Seconds = Field(description="Wall time of the step, seconds.")
-    phases: Phases = Field(default_factory=Phases, description="The step's time by phase, seconds.")
-    samples: Optional[Count] = Field(None, description="Samples processed in the step.")
-    tokens: Optional[Count] = Field(None, description="Tokens processed in the step.")
-    memory: Optional[MemoryIn] = Field(None, description="Allocator statistics of the rank's GPU.")
-    rollout_slowest_s: Optional[Seconds] = Field(None, description="Generation time of the step's slowest sample "
-                                                                   "(the rollout's long tail), seconds.")
-    rollout_mean_s: Optional[Seconds] = Field(None, description="Mean generation time per sample in the step, seconds.")
-    prompts: Optional[Count] = Field(None, description="RL: prompts the step trained on (each has several completions).")
-    completions: Optional[Count] = Field(None, description="RL: completions the step trained on (generated in this step "
-                                                          "or reused from an earlier step's generation batch).")
-    completion_mean_tokens: Optional[Annotated[float, Field(ge=0, le=1e9)]] = Field(
-        None, description="Mean completion length, tokens, as the framework logged it for this step.")
-    reward_mean: Optional[Logged] = Field(None, description="Mean reward, as the framework logged it for this step.")
-    logged: Optional[dict[LoggedKey, Logged]] = Field(
-        None, max_length=MAX_LOGGED, description="The framework's own scalars logged at this step, by its names "
-                                                 "(TRL: step_time, num_tokens, completions/mean_length, reward, "
-                                                 "entropy, …; means over its logging window).")
-    collective_latency_us: Optional[float] = Field(None, ge=0, le=1e9,
-                                                   description="Small all-reduce latency probe, microseconds.")
-    pid: Optional[int] = Field(None, ge=0, le=2**31 - 1, description="The rank's host PID.")
-    hostname: Optional[Hostname] = Field(None, description="The rank's node.")
-    local_gpu: Optional[int] = Field(None, ge=0, le=4095, description="The rank's local GPU index.")
+def _report_in() -> type:
+    """``ReportIn``: the contract's top-level fields, each group as its nested model where it first appears."""
+    fields: dict[str, Any] = {}
+    for f in REPORT_FIELDS:
+        if not f.group:
+            fields[f.name] = contract_field(f, inputs=True, optional=not f.required)
+        elif f.group not in fields:
+            model, doc = _GROUP_MODELS[f.group], GROUPS[f.group].doc
+            fields[f.group] = ((model, Field(default_factory=model, description=doc)) if GROUPS[f.group].always
+                               else (Optional[model], Field(None, description=doc)))
+    return create_model("ReportIn", __base__=InputModel, __doc__="One rank's report of one step.", **fields)
 
 
-class PendingChangeOut(Model):
-    change_id: int = Field(description="Id to acknowledge once applied.")
-    knob: str = Field(description="The knob to change.")
-    value: Union[int, float] = Field(description="The new value.")
-    reason: str = Field(description="Why (rule or operator note).")
+ReportIn = _report_in()
+
+
+PendingChangeOut = message_model("PendingChangeOut", PENDING_CHANGE, "A knob change waiting for the job.", Model,
+                                 inputs=False)
 
 
 class ReportAcceptedOut(Model):
@@ -162,37 +123,17 @@ class ReportAcceptedOut(Model):
         description="Changes to apply at the next step boundary (rank 0 broadcasts them), then acknowledge.")
 
 
-class ReportOut(Model):
-    step: int = Field(description="Training step.")
-    rank: int = Field(description="Rank.")
-    received_ms: int = Field(description="When the server received it, epoch milliseconds.")
-    step_time_s: float = Field(description="Step wall time, seconds.")
-    generation_s: Optional[float] = Field(description="Generation phase, seconds.")
-    evaluation_s: Optional[float] = Field(description="Evaluation phase, seconds.")
-    communication_s: Optional[float] = Field(description="Communication phase, seconds.")
-    update_s: Optional[float] = Field(description="Update phase, seconds.")
-    validation_s: Optional[float] = Field(description="Validation phase, seconds.")
-    checkpoint_s: Optional[float] = Field(description="Checkpoint phase, seconds.")
-    wait_s: Optional[float] = Field(description="Waiting for rollout, seconds.")
-    other_s: Optional[float] = Field(description="Other time, seconds.")
-    rollout_slowest_s: Optional[float] = Field(description="Slowest sample's generation time, seconds.")
-    rollout_mean_s: Optional[float] = Field(description="Mean sample's generation time, seconds.")
-    prompts: Optional[int] = Field(None, description="RL: prompts the step trained on.")
-    completions: Optional[int] = Field(None, description="RL: completions the step trained on.")
-    completion_mean_tokens: Optional[float] = Field(None, description="Mean completion length, tokens.")
-    reward_mean: Optional[float] = Field(None, description="Mean reward.")
-    logged: Optional[dict[str, float]] = Field(None, description="The framework's own scalars logged at this step.")
-    samples: Optional[int] = Field(description="Samples in the step.")
-    tokens: Optional[int] = Field(description="Tokens in the step.")
-    allocated_bytes: Optional[int] = Field(description="Allocated bytes.")
-    reserved_bytes: Optional[int] = Field(description="Reserved bytes.")
-    fragmentation: Optional[float] = Field(description="Free memory stranded in split blocks / reserved, fraction.")
-    num_alloc_retries: Optional[int] = Field(description="Cumulative allocator retries.")
-    num_ooms: Optional[int] = Field(description="Cumulative OOMs.")
-    collective_latency_us: Optional[float] = Field(description="All-reduce probe latency, microseconds.")
-    pid: Optional[int] = Field(description="Host PID.")
-    hostname: Optional[str] = Field(description="Node.")
-    local_gpu: Optional[int] = Field(description="Local GPU index.")
+def _report_out() -> type:
+    """``ReportOut``: a stored report, flat (a phase ``p`` as ``p_s``), with when it arrived."""
+    fields: dict[str, Any] = {}
+    for f in REPORT_FIELDS:
+        fields[f.column] = contract_field(f, inputs=False, optional=not f.required)
+        if f.name == "rank":
+            fields["received_ms"] = (int, Field(description="When the server received it, epoch milliseconds."))
+    return create_model("ReportOut", __base__=Model, __doc__="A stored step report.", **fields)
+
+
+ReportOut = _report_out()
 
 
 class ReportsOut(PageOut):
@@ -200,17 +141,9 @@ class ReportsOut(PageOut):
     reports: list[ReportOut] = Field(description="Reports, newest step first.")
 
 
-class AckIn(InputModel):
-    change_id: int = Field(ge=1, le=MAX_INT64, description="The change applied.")
-    applied_at_step: Step = Field(description="The step at whose start it took effect.")
-    rank: Rank = Field(description="The rank acknowledging (each rank may ack).")
-
-
-class RefusalIn(InputModel):
-    change_id: int = Field(ge=1, le=MAX_INT64, description="The change that could not be applied.")
-    rank: Rank = Field(description="The rank whose knob owner refused it.")
-    reason: Annotated[str, StringConstraints(min_length=1, max_length=1000, pattern=NO_CONTROL_CHARS)] = Field(
-        description="Why the code that owns the knob could not apply it (kept with the change and its decision).")
+AckIn = message_model("AckIn", ACK, "A rank applied a change at a step.", InputModel, inputs=True)
+RefusalIn = message_model("RefusalIn", REFUSAL, "A rank's knob owner could not apply a change.", InputModel,
+                          inputs=True)
 
 
 class AckOut(Model):

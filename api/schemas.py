@@ -1,5 +1,5 @@
-"""Request and response models of the read side (health, nodes, GPUs, samples, balance, events), and the
-constrained types every schema shares.
+"""Request and response models of the read side (health, nodes, GPUs, samples, balance, events), the
+constrained types every schema shares, and the makers of the models the contract (:mod:`trimtab.contract`) defines.
 
 Response models carry no input bounds: a store can hold what an older agent or a direct-to-store agent wrote,
 and an out-of-range stored value must not turn a read into a 500. Metric fields are generated from
@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from pydantic_core import PydanticCustomError
 
 from trimtab.agent.readings import GPU_METRICS
+from trimtab.contract.kinds import NO_CONTROL_CHARS, NUMBER, Kind, Spec
+from trimtab.contract.knobs import NAME_PATTERN
 
-# No control characters: they are never meaningful in a name, and PostgreSQL rejects NUL in text outright.
-NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 NO_NUL = r"^[^\x00]*$"
 MAX_EPOCH_MS = 2**53 - 1  # exact in a JSON number (IEEE double), far inside BIGINT
 MAX_INT64 = 2**63 - 1
@@ -24,8 +24,7 @@ MAX_INT32 = 2**31 - 1
 
 Hostname = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=NO_CONTROL_CHARS)]
 GpuUuid = Annotated[str, StringConstraints(min_length=1, max_length=96, pattern=NO_CONTROL_CHARS)]
-# Job names, knob and component names: safe in URLs, logs and Prometheus labels.
-SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+SLUG = NAME_PATTERN  # job names, knob and component names: safe in URLs, logs and Prometheus labels
 EVENT_KIND = r"^[a-z][a-z0-9_]*$"
 EpochMs = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]
 Status = Literal["ok", "watch", "act", "no_data", "unsupported"]
@@ -92,6 +91,48 @@ def _metric_model(name: str, doc: str, integers: bool) -> type[BaseModel]:
 
 GpuMetrics = _metric_model("GpuMetrics", "Every per-GPU metric at one instant, by name (unit in the name).", True)
 GpuMetricMeans = _metric_model("GpuMetricMeans", "Every per-GPU metric averaged over a bucket.", False)
+
+
+# -- models of the contract's messages -----------------------------------------------------------------------
+
+
+def input_type(kind: Kind) -> Any:
+    """The type a request field of ``kind`` takes: the kind's bounds in the JSON Schema, 422 outside them. (On a
+    union the bounds sit on each member: on the union itself they would not reach the JSON Schema.)"""
+    if kind.type is str:
+        return Annotated[str, StringConstraints(min_length=kind.min_length, max_length=kind.max_length,
+                                                pattern=kind.pattern)]
+    if kind.type is dict:
+        name = Annotated[str, StringConstraints(min_length=1, max_length=kind.key_max_length,
+                                                pattern=NO_CONTROL_CHARS)]
+        return dict[name, Annotated[float, Field(ge=kind.ge, le=kind.le)]]
+    if kind.type == NUMBER:
+        return Union[Annotated[int, Field(ge=int(kind.ge), le=int(kind.le))],
+                     Annotated[float, Field(ge=kind.ge, le=kind.le)]]
+    return Annotated[kind.type, Field(ge=kind.ge, le=kind.le)]
+
+
+def output_type(kind: Kind) -> Any:
+    """The type a response field of ``kind`` has: no bounds (a store holds what older writers wrote too)."""
+    return {NUMBER: Union[int, float], dict: dict[str, float]}.get(kind.type, kind.type)
+
+
+def contract_field(spec: Spec, inputs: bool, optional: bool) -> tuple[Any, Any]:
+    """``(type, Field)`` of one contract field for ``create_model``; an optional one is null when absent (in a
+    request: may be left out)."""
+    typ = input_type(spec.kind) if inputs else output_type(spec.kind)
+    entries = {"max_length": spec.kind.max_length} if inputs and spec.kind.type is dict else {}
+    if not optional:
+        return typ, Field(description=spec.doc, **entries)
+    return Optional[typ], (Field(None, description=spec.doc, **entries) if inputs else
+                           Field(description=spec.doc))
+
+
+def message_model(name: str, specs: Any, doc: str, base: type[BaseModel], inputs: bool,
+                  optional: bool = False) -> type[BaseModel]:
+    """A request (``inputs``) or response model with one field per spec, in order."""
+    fields = {s.name: contract_field(s, inputs, optional) for s in specs}
+    return create_model(name, __base__=base, __doc__=doc, **fields)
 
 
 # -- health --------------------------------------------------------------------------------------------------

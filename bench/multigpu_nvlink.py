@@ -384,7 +384,7 @@ class NvlinkCounters:
         try:
             import pynvml as nv
 
-            from trimtab.agent.nvml import _field_number  # noqa: F401  (the union member valueType names)
+            from trimtab.agent.nvml.slow import field_number  # noqa: F401  (the union member valueType names)
 
             nv.nvmlInit()
             self.nv, self.handles = nv, {g: nv.nvmlDeviceGetHandleByIndex(g) for g in gpus}
@@ -394,7 +394,7 @@ class NvlinkCounters:
 
     def read(self) -> dict[int, Optional[tuple[float, float, float]]]:
         """gpu → (time s, tx KiB, rx KiB), None where unsupported."""
-        from trimtab.agent.nvml import _field_number
+        from trimtab.agent.nvml.slow import field_number
         out: dict[int, Optional[tuple[float, float, float]]] = {}
         if not self.ok:
             return out
@@ -406,7 +406,7 @@ class NvlinkCounters:
                 if any(v.nvmlReturn != nv.NVML_SUCCESS for v in vals):
                     out[g] = None
                     continue
-                num = [_field_number(v) for v in vals]
+                num = [field_number(v) for v in vals]
                 out[g] = (time.time(), float(num[0]), float(num[1]))
             except Exception:
                 out[g] = None

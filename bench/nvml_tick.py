@@ -1,29 +1,40 @@
-"""What does one NVML tick cost per GPU — trimtab's sampling path against the naive one? (H200 check)
+"""What does one NVML tick cost per GPU: trimtab's ``NvmlSource.sample()`` against the bare NVML calls it makes,
+side by side in one run (goal: ours within 2× of bare, median per GPU per tick). H200 check.
 
-trimtab: ``NvmlSource.sample()`` at ``--hz`` for ``--ticks`` ticks (default 9.5 Hz: GPM needs its samples more
-than 100 ms apart, and ticks on an exact 100 ms grid would straddle that limit, skipping GPM on about half), with
-every NVML call timed through the source's ``on_call`` hook. Naive: the same cheap calls plus
-``nvmlDeviceGetPcieThroughput`` TX and RX on the tick (each blocks ~20 ms), measured in the same run. Prints the
-median and p99 per GPU per tick, each call's cost, the ratio naive/trimtab, the target (≤ 100 µs of NVML time
-per GPU per tick), and the metrics that read as unsupported.
+* **bare**: exactly the calls our tick makes — the source's own prepared list per GPU (utilization, memory v2,
+  power, temperature, SM clock, clock-event reasons), a GPM sample and the GPM metrics of the same metric ids
+  on GPUs with GPM (its own two samples), the process list every 5 s and an XID poll every 2 s (its own event set)
+  — called straight through the bindings in a loop, nothing around them.
+* **ours**: ``NvmlSource.sample()``, all of it (its GPM, its slow-thread pick-up, its events).
 
-    python bench/nvml_tick.py [--ticks 200] [--hz 9.5] [--naive-ticks 20] [--gpus 0,1] [--json]
+The two take turns, one tick each, at ``--hz`` (default 9.5: GPM needs a GPU's samples more than 100 ms apart,
+and each side samples every other tick), each tick starting after the same wait: ``sleep`` (as the daemon waits,
+so each tick starts on a cold CPU) and ``spin`` (a busy wait: a warm CPU). Median and p99 per GPU per tick of
+each, and the ratio ours/bare. Then each bare call alone in a tight loop (µs per call, warm), and the naive tick
+(the same cheap calls plus ``nvmlDeviceGetPcieThroughput`` TX and RX, each blocking ~20 ms) for comparison.
+
+``--fake-nvml``: no GPU needed. The real ``pynvml`` bindings run over a stand-in for ``libnvidia-ml`` whose
+every function returns at once, so bare is the bindings' own Python and ours − bare is exactly trimtab's Python
+per GPU per tick (the figure a real run adds to NVML's own cost). It says so in its output; the naive tick is
+left out (its blocking is the driver's).
+
+    python3 bench/nvml_tick.py [--ticks 200] [--hz 9.5] [--wait sleep|spin|both] [--naive-ticks 20] [--gpus 0,1]
+                               [--fake-nvml [--fake-gpus 8]] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import statistics
 import sys
-import threading
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-TARGET_NVML_US_PER_GPU = 100.0
+GOAL_RATIO = 2.0
 
 
 def _import_agent():
@@ -46,6 +57,78 @@ def _import_agent():
     return nvml, SourceUnavailable
 
 
+# -- the no-cost stand-in for libnvidia-ml (--fake-nvml) -------------------------------------------------------------
+
+def _ok(*_args: Any) -> int:
+    return 0  # NVML_SUCCESS, touching nothing
+
+
+class NoCostNvmlLibrary:
+    """Stands in for the ``CDLL`` of libnvidia-ml under the real bindings: every function returns NVML_SUCCESS at
+    once, writing only what start-up needs (a GPU count, handles, UUIDs, GPM support). Per-tick values stay 0."""
+
+    def __init__(self, nv: Any, n_gpus: int, nvlink_links: int = 0):
+        self.nv, self.n_gpus, self.nvlink_links = nv, n_gpus, nvlink_links
+
+    def __getattr__(self, name: str) -> Callable[..., int]:
+        special = getattr(type(self), "_" + name, None)
+        if special is not None:
+            return special.__get__(self)
+        if name.startswith("nvml"):
+            return _ok
+        raise AttributeError(name)
+
+    def _nvmlDeviceGetCount_v2(self, count) -> int:
+        count._obj.value = self.n_gpus
+        return 0
+
+    def _nvmlDeviceGetHandleByIndex_v2(self, index, device) -> int:
+        ctypes.cast(ctypes.byref(device._obj), ctypes.POINTER(ctypes.c_void_p))[0] = index.value + 1
+        return 0
+
+    def _nvmlDeviceGetUUID(self, handle, buffer, _size) -> int:
+        buffer.value = f"GPU-nocost-{ctypes.cast(handle, ctypes.c_void_p).value - 1}".encode()
+        return 0
+
+    def _nvmlDeviceGetName(self, _handle, buffer, _size) -> int:
+        buffer.value = b"no-cost NVML stand-in"
+        return 0
+
+    def _nvmlSystemGetDriverVersion(self, buffer, _size) -> int:
+        buffer.value = b"none (no-cost stand-in)"
+        return 0
+
+    _nvmlSystemGetNVMLVersion = _nvmlSystemGetDriverVersion
+
+    def _nvmlDeviceGetMaxPcieLinkGeneration(self, _handle, out) -> int:
+        out._obj.value = 5
+        return 0
+
+    def _nvmlDeviceGetMaxPcieLinkWidth(self, _handle, out) -> int:
+        out._obj.value = 16
+        return 0
+
+    def _nvmlDeviceGetNvLinkState(self, _handle, link, out) -> int:
+        if link >= self.nvlink_links:
+            return self.nv.NVML_ERROR_NOT_SUPPORTED
+        out._obj.value = self.nv.NVML_FEATURE_ENABLED
+        return 0
+
+    def _nvmlGpmQueryDeviceSupport(self, _handle, out) -> int:
+        out._obj.isSupportedDevice = 1
+        return 0
+
+    def _nvmlEventSetWait_v2(self, _event_set, _data, _timeout) -> int:
+        return self.nv.NVML_ERROR_TIMEOUT  # no event waiting, as on a healthy GPU
+
+
+def install_no_cost_nvml(nv: Any, n_gpus: int) -> None:
+    nv.nvmlLib = NoCostNvmlLibrary(nv, n_gpus)
+    nv._nvmlGetFunctionPointer_cache.clear()
+
+
+# -- statistics and pacing -----------------------------------------------------------------------------------------
+
 def us_stats(seconds: list[float]) -> dict:
     """median / p99 / max in µs."""
     if not seconds:
@@ -56,174 +139,266 @@ def us_stats(seconds: list[float]) -> dict:
             "max_us": ordered[-1] * 1e6}
 
 
-def paced(ticks: int, hz: float, body: Callable[[int], None]) -> None:
-    """Run ``body(k)`` on a fixed grid of 1/hz; a late tick runs at once (no burst to catch up)."""
-    period, deadline = 1.0 / hz, time.monotonic()
+def wait_until(deadline: float, how: str) -> None:
+    if how == "spin":
+        while time.perf_counter() < deadline:
+            pass
+    else:
+        time.sleep(max(0.0, deadline - time.perf_counter()))
+
+
+def paced(ticks: int, hz: float, how: str, body: Callable[[int], None]) -> None:
+    """``body(k)`` on a fixed grid of 1/hz, waiting ``how`` between; a late tick runs at once (no burst)."""
+    period, deadline = 1.0 / hz, time.perf_counter()
     for k in range(ticks):
         deadline += period
         body(k)
-        time.sleep(max(0.0, deadline - time.monotonic()))
+        wait_until(deadline, how)
 
 
-def bench_trimtab(nvml, indices, ticks: int, hz: float, use_gpm: bool = True) -> dict:
-    main = threading.get_ident()
-    per_call: dict[str, list[float]] = defaultdict(list)
-    tick_nvml = [0.0]
+# -- bare: the calls our tick makes, straight ----------------------------------------------------------------------
 
-    def on_call(name: str, seconds: float) -> None:
-        if threading.get_ident() == main:  # the slow thread (pre-Hopper only) is not the tick
-            per_call[name].append(seconds)
-            tick_nvml[0] += seconds
+class BareTick:
+    """The calls ``source``'s tick makes, made directly: per GPU its prepared calls, a GPM sample and metrics
+    (the same ids, on samples of its own), the process list and an XID poll at the source's cadences."""
 
-    source = nvml.NvmlSource(indices=indices, on_call=on_call, use_gpm=use_gpm)
-    inv = source.inventory()
-    n = max(1, len(inv.gpus))
-    warm = 2  # the first GPM tick has nothing to compare with
-    per_call.clear()
-    walls, nvml_times, last = [], [], [None]
+    def __init__(self, nvml_pkg: Any, source: Any):
+        from trimtab.agent.nvml import source as source_module
+        from trimtab.agent.nvml.tick import PROCESS_CALLS
+        from trimtab.agent.nvml.xid import EVENT_WAIT, XID_EVERY_S
+
+        nv = self.nv = nvml_pkg.load_pynvml()
+        self.gpus = []
+        for gpu, calls in source.tick_calls():
+            gpm = None
+            if gpu.gpm is not None:
+                samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+                requests = []
+                for k in range(2):
+                    request = nv.c_nvmlGpmMetricsGet_t()
+                    request.version = nv.NVML_GPM_METRICS_GET_VERSION
+                    request.sample1, request.sample2 = samples[1 - k], samples[k]
+                    for i, metric_id in enumerate(gpu.gpm.ids):
+                        request.metrics[i].metricId = metric_id
+                    request.numMetrics = len(gpu.gpm.ids)
+                    requests.append(request)
+                gpm = [samples, requests]
+            self.gpus.append((gpu.handle, [(fn, args) for _, fn, args in calls], gpm))
+        self.processes = next(getattr(nv, n) for n in PROCESS_CALLS if hasattr(nv, n))
+        self.event_wait = next(getattr(nv, n) for n in EVENT_WAIT if hasattr(nv, n))
+        self.event_set = nv.nvmlEventSetCreate()
+        for handle, _, _ in self.gpus:
+            try:
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, self.event_set)
+            except nv.NVMLError:
+                pass
+        self.processes_every_s, self.xid_every_s = source_module.PROCESSES_EVERY_S, XID_EVERY_S
+        self._procs_due = self._xid_due = 0.0
+        self._turn, self._based = 0, False
+
+    def tick(self) -> None:
+        nv, turn = self.nv, self._turn
+        now = time.monotonic()
+        procs = now >= self._procs_due
+        if procs:
+            self._procs_due = now + self.processes_every_s
+        for handle, calls, gpm in self.gpus:
+            for fn, args in calls:
+                fn(*args)
+            if procs:
+                self.processes(handle)
+            if gpm is not None:
+                nv.nvmlGpmSampleGet(handle, gpm[0][turn])
+                if self._based:
+                    nv.nvmlGpmMetricsGet(gpm[1][turn])
+        self._turn, self._based = 1 - turn, True
+        if now >= self._xid_due:
+            self._xid_due = now + self.xid_every_s
+            try:
+                self.event_wait(self.event_set, 0)
+            except nv.NVMLError:  # TIMEOUT: no event waiting
+                pass
+
+    def each_call_alone(self, repeat: int = 200) -> dict:
+        """Each call of GPU 0's tick alone in a tight loop: µs per call (warm)."""
+        nv = self.nv
+        handle, calls, gpm = self.gpus[0]
+        named = [(getattr(fn, "__name__", str(fn)), fn, args) for fn, args in calls]
+        named.append(("processes", self.processes, (handle,)))
+        if gpm is not None:
+            named += [("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, (handle, gpm[0][0])),
+                      ("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, (gpm[1][0],))]
+        out = {}
+        for name, fn, args in named:
+            times, failed = [], 0
+            for _ in range(repeat):
+                started = time.perf_counter()
+                try:
+                    fn(*args)
+                except nv.NVMLError:
+                    failed += 1
+                times.append(time.perf_counter() - started)
+            out[name] = {**us_stats(times), "failed": failed}
+        return out
+
+    def close(self) -> None:
+        nv = self.nv
+        for _, _, gpm in self.gpus:
+            for sample in (gpm[0] if gpm else ()):
+                nv.nvmlGpmSampleFree(sample)
+        nv.nvmlEventSetFree(self.event_set)
+
+
+def side_by_side(source: Any, bare: BareTick, ticks: int, hz: float, how: str) -> dict:
+    """Bare and ours take turns, ``ticks`` each, after the same wait; per GPU per tick."""
+    n = max(1, len(bare.gpus))
+    bare_s: list[float] = []
+    ours_s: list[float] = []
+    gpm_ticks = [0]
+    warm = 2  # the first GPM sample of each side has nothing to compare with
 
     def tick(k: int) -> None:
-        if k == warm:
-            per_call.clear()
-        tick_nvml[0] = 0.0
-        last[0] = source.sample(int(time.time() * 1000))
-        if k >= warm:
-            walls.append(source.last_tick_cost_s / n)
-            nvml_times.append(tick_nvml[0] / n)
+        side, i = k % 2, k // 2
+        started = time.perf_counter()
+        if side == 0:
+            bare.tick()
+        else:
+            readings = source.sample(int(time.time() * 1000))
+        spent = (time.perf_counter() - started) / n
+        if i < warm:
+            return
+        if side == 0:
+            bare_s.append(spent)
+        else:
+            ours_s.append(spent)
+            gpm_ticks[0] += any(s.sm_active_pct is not None for s in readings.gpu_samples)
 
-    paced(ticks + warm, hz, tick)
-    result = {
-        "inventory": {"driver": inv.driver_version, "nvml": inv.nvml_version,
-                      "gpus": [{"index": g.index, "name": g.name, "gpm": g.gpm_supported,
-                                "nvlink_links": g.nvlink_link_count, "pcie": f"Gen{g.pcie_max_gen} x{g.pcie_max_width}",
-                                "pcie_peak_GBps": g.pcie_peak_bytes_per_s and g.pcie_peak_bytes_per_s / 1e9}
-                               for g in inv.gpus]},
-        "tick_wall_per_gpu": us_stats(walls),
-        "tick_nvml_per_gpu": us_stats(nvml_times),
-        "calls": {name: {**us_stats(v), "per_tick": len(v) / max(1, len(walls))}
-                  for name, v in sorted(per_call.items())},
-        "unsupported": [f"gpu{i}:{m}" if i is not None else m for i, m in source.unsupported()],
-        "last_sample": [s.__dict__ for s in last[0].gpu_samples] if last[0] else [],
-        "events": [e.__dict__ for e in last[0].events] if last[0] else [],
-    }
-    source.close()
-    return result
+    paced(2 * (ticks + warm), hz, how, tick)
+    b, o = us_stats(bare_s), us_stats(ours_s)
+    return {"wait": how, "ticks_each": ticks, "bare": b, "ours": o, "ours_ticks_with_gpm": gpm_ticks[0],
+            "ratio_median": o["median_us"] / b["median_us"] if b["median_us"] else None,
+            "ratio_p99": o["p99_us"] / b["p99_us"] if b["p99_us"] else None,
+            "ours_minus_bare_median_us": o["median_us"] - b["median_us"] if b["median_us"] else None}
 
 
-def bench_naive(nvml, indices, ticks: int, hz: float) -> dict:
+def bench_naive(nv: Any, handles: list, ticks: int, hz: float) -> dict:
     """The cheap calls plus the blocking PCIe counter on the tick, straight through the bindings."""
-    nv = nvml.load_pynvml()
-    nv.nvmlInit()
-    count = nv.nvmlDeviceGetCount()
-    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in (indices if indices is not None else range(count))]
     temperature = getattr(nv, "nvmlDeviceGetTemperatureV", nv.nvmlDeviceGetTemperature)
-    calls = {
-        "util": lambda h: nv.nvmlDeviceGetUtilizationRates(h),
-        "memory": lambda h: nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2),
-        "power": lambda h: nv.nvmlDeviceGetPowerUsage(h),
-        "temperature": lambda h: temperature(h, nv.NVML_TEMPERATURE_GPU),
-        "sm_clock": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-        "clock_events": lambda h: nv.nvmlDeviceGetCurrentClocksEventReasons(h),
-        "processes": lambda h: nv.nvmlDeviceGetComputeRunningProcesses_v3(h),
-        "pcie_tx": lambda h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES),
-        "pcie_rx": lambda h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES),
-    }
-    per_call: dict[str, list[float]] = defaultdict(list)
-    failed: set[str] = set()
+    calls = [
+        lambda h: nv.nvmlDeviceGetUtilizationRates(h),
+        lambda h: nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2),
+        lambda h: nv.nvmlDeviceGetPowerUsage(h),
+        lambda h: temperature(h, nv.NVML_TEMPERATURE_GPU),
+        lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        lambda h: nv.nvmlDeviceGetCurrentClocksEventReasons(h),
+        lambda h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES),
+        lambda h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES),
+    ]
     ticks_s: list[float] = []
 
     def tick(_k: int) -> None:
         started = time.perf_counter()
         for h in handles:
-            for name, call in calls.items():
-                t0 = time.perf_counter()
+            for call in calls:
                 try:
                     call(h)
-                except Exception:  # NVMLError, or a call these bindings lack
-                    failed.add(name)
-                per_call[name].append(time.perf_counter() - t0)
+                except nv.NVMLError:
+                    pass
         ticks_s.append((time.perf_counter() - started) / len(handles))
 
-    paced(ticks, hz, tick)
-    nv.nvmlShutdown()
-    return {"tick_wall_per_gpu": us_stats(ticks_s),
-            "calls": {name: us_stats(v) for name, v in per_call.items()}, "failed": sorted(failed)}
+    paced(ticks, hz, "sleep", tick)
+    return {"tick_per_gpu": us_stats(ticks_s)}
 
+
+# -- report --------------------------------------------------------------------------------------------------------
 
 def _fmt(x) -> str:
     return "—" if x is None else f"{x:,.1f}"
 
 
-def print_report(r: dict, args) -> None:
-    t, nv = r["trimtab"], r["naive"]
-    inv = t["inventory"]
+def print_report(r: dict) -> None:
+    inv = r["inventory"]
+    if r["fake_nvml"]:
+        print("FAKE NVML: the real pynvml bindings over a no-cost stand-in for libnvidia-ml (every call returns at "
+              "once).\nBare = the bindings' own Python; ours - bare = trimtab's own Python per GPU per tick. These "
+              "are not NVML costs.")
     print(f"driver {inv['driver']}, NVML {inv['nvml']}; {len(inv['gpus'])} GPU(s):")
     for g in inv["gpus"]:
-        print(f"  GPU {g['index']}: {g['name']}, GPM {'yes' if g['gpm'] else 'no'}, NVLink links {g['nvlink_links']},"
-              f" PCIe {g['pcie']} (peak {_fmt(g['pcie_peak_GBps'])} GB/s per direction)")
-    path = "pre-Hopper path, GPM off" if args.no_gpm else "GPM where supported"
-    print(f"\ntrimtab NvmlSource.sample() ({path}): {args.ticks} ticks at {args.hz:g} Hz   (µs per GPU per tick)")
-    print(f"  {'':28}{'median':>10}{'p99':>10}{'max':>10}")
-    for label, s in (("tick, wall", t["tick_wall_per_gpu"]), ("tick, NVML calls only", t["tick_nvml_per_gpu"])):
-        print(f"  {label:28}{_fmt(s['median_us']):>10}{_fmt(s['p99_us']):>10}{_fmt(s['max_us']):>10}")
-    print("  each call (µs per call, calls per tick):")
-    for name, s in t["calls"].items():
-        print(f"    {name:26}{_fmt(s['median_us']):>10}{_fmt(s['p99_us']):>10}{_fmt(s['max_us']):>10}"
-              f"   ×{s['per_tick']:.2f}")
-    print(f"\nnaive (same cheap calls + GetPcieThroughput TX/RX on the tick): {args.naive_ticks} ticks")
-    s = nv["tick_wall_per_gpu"]
-    print(f"  {'tick, wall':28}{_fmt(s['median_us']):>10}{_fmt(s['p99_us']):>10}{_fmt(s['max_us']):>10}")
-    for name, s in nv["calls"].items():
-        print(f"    {name:26}{_fmt(s['median_us']):>10}{_fmt(s['p99_us']):>10}{_fmt(s['max_us']):>10}")
-    if nv["failed"]:
-        print(f"  failed in the naive path: {', '.join(nv['failed'])}")
-    print(f"\nratio naive/trimtab (median wall per GPU per tick): {_fmt(r['ratio_naive_over_trimtab'])}×")
-    verdict = "PASS" if r["target_met"] else "FAIL"
-    print(f"target ≤ {TARGET_NVML_US_PER_GPU:.0f} µs of NVML time per GPU per tick (median): "
-          f"{_fmt(t['tick_nvml_per_gpu']['median_us'])} µs → {verdict}")
-    print(f"unsupported: {', '.join(t['unsupported']) or 'none'}")
-    for s in t["last_sample"]:
-        mb = {k: None if s[k] is None else s[k] / 1e6 for k in
-              ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")}
-        print(f"last tick {s['gpu_uuid']}: util {_fmt(s['util_pct'])} %, SM {_fmt(s['sm_active_pct'])} %,"
-              f" PCIe TX/RX {_fmt(mb['pcie_tx_bytes_per_s'])}/{_fmt(mb['pcie_rx_bytes_per_s'])} MB/s,"
-              f" NVLink TX/RX {_fmt(mb['nvlink_tx_bytes_per_s'])}/{_fmt(mb['nvlink_rx_bytes_per_s'])} MB/s,"
-              f" mem used/reserved {_fmt(s['mem_used_bytes'] and s['mem_used_bytes'] / 2**20)}"
-              f"/{_fmt(s['mem_reserved_bytes'] and s['mem_reserved_bytes'] / 2**20)} MiB")
-    if t["events"]:
-        print(f"events on the last tick: {t['events']}")
+        print(f"  GPU {g['index']}: {g['name']}, GPM {'yes' if g['gpm'] else 'no'}, NVLink links {g['nvlink_links']}")
+    print(f"\nper GPU per tick (µs), bare and ours taking turns at {r['hz']:g} Hz, {r['ticks']} ticks each:")
+    print(f"  {'':34}{'median':>10}{'p99':>10}{'max':>10}")
+    for run in r["runs"]:
+        for label, s in ((f"wait={run['wait']}: bare NVML calls", run["bare"]),
+                         (f"wait={run['wait']}: ours sample()", run["ours"])):
+            print(f"  {label:34}{_fmt(s['median_us']):>10}{_fmt(s['p99_us']):>10}{_fmt(s['max_us']):>10}")
+        ratio = run["ratio_median"]
+        verdict = "within" if ratio is not None and ratio <= GOAL_RATIO else "NOT within"
+        print(f"  {'  ratio ours/bare':34}{_fmt(ratio):>9}×{_fmt(run['ratio_p99']):>9}×   "
+              f"({verdict} {GOAL_RATIO:g}×; ours - bare {_fmt(run['ours_minus_bare_median_us'])} µs;"
+              f" ours took GPM on {run['ours_ticks_with_gpm']}/{run['ticks_each']} ticks)")
+    print("\neach bare call alone, tight loop (µs per call, warm): " + " · ".join(
+        f"{name} {_fmt(s['median_us'])}" + (f" ({s['failed']} failed)" if s["failed"] else "")
+        for name, s in r["each_call_alone"].items()))
+    if r.get("naive"):
+        s = r["naive"]["tick_per_gpu"]
+        print(f"naive tick (the cheap calls + GetPcieThroughput TX/RX on the tick): median {_fmt(s['median_us'])} µs,"
+              f" p99 {_fmt(s['p99_us'])} µs per GPU; {_fmt(r['naive_over_ours'])}× ours (wait=sleep)")
+    print(f"unsupported: {', '.join(r['unsupported']) or 'none'}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ticks", type=int, default=200)
-    ap.add_argument("--hz", type=float, default=9.5, help="ticks per second (GPM wants > 100 ms between ticks)")
-    ap.add_argument("--naive-ticks", type=int, default=20, help="the naive tick blocks ~42 ms per GPU")
+    ap.add_argument("--ticks", type=int, default=200, help="ticks of each side per wait mode")
+    ap.add_argument("--hz", type=float, default=9.5, help="ticks per second, both sides together")
+    ap.add_argument("--wait", choices=("sleep", "spin", "both"), default="both")
+    ap.add_argument("--naive-ticks", type=int, default=20, help="the naive tick blocks ~42 ms per GPU; 0: skip it")
     ap.add_argument("--gpus", help="comma-separated NVML indices (default: all)")
+    ap.add_argument("--fake-nvml", action="store_true",
+                    help="no GPU: real bindings over a no-cost NVML stand-in, to measure trimtab's own overhead")
+    ap.add_argument("--fake-gpus", type=int, default=8, help="GPUs of the stand-in")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    ap.add_argument("--no-gpm", action="store_true",
-                    help="measure trimtab's pre-Hopper path (PCIe from the background thread) even where GPM exists")
     args = ap.parse_args(argv)
     indices = [int(i) for i in args.gpus.split(",")] if args.gpus else None
 
     nvml, SourceUnavailable = _import_agent()
+    if args.fake_nvml:
+        install_no_cost_nvml(nvml.load_pynvml(), args.fake_gpus)
     try:
-        trimtab = bench_trimtab(nvml, indices, args.ticks, args.hz, use_gpm=not args.no_gpm)
+        source = nvml.NvmlSource(indices=indices)
     except SourceUnavailable as exc:
-        print(f"nvml_tick: cannot measure here: {exc}\nRun it on a machine with an NVIDIA GPU and driver.",
-              file=sys.stderr)
+        print(f"nvml_tick: cannot measure here: {exc}\nRun it on a machine with an NVIDIA GPU and driver, or with "
+              f"--fake-nvml for trimtab's own overhead.", file=sys.stderr)
         return 2
-    naive = bench_naive(nvml, indices, args.naive_ticks, args.hz)
-    t_med, n_med = trimtab["tick_wall_per_gpu"]["median_us"], naive["tick_wall_per_gpu"]["median_us"]
-    nvml_med = trimtab["tick_nvml_per_gpu"]["median_us"]
-    result = {"trimtab": trimtab, "naive": naive,
-              "ratio_naive_over_trimtab": n_med / t_med if t_med and n_med else None,
-              "target_nvml_us_per_gpu": TARGET_NVML_US_PER_GPU,
-              "target_met": nvml_med is not None and nvml_med <= TARGET_NVML_US_PER_GPU}
+    inv = source.inventory()
+    bare = BareTick(nvml, source)
+    try:
+        runs = [side_by_side(source, bare, args.ticks, args.hz, how)
+                for how in (("sleep", "spin") if args.wait == "both" else (args.wait,))]
+        each = bare.each_call_alone()
+        naive = None
+        if args.naive_ticks and not args.fake_nvml:
+            naive = bench_naive(bare.nv, [h for h, _, _ in bare.gpus], args.naive_ticks, args.hz)
+        unsupported = [f"gpu{i}:{m}" if i is not None else m for i, m in source.unsupported()]
+    finally:
+        bare.close()
+        source.close()
+    sleep_runs = [run for run in runs if run["wait"] == "sleep"] or runs
+    ours_med = sleep_runs[0]["ours"]["median_us"]
+    result = {
+        "fake_nvml": args.fake_nvml, "hz": args.hz, "ticks": args.ticks,
+        "inventory": {"driver": inv.driver_version, "nvml": inv.nvml_version,
+                      "gpus": [{"index": g.index, "name": g.name, "gpm": g.gpm_supported,
+                                "nvlink_links": g.nvlink_link_count} for g in inv.gpus]},
+        "runs": runs, "each_call_alone": each, "naive": naive,
+        "naive_over_ours": naive["tick_per_gpu"]["median_us"] / ours_med if naive and ours_med else None,
+        "goal_ratio": GOAL_RATIO,
+        "goal_met": all(run["ratio_median"] is not None and run["ratio_median"] <= GOAL_RATIO for run in runs),
+        "unsupported": unsupported,
+    }
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        print_report(result, args)
+        print_report(result)
     return 0
 
 

@@ -61,7 +61,6 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
     order later. With --server the agent ships to a head node over HTTP instead of writing a store itself.
     """
     from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
-    from trimtab.agent.sinks import open_sink
 
     if server_url and db_url:
         raise click.UsageError("give --db (write a store) or --server (ship to a server), not both")
@@ -76,7 +75,7 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
         raise click.ClickException(str(exc)) from exc
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    sink = open_sink(db_url=db_url or default_db_url(), server_url=server_url, token=token)
+    sink = _sink(db_url=db_url or default_db_url(), server_url=server_url, token=token)
     runner = Agent(sources, sink, spool_dir or default_spool_dir(),
                    interval_s=interval, hostname=hostname, status_every_s=status_every,
                    spool_max_bytes=spool_max_mb * 1024 * 1024)
@@ -95,6 +94,17 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
     finally:
         notifier.stopping()
     exit_if_failed(runner)
+
+
+def _sink(db_url: str, server_url: Optional[str], token: Optional[str]):
+    """Where the agent's batches go: `--server URL` ships them over HTTP, else `--db URL` writes the store."""
+    if server_url:
+        from trimtab.agent.sinks import HttpSink
+
+        return HttpSink(server_url, token)
+    from trimtab.store.sink import StoreSink
+
+    return StoreSink(db_url)
 
 
 def report_failure(runner, notifier) -> None:

@@ -127,7 +127,7 @@ def _from_server(server_url: str, window_s: float, node):
 
 def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, node, rules):
     from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
-    from trimtab.agent.sinks import StoreSink
+    from trimtab.store.sink import StoreSink
 
     from trimtab.agent.nvml import NO_DRIVER_HINT
 

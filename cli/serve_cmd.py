@@ -55,20 +55,26 @@ def _start_rebalancer(ctx, rules_file, enabled: bool):
 
 def _shut_down(notifier, api, rebalancer, engine) -> None:
     """Say STOPPING, stop serving, stop deciding, close the store — in that order, for up and server alike."""
+    from trimtab.store.engine import release_engine
+
     notifier.stopping()
     api.stop()
     if rebalancer is not None:
         rebalancer.stop()
-    engine.dispose()
+    release_engine(engine)
 
 
 def _open_store(url: str):
-    from trimtab.store.engine import StoreError, migrate, open_engine
+    """The process's engine on the store at ``url``, migrated (the agent's store sink in `up` shares it)."""
+    from trimtab.store.engine import StoreError, migrate, release_engine, shared_engine
 
+    engine = None
     try:
-        engine = open_engine(url)
+        engine = shared_engine(url)
         migrate(engine)
     except StoreError as exc:
+        if engine is not None:
+            release_engine(engine)
         # A permanent refusal is not an outage: systemd must not restart this in a loop.
         raise (misconfigured(str(exc)) if exc.permanent else click.ClickException(str(exc))) from exc
     return engine
@@ -117,8 +123,8 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     says so at start-up, and marks its data "simulated" in every response.
     """
     from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
-    from trimtab.agent.sinks import StoreSink
     from trimtab.api.context import ApiContext
+    from trimtab.store.sink import StoreSink
     from trimtab.daemon import StatusPinger
     from trimtab.sdnotify import Notifier
 
@@ -172,9 +178,10 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
     import time
 
     from trimtab.api.context import ApiContext
-    from trimtab.daemon import StatusPinger, Upkeep, wait_loop
+    from trimtab.daemon import StatusPinger, wait_loop
     from trimtab.sdnotify import Notifier
     from trimtab.store.engine import mask_url
+    from trimtab.store.rollup import Upkeep
 
     url = db_url or default_db_url()
     sd = state_dir()
@@ -190,7 +197,7 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
     click.echo(f"trimtab server: API on http://{host}:{api.port} (docs: /docs, metrics: /metrics), store {mask_url(url)}",
                err=True)
     notifier.ready(f"server: API {host}:{api.port}")
-    upkeep = Upkeep(engine)
+    upkeep = Upkeep()  # the server owns its store's rollups and retention
 
     def line() -> str:
         nodes = ctx.snapshot.nodes()
@@ -202,7 +209,7 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
 
     def tick() -> None:
         pinger()
-        upkeep.maybe_run()
+        upkeep.maybe_run(engine)
         if duration is not None and time.monotonic() - started >= duration:
             stop.set()
 

@@ -13,7 +13,6 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from trimtab.sdnotify import Notifier
@@ -76,26 +75,6 @@ class ApiServer:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-
-@dataclass
-class Upkeep:
-    """Rollups and retention of a store this process owns, every ``every_s`` seconds, never raising."""
-
-    engine: object
-    every_s: float = 60.0
-    _last: float = 0.0
-
-    def maybe_run(self) -> None:
-        if time.monotonic() - self._last < self.every_s:
-            return
-        self._last = time.monotonic()
-        from trimtab.store.rollup import RetentionPolicy, run_maintenance
-
-        try:
-            run_maintenance(self.engine, int(time.time() * 1000), RetentionPolicy())
-        except Exception as exc:  # a store hiccup must not stop the daemon; next period tries again
-            log.warning("store upkeep failed (will retry): %s", exc)
 
 
 class StatusPinger:

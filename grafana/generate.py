@@ -429,7 +429,8 @@ def job_pg() -> dict:
         throughput_panel(),
         timeseries("Step composition (% of step time, stacked)",
                    "Where each step's time goes: generation, evaluation (reward, critic, reference), communication, "
-                   "update, other; each phase its slowest rank's time, as a share of the step.",
+                   "update, validation, checkpoint, waiting for rollout, other; each phase its slowest rank's time, "
+                   "as a share of the step.",
                    [sql(COMPOSITION_SQL)], "percent", stack=True, max_=100, no_value="no phase timings"),
         timeseries("Phase shares against the guides",
                    f"Generation, evaluation and communication shares with their guide lines (dashed): generation ≤ "

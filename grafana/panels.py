@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from trimtab.contract.step_report import PHASES as STEP_PHASES
+
 HERE = Path(__file__).resolve().parent
 DASHBOARD_DIR = HERE / "dashboards"
 
@@ -31,7 +33,7 @@ VERDICT_WINDOW_MS = 30_000     # `trimtab check`'s default window
 RAW_MAX_MS = 2 * 3_600_000
 ROLLUP_1M_MAX_MS = 72 * 3_600_000
 
-PHASES = ("generation", "evaluation", "communication", "update", "other")
+PHASES = STEP_PHASES  # every phase a step report carries (the store's <phase>_s columns)
 ALL_JOBS = "__all"  # the GPU dashboards' job variable's "All": no job narrows the GPUs
 
 # ---------------------------------------------------------------------------------------------------------------

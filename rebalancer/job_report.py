@@ -20,17 +20,17 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from sqlalchemy import Engine, and_, func, select
+from sqlalchemy import Engine
 
 from trimtab.rebalancer.balance import ACT, NO_DATA, OK, SEVERITY, WATCH, Verdict
 from trimtab.rebalancer.rules import Rule, RuleSet, RulesError, default_rules
 from trimtab.rebalancer.step_facts import generation_cadence, rl_facts
 from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, job_reading, phase_share_pct
-from trimtab.rebalancer.window import PHASES, JobStep, fold_step, step_columns, throughput, window
+from trimtab.rebalancer.window import PHASES, JobStep, load_jobs_steps, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
+from trimtab.store import steps as step_store
 from trimtab.store.jobs import StoredJob
-from trimtab.store.models import job_reports, jobs
 
 LIVE_JOB_S = 600.0       # a job that reported within this long (or within the check's window, if longer) is shown
 RECENT_DECISIONS = 5
@@ -143,30 +143,6 @@ def live_jobs(engine: Engine, since_ms: int, hostname: Optional[str] = None) -> 
     return [j for j in out if hostname is None or hostname in j.hostnames]
 
 
-def newest_steps(engine: Engine, jobs_: Sequence[StoredJob], depth: int) -> dict[int, list[JobStep]]:
-    """The newest ``depth`` steps of every job, complete ones (as ``window.load_steps``), oldest first: one query."""
-    if not jobs_:
-        return {}
-    r = job_reports.c
-    newest = select(func.max(job_reports.c.step)).where(job_reports.c.job_id == jobs.c.id).scalar_subquery()
-    tops = select(jobs.c.id.label("job_id"), newest.label("top")).where(jobs.c.id.in_([j.id for j in jobs_])).subquery()
-    query = (select(r.job_id, *step_columns(r))
-             .select_from(job_reports.join(tops, and_(r.job_id == tops.c.job_id, r.step > tops.c.top - depth)))
-             .order_by(r.job_id, r.step, r.rank))
-    with engine.connect() as conn:
-        rows = conn.execute(query).all()
-    by_job: dict[int, dict[int, list]] = {}
-    for row in rows:
-        by_job.setdefault(row.job_id, {}).setdefault(row.step, []).append(row)
-    ranks = {j.id: j.ranks for j in jobs_}
-    out: dict[int, list[JobStep]] = {}
-    for job_id, by_step in by_job.items():
-        top = max(by_step)
-        out[job_id] = [fold_step(s, rs) for s, rs in sorted(by_step.items())
-                       if len({x.rank for x in rs}) >= ranks[job_id] or s < top]
-    return out
-
-
 # Complete baselines per engine: (job id, probes needed) → median µs. The first probes of a job never change.
 _baselines: "weakref.WeakKeyDictionary[Engine, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
 _baselines_lock = threading.Lock()
@@ -181,16 +157,7 @@ def probe_baselines(engine: Engine, wanted: Mapping[int, int]) -> dict[int, Opti
     missing = [j for j in wanted if out[j] is None]
     if not missing:
         return out
-    r = job_reports.c
-    rn = func.row_number().over(partition_by=r.job_id, order_by=(r.step, r.rank)).label("rn")
-    inner = (select(r.job_id, r.collective_latency_us, rn)
-             .where(r.job_id.in_(missing), r.collective_latency_us.is_not(None)).subquery())
-    query = (select(inner.c.job_id, inner.c.collective_latency_us)
-             .where(inner.c.rn <= max(wanted[j] for j in missing)).order_by(inner.c.job_id, inner.c.rn))
-    probes: dict[int, list[float]] = {}
-    with engine.connect() as conn:
-        for job_id, value in conn.execute(query):
-            probes.setdefault(job_id, []).append(float(value))
+    probes = step_store.first_probes(engine, {j: wanted[j] for j in missing})
     for job_id in missing:
         n = wanted[job_id]
         first = probes.get(job_id, [])[:n]
@@ -339,7 +306,7 @@ def job_summaries(engine: Engine, jobs_: Sequence[StoredJob], rules: Optional[Ru
         return []
     per_job = {j.id: rules_for(j, rules) for j in jobs_}
     depth = max(rs.controller.window_max_steps for rs in per_job.values()) + 1
-    steps = newest_steps(engine, jobs_, depth)
+    steps = load_jobs_steps(engine, {j.id: j.ranks for j in jobs_}, depth)
     probing = {j.id: per_job[j.id].controller.probe_baseline_steps for j in jobs_
                if any(s.collective_latency_us is not None for s in steps.get(j.id, []))}
     baselines = probe_baselines(engine, probing) if probing else {}
@@ -371,4 +338,4 @@ def live_job_summaries(engine: Engine, window_s: float, rules: Optional[RuleSet]
 
 
 __all__ = ["DecisionRow", "JOB_CHECKS", "JobSummary", "LIVE_JOB_S", "grade", "job_summaries", "job_summary",
-           "job_verdicts", "live_job_summaries", "live_jobs", "live_since_ms", "newest_steps", "probe_baselines"]
+           "job_verdicts", "live_job_summaries", "live_jobs", "live_since_ms", "probe_baselines"]

@@ -11,19 +11,15 @@ import time
 from collections import defaultdict
 from typing import Any, Mapping, Optional
 
-from sqlalchemy import select
-
 from trimtab.rebalancer.balance import NO_DATA, BalanceReport, assess
 
 
 def any_live_job(engine, window_s: float, now_ms: int) -> bool:
     """Did any job report within ``window_s`` (at least the last 10 minutes)? One indexed query."""
     from trimtab.rebalancer.job_report import live_since_ms
-    from trimtab.store.models import job_reports
+    from trimtab.store.steps import any_report_since
 
-    query = select(job_reports.c.id).where(job_reports.c.received_ms >= live_since_ms(window_s, now_ms)).limit(1)
-    with engine.connect() as conn:
-        return conn.execute(query).first() is not None
+    return any_report_since(engine, live_since_ms(window_s, now_ms))
 
 
 def node_reports(engine, window_s: float, hostname: Optional[str] = None, now_ms: Optional[int] = None,

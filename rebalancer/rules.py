@@ -72,6 +72,7 @@ class Rule:
     gpu_signal: Optional[str] = None
     fallback_gpu_signal: Optional[str] = None
     strong_above: Optional[float] = None  # over the whole window and each half: the actions take strong_by steps
+    follow_above: Optional[float] = None  # after a measured gain, one more step while the signal stays above this
 
     def grade(self, value: float) -> str:
         if value > self.act_above:
@@ -90,10 +91,14 @@ class ControllerSettings:
     cooldown_steps: int = 0
     dead_band_pct: float = 2.0
     confidence_pct: float = 95.0
+    pool_unless_spread_differs_pct: float = 95.0
+    remeasure_confidence_pct: float = 99.0
     assumed_noise_pct: float = 10.0
     min_noise_pct: float = 1.0
     verdict_before_s: float = 12.0
     verdict_max_after_s: float = 12.0
+    verdict_max_after_periods: int = 6
+    verdict_max_after_cap_s: float = 60.0
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
     advice_repeat_s: float = 600.0
@@ -260,6 +265,9 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
                     Action(a["knob"], a["op"], by).direction:
                 raise RulesError(f"{w}: strong_by={strong_by} moves the knob the other way than by={by}")
             actions.append(Action(a["knob"], a["op"], by, bool(a.get("needs_memory_headroom", False)), strong_by))
+        if d.get("follow_above") is not None and _number(d["follow_above"], where("follow_above")) >= act:
+            raise RulesError(f"{where('follow_above')}: follow_above ({d['follow_above']}) must be below act_above "
+                             f"({act}): it is the line a rule follows a gain down to, under the one it acts at")
         for key in ("advice", "unit"):
             if not isinstance(d.get(key, ""), str):
                 raise RulesError(f"{where(key)}: must be text")
@@ -272,7 +280,9 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
                           placement_advice=d.get("placement_advice", False), gpu_signal=d.get("gpu_signal"),
                           fallback_gpu_signal=d.get("fallback_gpu_signal"),
                           strong_above=None if d.get("strong_above") is None
-                          else _number(d["strong_above"], where("strong_above"))))
+                          else _number(d["strong_above"], where("strong_above")),
+                          follow_above=None if d.get("follow_above") is None
+                          else _number(d["follow_above"], where("follow_above"))))
     rules.sort(key=lambda r: (r.priority, r.name))
     return RuleSet(ControllerSettings(**ctl), tuple(rules))
 

@@ -5,6 +5,11 @@ It is driven two ways: right after a step report is stored (so a change rides on
 report and the job applies it at its next boundary, one step sooner than polling), and by a background loop that
 catches jobs whose last report came in while an evaluation was running. One evaluation per job at a time (a lock
 per job); an error in one job's evaluation is logged, counted on /healthz and never reaches the report's sender.
+
+Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
+before planning again can change anything (:class:`~trimtab.rebalancer.plan_types.Wait`), and until then a report
+costs a few counter updates here — no store read. A new registration, an ack, a mode switch (anything that moves
+the job's ``updated_ms``) or a refusal plans at once; a restarted daemon plans at the first report.
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ from typing import Any, Optional
 
 from sqlalchemy import Engine
 
-from trimtab.rebalancer.controller import JobState, Plan, plan
+from trimtab.rebalancer.controller import JobState, Plan, Wait, plan
 from trimtab.rebalancer.placement_bridge import placement_for
 from trimtab.rebalancer.rules import RuleSet, RulesError, default_rules
-from trimtab.rebalancer.window import first_probes, load_steps
+from trimtab.rebalancer.window import first_probes, load_steps, steps_since
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob, now_ms
@@ -43,6 +48,27 @@ class RebalancerStats:
     notes: dict[str, str] = field(default_factory=dict)  # job → what it is doing
 
 
+@dataclass
+class _Cadence:
+    """When a job is next worth planning: ``wait`` more complete steps and step seconds after ``newest_step``."""
+    updated_ms: int                 # the job's registration/knobs/mode version the plan saw
+    planned_step: int               # the newest step the plan saw
+    wait: Wait
+    newest_step: int = -1           # the newest step reported since
+    steps: int = 0                  # new steps reported since (each counted at its first report)
+    seconds: float = 0.0            # their step time (the first report's: a lower bound of the step's)
+    due: bool = False               # the wait is over (the step that ends it may still miss a rank)
+
+    def count(self, step: int, step_time_s: Optional[float]) -> bool:
+        if step > max(self.newest_step, self.planned_step):
+            self.newest_step = step
+            self.steps += 1
+            self.seconds += step_time_s or 0.0
+        # (a small tolerance: step times summed in another order must not miss the window by a rounding error)
+        self.due = self.due or (self.steps >= self.wait.steps and self.seconds >= self.wait.seconds - 1e-6)
+        return self.due
+
+
 class Rebalancer:
     def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0):
         self.engine = engine
@@ -54,6 +80,7 @@ class Rebalancer:
         # job → (last report, last update) at its last evaluation: the loop re-evaluates a job only when a report,
         # an ack, a mode switch or a registration came in since (else it would reread the same window every second)
         self._seen: dict[str, tuple] = {}
+        self._cadence: dict[str, _Cadence] = {}  # job → when it is next worth planning
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -83,14 +110,29 @@ class Rebalancer:
         cutoff = now_ms() - LIVE_JOB_S * 1000
         for job in jobs:
             if job.mode != "off" and job.last_report_ms is not None and job.last_report_ms >= cutoff \
-                    and self._seen.get(job.name) != _state_key(job):
+                    and self._seen.get(job.name) != _state_key(job) and self._worth_planning(job):
                 self.evaluate(job, wait=True)
 
-    def after_report(self, job: StoredJob, step: int) -> None:
-        """Called by the report route once a report is stored. Only the report that completes its step (the last
-        rank's) evaluates — with 64 ranks the other 63 would reread the same window for nothing — and it skips if
-        the job is being evaluated already (the loop catches up)."""
+    def _worth_planning(self, job: StoredJob) -> bool:
+        """For the loop: the job's last plan is over (due, or the job changed since), or the steps stored since
+        (one small query: a report may have come in without after_report, or while an evaluation ran) cover it."""
+        cadence = self._cadence.get(job.name)
+        if cadence is None or cadence.due or cadence.updated_ms != job.updated_ms:
+            return True
+        steps, seconds = steps_since(self.engine, job.id, cadence.planned_step)
+        return steps >= cadence.wait.steps and seconds >= cadence.wait.seconds - 1e-6
+
+    def after_report(self, job: StoredJob, step: int, step_time_s: Optional[float] = None) -> None:
+        """Called by the report route once a report is stored (``step_time_s``: the report's). It plans only when
+        the job's last plan said a window's worth of new steps could change something (or the job changed since),
+        and then only at the report that completes its step (the last rank's) — with 64 ranks the other 63 would
+        reread the same window for nothing; it skips if the job is being evaluated already (the loop catches
+        up). Without ``step_time_s`` (an older caller) every completed step plans."""
         if job.mode == "off":
+            return
+        cadence = self._cadence.get(job.name)
+        if cadence is not None and cadence.updated_ms == job.updated_ms and step_time_s is not None \
+                and not cadence.count(step, step_time_s):
             return
         if job.ranks > 1 and job_store.ranks_reported(self.engine, job.id, step) < job.ranks:
             return
@@ -168,10 +210,13 @@ class Rebalancer:
         return result
 
     def _plan_and_execute(self, job: StoredJob, rules: RuleSet) -> Plan:
-        result = plan(self.load_state(job, rules), rules, placement=placement_for)
+        state = self.load_state(job, rules)
+        result = plan(state, rules, placement=placement_for)
         self.stats.evaluations += 1
         self.stats.last_evaluation_ms = now_ms()
         self._execute(job, result)
+        newest = state.steps[-1].step if state.steps else -1
+        self._cadence[job.name] = _Cadence(job.updated_ms, newest, result.wait)
         return result
 
     def _execute(self, job: StoredJob, p: Plan) -> None:

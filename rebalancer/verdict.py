@@ -1,9 +1,12 @@
-"""Keep or roll back by a test, not a dead band: Welch's t on the log of the per-period throughputs before and
-after a change (a test on their ratio), with a confidence and a 95 % interval of the ratio for the decision.
+"""Keep or roll back by a test, not a dead band: a t-test (pooled, or Welch's when the spreads differ) on the log
+of the per-period throughputs before and after a change (a test on their ratio), with a confidence and a 95 %
+interval of the ratio for the decision.
 
 Per-period, not per-step: with a sync every 4th step, steps alternate fast and slow; a period is one sample.
-A side with fewer than two periods (45 s steps) has no variance of its own: it is given ``assumed_noise_pct``
-(the step-to-step noise seen on real jobs), so one slow step against one fast one is "inconclusive", not a verdict.
+A side with fewer than two periods has no variance of its own: it is given ``assumed_noise_pct``, the step-to-step
+noise seen on real jobs, averaged over the steps its one period holds — one 45 s step keeps all of it (one slow step
+against one fast one is "inconclusive", not a verdict), a period of 32 short steps a sixth of it (32 steps with a
+sync at the end average like ~28 steps: (Σt)² / Σt²).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
 from trimtab.rebalancer.rules import ControllerSettings
+from trimtab.rebalancer.window import JobStep, chunk_rates
 
 GAIN, WORSE, NO_GAIN, INCONCLUSIVE = "gain", "worse", "no_gain", "inconclusive"
 
@@ -24,24 +28,45 @@ class Sample:
     n: int
     mean_log: float
     var_log: Optional[float]  # None: fewer than two periods
+    steps_per_period: float = 1.0  # how many steps' noise a period averages ((Σt)² / Σt², mean over the periods)
 
     @classmethod
-    def of(cls, rates: Sequence[float]) -> Optional["Sample"]:
+    def of(cls, rates: Sequence[float], steps_per_period: float = 1.0) -> Optional["Sample"]:
         logs = [math.log(r) for r in rates if r > 0]
         if not logs:
             return None
-        return cls(len(logs), statistics.fmean(logs), statistics.variance(logs) if len(logs) > 1 else None)
+        return cls(len(logs), statistics.fmean(logs), statistics.variance(logs) if len(logs) > 1 else None,
+                   max(1.0, steps_per_period))
+
+    @classmethod
+    def of_steps(cls, steps: Sequence[JobStep], period: int = 1) -> Optional["Sample"]:
+        """The per-period sample of a window of steps (whole periods of ``period`` steps)."""
+        period = max(1, int(period))
+        spans = [steps[i:i + period] for i in range(0, len(steps) - period + 1, period)]
+        weights = [sum(s.step_time_s for s in span) ** 2 / sum(s.step_time_s ** 2 for s in span)
+                   for span in spans if any(s.step_time_s > 0 for s in span)]
+        return cls.of(chunk_rates(steps, period), statistics.fmean(weights) if weights else 1.0)
 
     @classmethod
     def from_evidence(cls, d: Any) -> Optional["Sample"]:
         try:
-            return cls(int(d["n"]), float(d["mean_log"]), None if d.get("var_log") is None else float(d["var_log"]))
+            return cls(int(d["n"]), float(d["mean_log"]), None if d.get("var_log") is None else float(d["var_log"]),
+                       float(d.get("steps_per_period", 1.0)))
         except (TypeError, KeyError, ValueError):
             return None
 
+    def variance(self, ctl: ControllerSettings) -> float:
+        """The variance of one period's log throughput: measured (≥ 2 periods), else the assumed step-to-step
+        noise averaged over the period's steps; never below ``min_noise_pct``."""
+        floor = math.log1p(ctl.min_noise_pct / 100.0) ** 2  # a noiseless synthetic job must not divide by zero
+        if self.var_log is not None:
+            return max(floor, self.var_log)
+        return max(floor, math.log1p(ctl.assumed_noise_pct / 100.0) ** 2 / self.steps_per_period)
+
     def evidence(self) -> dict[str, Any]:
         return {"n": self.n, "mean_log": round(self.mean_log, 6),
-                "var_log": None if self.var_log is None else round(self.var_log, 8)}
+                "var_log": None if self.var_log is None else round(self.var_log, 8),
+                "steps_per_period": round(self.steps_per_period, 2)}
 
 
 @dataclass(frozen=True)
@@ -52,7 +77,7 @@ class Verdict:
     ci_pct: tuple[float, float]   # 95 % interval of the change, % (ratio − 1)
     n_before: int
     n_after: int
-    method: str                   # welch | welch, assumed noise on a one-period side
+    method: str                   # pooled t | welch | welch, assumed noise on a one-period side
 
     def evidence(self) -> dict[str, Any]:
         out = asdict(self)
@@ -73,26 +98,41 @@ def _t_ppf(q: float, df: float) -> float:
     return float(student_t.ppf(q, df))
 
 
-def compare(before: Sample, after: Sample, ctl: ControllerSettings) -> Verdict:
-    """Welch's t on the log throughputs: is after/before different from 1, and by how much (95 % interval)?"""
-    assumed = math.log1p(ctl.assumed_noise_pct / 100.0) ** 2
-    floor = math.log1p(ctl.min_noise_pct / 100.0) ** 2  # a noiseless synthetic job must not divide by zero
-    vb = max(floor, assumed if before.var_log is None else before.var_log)
-    va = max(floor, assumed if after.var_log is None else after.var_log)
-    sb, sa = vb / before.n, va / after.n
-    se = math.sqrt(sb + sa)
-    assumed_side = before.var_log is None or after.var_log is None
-    if assumed_side:
-        df = 1e6  # the assumed noise is a known variance: a normal test
-    else:
-        df = (sb + sa) ** 2 / ((sb ** 2) / max(1, before.n - 1) + (sa ** 2) / max(1, after.n - 1))
+def _spread_differs_p(vb: float, nb: int, va: float, na: int) -> float:
+    """Two-sided p of the F-test that the two sides' variances are equal."""
+    from scipy.stats import f as f_dist
+
+    cdf = float(f_dist.cdf(vb / va, nb - 1, na - 1))
+    return min(1.0, 2.0 * min(cdf, 1.0 - cdf))
+
+
+def _standard_error(before: Sample, after: Sample, ctl: ControllerSettings) -> tuple[float, float, str]:
+    """(standard error of the log ratio, degrees of freedom, method). The step-to-step noise is mostly the job's,
+    not the setting's: while an F-test cannot tell the two sides' spreads apart they are pooled (Student's t: a
+    4-period first window borrows the after window's degrees of freedom); when it can, Welch's t."""
+    vb, va = before.variance(ctl), after.variance(ctl)
+    if before.var_log is None or after.var_log is None:
+        # the assumed noise is a known variance: a normal test
+        return math.sqrt(vb / before.n + va / after.n), 1e6, "welch, assumed noise on a one-period side"
+    nb, na = before.n, after.n
+    if _spread_differs_p(vb, nb, va, na) >= 1.0 - ctl.pool_unless_spread_differs_pct / 100.0:
+        pooled = ((nb - 1) * vb + (na - 1) * va) / (nb + na - 2)
+        return math.sqrt(pooled * (1.0 / nb + 1.0 / na)), nb + na - 2.0, "pooled t (the spreads agree)"
+    sb, sa = vb / nb, va / na
+    return math.sqrt(sb + sa), (sb + sa) ** 2 / (sb ** 2 / (nb - 1) + sa ** 2 / (na - 1)), "welch"
+
+
+def compare(before: Sample, after: Sample, ctl: ControllerSettings, confidence_pct: Optional[float] = None) -> Verdict:
+    """A t-test on the log throughputs: is after/before different from 1, and by how much (95 % interval)?
+    ``confidence_pct``: how sure "different" must be (default: the verdicts' ``confidence_pct``)."""
+    se, df, method = _standard_error(before, after, ctl)
     diff = after.mean_log - before.mean_log
     p = min(1.0, 2.0 * _t_sf(abs(diff) / se, df))
     half = _t_ppf(0.975, df) * se
     lo, hi = math.expm1(diff - half) * 100, math.expm1(diff + half) * 100
     ratio = math.exp(diff)
     effect = ctl.dead_band_pct
-    significant = p < 1.0 - ctl.confidence_pct / 100.0
+    significant = p < 1.0 - (ctl.confidence_pct if confidence_pct is None else confidence_pct) / 100.0
     if significant and (ratio - 1) * 100 < -effect:
         result = WORSE
     elif significant and (ratio - 1) * 100 > effect:
@@ -101,8 +141,7 @@ def compare(before: Sample, after: Sample, ctl: ControllerSettings) -> Verdict:
         result = NO_GAIN  # measurable but smaller than the least effect worth a change, or shown to be within it
     else:
         result = INCONCLUSIVE
-    return Verdict(result, ratio, 100.0 * (1.0 - p), (lo, hi), before.n, after.n,
-                   "welch, assumed noise on a one-period side" if assumed_side else "welch")
+    return Verdict(result, ratio, 100.0 * (1.0 - p), (lo, hi), before.n, after.n, method)
 
 
 def changed_level(then: Optional[Sample], now: Optional[Sample], ctl: ControllerSettings) -> bool:
@@ -110,4 +149,6 @@ def changed_level(then: Optional[Sample], now: Optional[Sample], ctl: Controller
     training): an old verdict taken at ``then`` no longer says anything about now."""
     if then is None or now is None:
         return False
-    return compare(then, now, ctl).result in (GAIN, WORSE)
+    # Looked at once a window for as long as the verdict stands: a stricter line than a verdict's, or noise alone
+    # would re-open every verdict within a few dozen windows.
+    return compare(then, now, ctl, ctl.remeasure_confidence_pct).result in (GAIN, WORSE)

@@ -8,25 +8,16 @@ slowest rank's time: the job waits for the slowest. Throughput is samples over w
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
-from trimtab.store.models import job_reports
+from trimtab.contract.step_report import PHASES, fold_ranks
+from trimtab.store import steps as step_store
 
-PHASES = ("generation", "evaluation", "communication", "update", "validation", "checkpoint", "wait", "other")
 RL_COUNTS = ("tokens", "prompts", "completions")  # added up over ranks
 RL_MEANS = ("completion_mean_tokens", "reward_mean")  # what the framework logged: the ranks' mean
-
-
-def step_columns(r) -> tuple:
-    """The ``job_reports`` columns a step is folded from (``r`` is the table's ``.c``): one list for every reader."""
-    return (r.step, r.rank, r.received_ms, r.step_time_s, *(r[f"{p}_s"] for p in PHASES), r.samples,
-            r.fragmentation, r.num_ooms, r.num_alloc_retries, r.collective_latency_us, r.rollout_slowest_s,
-            r.rollout_mean_s, *(r[c] for c in RL_COUNTS + RL_MEANS), r.peak_allocated_bytes, r.reserved_bytes,
-            r.total_bytes)
 
 
 @dataclass(frozen=True)
@@ -47,6 +38,7 @@ class JobStep:
     rl: dict[str, Optional[float]] = field(default_factory=dict)  # RL_COUNTS and RL_MEANS (None: not reported)
     mem_peak_bytes: Optional[float] = None   # the worst rank's allocator peak (else its reserved bytes)
     mem_total_bytes: Optional[float] = None  # the smallest rank GPU's capacity
+    reported: Mapping[str, Any] = field(default_factory=dict)  # every contract column, folded over the ranks
 
     def share_pct(self, phase: str) -> Optional[float]:
         value = self.phases_s.get(phase)
@@ -55,56 +47,44 @@ class JobStep:
         return min(100.0, 100.0 * value / self.step_time_s)
 
 
-def fold_step(step: int, rows: Sequence) -> JobStep:
-    def known(name: str) -> list:
-        return [getattr(r, name, None) for r in rows if getattr(r, name, None) is not None]
-
-    def worst(name: str) -> Optional[float]:
-        return max(known(name)) if known(name) else None
-
-    samples = known("samples")
-    rl = {name: float(sum(known(name))) if known(name) else None for name in RL_COUNTS}
-    rl.update({name: statistics.fmean(known(name)) if known(name) else None for name in RL_MEANS})
-    step_time = max(r.step_time_s for r in rows)
-    latencies = [r.collective_latency_us for r in rows if r.collective_latency_us is not None]
-    end_ms = max(r.received_ms for r in rows)
-    ooms, retries = worst("num_ooms"), worst("num_alloc_retries")
-    return JobStep(step=step, ranks=len(rows), step_time_s=step_time, samples=float(sum(samples)) if samples else None,
-                   phases_s={p: worst(f"{p}_s") for p in PHASES}, fragmentation=worst("fragmentation"),
+def fold_step(step: int, rows: Sequence[Mapping[str, Any]]) -> JobStep:
+    """One step from its ranks' reports (flat, as the store keeps them), each field folded as the contract says."""
+    f = fold_ranks(rows)
+    end_ms = max(r["received_ms"] for r in rows)
+    ooms, retries = f["num_ooms"], f["num_alloc_retries"]
+    return JobStep(step=step, ranks=f["rank"], step_time_s=f["step_time_s"], samples=f["samples"],
+                   phases_s={p: f[f"{p}_s"] for p in PHASES}, fragmentation=f["fragmentation"],
                    num_ooms=int(ooms) if ooms is not None else None,
                    num_alloc_retries=int(retries) if retries is not None else None,
-                   collective_latency_us=statistics.median(latencies) if latencies else None,
-                   start_ms=end_ms - int(step_time * 1000), end_ms=end_ms,
-                   rollout_slowest_s=worst("rollout_slowest_s"), rollout_mean_s=worst("rollout_mean_s"), rl=rl,
-                   mem_peak_bytes=worst("peak_allocated_bytes") or worst("reserved_bytes"),
-                   mem_total_bytes=min(known("total_bytes")) if known("total_bytes") else None)
+                   collective_latency_us=f["collective_latency_us"],
+                   start_ms=end_ms - int(f["step_time_s"] * 1000), end_ms=end_ms,
+                   rollout_slowest_s=f["rollout_slowest_s"], rollout_mean_s=f["rollout_mean_s"],
+                   rl={name: f[name] for name in RL_COUNTS + RL_MEANS},
+                   mem_peak_bytes=f["peak_allocated_bytes"] or f["reserved_bytes"], mem_total_bytes=f["total_bytes"],
+                   reported=f)
 
 
 def load_steps(engine: Engine, job_id: int, ranks: int, since_step: int = 0, limit: int = 200) -> list[JobStep]:
     """Complete steps ≥ ``since_step``, oldest first (at most the newest ``limit``)."""
-    r = job_reports.c
-    query = (select(*step_columns(r))
-             .where(r.job_id == job_id, r.step >= since_step).order_by(r.step.desc(), r.rank).limit(limit * max(1, ranks)))
-    with engine.connect() as conn:
-        rows = conn.execute(query).all()
-    by_step: dict[int, list] = {}
-    for row in rows:
-        by_step.setdefault(row.step, []).append(row)
-    if not by_step:
-        return []
-    newest = max(by_step)
-    steps = [fold_step(s, rs) for s, rs in sorted(by_step.items())
-             if len({x.rank for x in rs}) >= ranks or s < newest]
-    return steps[-limit:]
+    return load_jobs_steps(engine, {job_id: ranks}, limit, since_step).get(job_id, [])
+
+
+def load_jobs_steps(engine: Engine, ranks_by_job: Mapping[int, int], depth: int,
+                    since_step: int = 0) -> dict[int, list[JobStep]]:
+    """Each job's newest ``depth`` complete steps ≥ ``since_step``, oldest first (job id → its ranks): one query."""
+    return {job_id: [fold_step(s, rows) for s, rows in steps]
+            for job_id, steps in step_store.complete_steps(engine, ranks_by_job, depth, since_step).items()}
+
+
+def steps_since(engine: Engine, job_id: int, after_step: int) -> tuple[int, float]:
+    """(steps, seconds of step time) the job has reported after ``after_step``: each step once, at its slowest
+    rank's time — a cheap look at how much came in, without folding the steps."""
+    return step_store.steps_since(engine, job_id, after_step)
 
 
 def first_probes(engine: Engine, job_id: int, n: int) -> list[float]:
     """The job's first ``n`` collective-latency probe values (its own baseline)."""
-    r = job_reports.c
-    query = (select(r.collective_latency_us).where(r.job_id == job_id, r.collective_latency_us.is_not(None))
-             .order_by(r.step, r.rank).limit(n))
-    with engine.connect() as conn:
-        return [float(v) for v in conn.execute(query).scalars()]
+    return step_store.first_probes(engine, {job_id: n}).get(job_id, [])
 
 
 def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, func, insert, select, update
 
 from trimtab.store.engine import write_transaction
 from trimtab.store.jobs import StoredChange, now_ms, number, queue_change_in
@@ -85,3 +85,11 @@ def list_decisions(engine: Engine, job_id: Optional[int], limit: int, offset: in
     return [StoredDecision(r.id, r.name, r.ts_ms, r.rule, r.evidence, r.change_id, r.knob, number(r.old_value),
                            number(r.new_value), r.applied_step, r.throughput_before_samples_per_s,
                            r.throughput_after_samples_per_s, r.outcome, r.advice) for r in rows]
+
+
+def decision_counts(engine: Engine) -> list[tuple[str, str, Optional[str], int]]:
+    """(job, rule, outcome, decisions) over every decision in the store: one GROUP BY."""
+    d = decisions.c
+    query = select(jobs.c.name, d.rule, d.outcome, func.count()).join_from(decisions, jobs)
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(query.group_by(jobs.c.name, d.rule, d.outcome))]

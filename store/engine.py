@@ -1,13 +1,15 @@
 """Opens the store (SQLite by default, PostgreSQL for a shared head) and brings its schema to the latest migration.
 
 Everything that differs between the two backends at the connection level lives here: SQLite's pragmas and
-transaction control, PostgreSQL's pool settings, and the dialect's ``INSERT … ON CONFLICT`` construct.
+transaction control, PostgreSQL's pool settings, and the dialect's ``INSERT … ON CONFLICT`` construct. Components
+of one process that use the same store share one engine (:func:`shared_engine`): one pool, one set of pragmas.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -145,6 +147,38 @@ def open_engine(url: str) -> Engine:
         engine.dispose()
         raise _store_error(f"cannot open the store {masked}", exc) from exc
     return engine
+
+
+# url → [engine, users]: the engines shared_engine() has handed out and not yet seen released by every user.
+_shared: dict[str, list] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_engine(url: str) -> Engine:
+    """This process's one engine for ``url``, opened (and checked, as :func:`open_engine`) on first use. Each call
+    is paired with :func:`release_engine`; the engine is disposed when its last user releases it. (`trimtab up`'s
+    API, rebalancer and agent all write one store: one engine, one pool.)"""
+    key = resolve_url(url)
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None:
+            entry = _shared[key] = [open_engine(key), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def release_engine(engine: Engine) -> None:
+    """One user of a :func:`shared_engine` is done with it; the last one disposes it. An engine that was not
+    shared is disposed at once."""
+    with _shared_lock:
+        for key, entry in list(_shared.items()):
+            if entry[0] is engine:
+                entry[1] -= 1
+                if entry[1] > 0:
+                    return
+                del _shared[key]
+                break
+    engine.dispose()
 
 
 def wal_pages_for(database: str, page_bytes: int) -> int:

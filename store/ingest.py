@@ -25,11 +25,13 @@ from sqlalchemy import Engine, bindparam, case, literal_column, or_, select, upd
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, Batch, GpuInfo, NodeInfo
+from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, Batch, GpuInfo, \
+    NodeInfo
 from trimtab.store.engine import insert_for
 from trimtab.store.models import (
     ROLLUP_STATE_ID,
     UNKNOWN_GPU_INDEX,
+    gpu_nvlink_samples,
     gpu_processes,
     gpu_samples,
     gpus,
@@ -52,11 +54,13 @@ class IngestResult:
     host_samples_inserted: int = 0
     processes_inserted: int = 0
     events_inserted: int = 0
+    nvlink_samples_inserted: int = 0  # per-link NVLink rows
     duplicates: int = 0
 
     @property
     def total_inserted(self) -> int:
-        return self.gpu_samples_inserted + self.host_samples_inserted + self.processes_inserted + self.events_inserted
+        return (self.gpu_samples_inserted + self.host_samples_inserted + self.processes_inserted
+                + self.events_inserted + self.nvlink_samples_inserted)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class _GpuRow:
 # (ts_ms, metric, …) of a reading, in one C call.
 _gpu_values = attrgetter("ts_ms", *GPU_METRIC_NAMES)
 _host_values = attrgetter("ts_ms", *HOST_METRIC_NAMES)
+_link_values = attrgetter("ts_ms", "link", *NVLINK_LINK_METRIC_NAMES)
 _ts = attrgetter("ts_ms")
 
 
@@ -103,6 +108,7 @@ def _rows(batch: Batch, node_id: int, ids: dict[str, int]) -> tuple[tuple[str, l
         ("gpu_processes", [(ids[p.gpu_uuid], p.ts_ms, p.pid, p.used_memory_bytes, p.name) for p in batch.processes]),
         ("health_events", [(node_id, None if e.gpu_uuid is None else ids[e.gpu_uuid], e.gpu_uuid or "", e.ts_ms,
                             e.kind, e.xid, e.detail or "", _detail_hash(e.xid, e.detail or "")) for e in batch.events]),
+        ("gpu_nvlink_samples", _finite([(ids[n.gpu_uuid], *_link_values(n)) for n in batch.nvlink_samples])),
     )
 
 
@@ -168,7 +174,7 @@ class BatchWriter:
         self._begin = "BEGIN IMMEDIATE" if dialect.name == "sqlite" else None
         self._pipelined = dialect.name == "postgresql"
         self._insert = {t.name: DriverStatement(insert_for(dialect, t).on_conflict_do_nothing(), dialect, _columns(t))
-                        for t in (gpu_samples, host_samples, gpu_processes, health_events)}
+                        for t in (gpu_samples, host_samples, gpu_processes, health_events, gpu_nvlink_samples)}
         state = rollup_state.c
         self._lower_dirty = DriverStatement(
             update(rollup_state)
@@ -263,7 +269,8 @@ class BatchWriter:
 
     def _node_id(self, driver, batch: Batch, new_nodes: dict) -> int:
         node = batch.node
-        times = [t for rows in (batch.gpu_samples, batch.host_samples, batch.processes, batch.events) if rows
+        times = [t for rows in (batch.gpu_samples, batch.host_samples, batch.processes, batch.events,
+                                batch.nvlink_samples) if rows
                  for t in (min(map(_ts, rows)), max(map(_ts, rows)))]
         last_ms = max(times) if times else int(time.time() * 1000)
         known = self._node_ids.get(node.hostname)
@@ -295,6 +302,7 @@ class BatchWriter:
         """The batch names GPUs the store has no row for: keep their readings, under rows the inventory will
         complete later (index -1, name unknown) — dropping data because the inventory lagged would be worse."""
         named = {s.gpu_uuid for s in batch.gpu_samples}.union(p.gpu_uuid for p in batch.processes)
+        named.update(n.gpu_uuid for n in batch.nvlink_samples)
         named.update(e.gpu_uuid for e in batch.events if e.gpu_uuid is not None)
         ids = dict(ids)
         for uuid in sorted(named.difference(ids)):

@@ -296,6 +296,14 @@ def list_changes(engine: Engine, job_id: int, limit: int, offset: int,
     return [_change(r, tuple(acks[r.id])) for r in rows]
 
 
+def change_counts(engine: Engine) -> list[tuple[str, str, str, int]]:
+    """(job, source, status, changes) over every knob change in the store: one GROUP BY."""
+    c = knob_changes.c
+    query = select(jobs.c.name, c.source, c.status, func.count()).join_from(knob_changes, jobs)
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(query.group_by(jobs.c.name, c.source, c.status))]
+
+
 SIMULATED_SUFFIX = "-sim"  # a simulated node is stored as '<host>-sim' (trimtab.agent.sampler)
 
 

@@ -1,5 +1,6 @@
 """The store's tables, as SQLAlchemy Core ``Table``s in one ``metadata``; metric columns come from the specs in
-:mod:`trimtab.agent.readings`, so a metric is named in exactly one place.
+:mod:`trimtab.agent.readings` and step report columns from :mod:`trimtab.contract.step_report`, so a metric or a
+report field is named in exactly one place.
 
 Core, not ORM: ingest writes thousands of rows a second in executemany batches and reads are aggregates; neither
 wants identity-mapped objects. Times are epoch milliseconds in BIGINT columns (``ts_ms``, ``bucket_ms``):
@@ -28,7 +29,8 @@ from sqlalchemy import (
     text,
 )
 
-from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, ROLLUP_METRIC_NAMES, MetricSpec
+from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, NVLINK_LINK_METRICS, ROLLUP_METRIC_NAMES, MetricSpec
+from trimtab.contract.step_report import REPORT_FIELDS, ReportField
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -102,6 +104,20 @@ gpu_samples = Table(
     *_metric_columns(GPU_METRICS),
     PrimaryKeyConstraint("gpu_id", "ts_ms"),
     Index(None, "ts_ms"),  # retention, rollups and cross-GPU windows scan by time
+    **_CLUSTERED,
+)
+
+# Per NVLink link: one row per (GPU, time, link), only for links that reported; a GPU without NVLink has none.
+# Raw only (no rollups): the per-GPU sums in gpu_samples are what the rollups keep.
+gpu_nvlink_samples = Table(
+    "gpu_nvlink_samples",
+    metadata,
+    Column("gpu_id", Integer, _gpu_fk(), nullable=False),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("link", Integer, nullable=False),  # NVML's link index
+    *_metric_columns(NVLINK_LINK_METRICS),
+    PrimaryKeyConstraint("gpu_id", "ts_ms", "link"),
+    Index(None, "ts_ms"),
     **_CLUSTERED,
 )
 
@@ -218,43 +234,23 @@ jobs = Table(
     Column("updated_ms", BigInteger, nullable=False),
 )
 
+_STORAGE = {"bigint": BigInteger, "integer": Integer, "double": Double, "json": JSON}  # a contract Kind's storage
+
+
+def _report_column(f: ReportField) -> Column:
+    storage = String(f.kind.max_length) if f.kind.storage == "text" else _STORAGE[f.kind.storage]
+    return Column(f.column, storage, nullable=not f.required)
+
+# One row per (job, step, rank); its columns are the contract's step report fields (trimtab.contract.step_report:
+# a phase p as p_s, memory keys by name, ``logged`` as JSON), so a new field there is a column here — and needs
+# the migration that adds it.
 job_reports = Table(
     "job_reports",
     metadata,
     Column("id", _BIG_ID, primary_key=True),
     Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
-    Column("step", BigInteger, nullable=False),
-    Column("rank", Integer, nullable=False),
     Column("received_ms", BigInteger, nullable=False),
-    Column("step_time_s", Double, nullable=False),
-    Column("generation_s", Double),
-    Column("evaluation_s", Double),
-    Column("communication_s", Double),
-    Column("update_s", Double),
-    Column("other_s", Double),
-    Column("validation_s", Double),  # a trainer's validation run counted in its step (verl's timing_s/testing)
-    Column("checkpoint_s", Double),
-    Column("wait_s", Double),  # the trainer waiting for rollout (verl V1's replay-buffer wait)
-    Column("rollout_slowest_s", Double),  # the slowest sample's generation time in the step (long tail) …
-    Column("rollout_mean_s", Double),  # … and the mean sample's
-    Column("prompts", BigInteger),  # RL trainers (TRL): prompts and completions the step trained on, named as such
-    Column("completions", BigInteger),
-    Column("completion_mean_tokens", Double),
-    Column("reward_mean", Double),
-    Column("logged", JSON),  # the framework's own logged scalars at this step ({name: value}), as it named them
-    Column("samples", BigInteger),
-    Column("tokens", BigInteger),
-    Column("allocated_bytes", BigInteger),
-    Column("reserved_bytes", BigInteger),
-    Column("peak_allocated_bytes", BigInteger),  # the allocator's peak since the rank's previous sample
-    Column("total_bytes", BigInteger),  # the rank's GPU capacity (the memory line of a batch raise)
-    Column("fragmentation", Double),
-    Column("num_alloc_retries", BigInteger),
-    Column("num_ooms", BigInteger),
-    Column("collective_latency_us", Double),
-    Column("pid", BigInteger),
-    Column("hostname", String(255)),
-    Column("local_gpu", Integer),
+    *(_report_column(f) for f in REPORT_FIELDS),
     UniqueConstraint("job_id", "step", "rank"),  # a hook that resends a report after a timeout adds nothing
     Index(None, "received_ms"),
 )
@@ -275,7 +271,7 @@ knob_changes = Table(
     Column("applied_ms", BigInteger),
     Column("refused_reason", String(1024)),  # why the code owning the knob could not apply it
     Index(None, "job_id", "status"),
-    # At most one change per job in flight (DESIGN: "Only one change per job is in flight"), enforced by the store
+    # At most one change per job in flight (so each change is measured alone), enforced by the store
     # so two writers racing cannot both queue one.
     Index("uq_knob_changes_one_pending", "job_id", unique=True,
           sqlite_where=text("status = 'pending'"), postgresql_where=text("status = 'pending'")),

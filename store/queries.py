@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from sqlalchemy import Double, Engine, Select, cast, func, select
+from sqlalchemy import Double, Engine, Select, cast, func, select, text
+from sqlalchemy.exc import SQLAlchemyError
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, ROLLUP_METRIC_NAMES
-from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_rollup_1h, gpu_rollup_1m, gpu_samples,
-                                  gpus, host_samples, nodes)
+from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, ROLLUP_METRIC_NAMES
+from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_nvlink_samples, gpu_rollup_1h,
+                                  gpu_rollup_1m, gpu_samples, gpus, host_samples, nodes)
 from trimtab.store.models import health_events as health_events_table
 
 Resolution = Literal["auto", "raw", "1m", "1h"]
@@ -70,6 +71,15 @@ class LatestSample(GpuLabel):
 
 
 @dataclass(frozen=True)
+class LatestLink(GpuLabel):
+    """The newest reading of one NVLink link of a GPU."""
+
+    ts_ms: int
+    link: int
+    metrics: dict[str, Number]  # every per-link metric; None = not measured
+
+
+@dataclass(frozen=True)
 class GpuAggregate(GpuLabel):
     n_samples: int
     mean: dict[str, Number]  # every GPU metric; None where it was NULL in every sample of the window
@@ -112,6 +122,24 @@ class StoredEvent:
 class HostPoint:
     ts_ms: int
     metrics: dict[str, Number]
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    reachable: bool  # the store answered a trivial query
+    simulated: bool  # it knows a simulated node (False when unreachable: unknown)
+
+
+def store_health(engine: Engine) -> StoreHealth:
+    """Whether the store answers, and whether any node it knows is simulated; an outage is an answer, never an
+    exception (this is what the health probe asks)."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+            simulated = conn.execute(select(nodes.c.id).where(nodes.c.simulated).limit(1)).first() is not None
+    except (SQLAlchemyError, OSError):
+        return StoreHealth(reachable=False, simulated=False)
+    return StoreHealth(reachable=True, simulated=simulated)
 
 
 def _node_filter(query: Select, hostname: Optional[str]) -> Select:
@@ -159,6 +187,24 @@ def latest_gpu_samples(engine: Engine, hostname: Optional[str] = None,
     with engine.connect() as conn:
         rows = conn.execute(query).mappings().all()
     return [LatestSample(**_label(r), ts_ms=r["ts_ms"], metrics={m: r[m] for m in GPU_METRIC_NAMES}) for r in rows]
+
+
+def latest_nvlink_samples(engine: Engine, hostname: Optional[str] = None,
+                          not_after_ms: Optional[int] = None) -> list[LatestLink]:
+    """Every link of every GPU at the GPU's newest per-link reading (a refresh reads all links at once), with
+    ``not_after_ms`` the newest one not after it. GPUs without NVLink have no rows, so none here."""
+    n = gpu_nvlink_samples.c
+    newest = select(func.max(n.ts_ms)).where(n.gpu_id == gpus.c.id)
+    if not_after_ms is not None:
+        newest = newest.where(n.ts_ms <= not_after_ms)
+    newest = newest.correlate(gpus).scalar_subquery()
+    query = (select(*_LABEL_COLUMNS, n.ts_ms, n.link, *(n[m] for m in NVLINK_LINK_METRIC_NAMES))
+             .join_from(gpus, nodes).join(gpu_nvlink_samples, (n.gpu_id == gpus.c.id) & (n.ts_ms == newest)))
+    query = _node_filter(query, hostname).order_by(nodes.c.hostname, gpus.c.gpu_index, n.link)
+    with engine.connect() as conn:
+        rows = conn.execute(query).mappings().all()
+    return [LatestLink(**_label(r), ts_ms=r["ts_ms"], link=r["link"],
+                       metrics={m: r[m] for m in NVLINK_LINK_METRIC_NAMES}) for r in rows]
 
 
 def gpu_aggregates(engine: Engine, start_ms: int, end_ms: int, hostname: Optional[str] = None) -> list[GpuAggregate]:

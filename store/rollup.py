@@ -1,4 +1,6 @@
-"""Upkeep of the store: 1-minute and 1-hour rollups of the GPU samples, and retention of every table.
+"""Upkeep of the store: 1-minute and 1-hour rollups of the GPU samples, retention of every table, and
+:class:`Upkeep`, the one schedule they run on (in whichever component owns the store in this process: the agent's
+store sink, or `trimtab server`'s main loop).
 
 Both run as plain SQL that SQLite and PostgreSQL execute alike (``ts_ms - ts_ms % 60000`` buckets, ``INSERT …
 SELECT … ON CONFLICT DO UPDATE``), in short transactions, so they can run beside a writing agent.
@@ -6,7 +8,10 @@ SELECT … ON CONFLICT DO UPDATE``), in short transactions, so they can run besi
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 from sqlalchemy import BigInteger, Connection, Engine, bindparam, case, delete, func, literal_column, select, update
 
@@ -17,6 +22,7 @@ from trimtab.store.models import (
     MINUTE_MS,
     ROLLUP_STATE_ID,
     ROLLUP_VALUE_COLUMNS,
+    gpu_nvlink_samples,
     gpu_processes,
     gpu_rollup_1h,
     gpu_rollup_1m,
@@ -26,6 +32,7 @@ from trimtab.store.models import (
     rollup_state,
 )
 
+log = logging.getLogger(__name__)
 DELETE_CHUNK_ROWS = 20_000  # rows per retention transaction: keeps SQLite's write lock short
 
 
@@ -33,7 +40,7 @@ DELETE_CHUNK_ROWS = 20_000  # rows per retention transaction: keeps SQLite's wri
 class RetentionPolicy:
     """How long each kind of row is kept, in seconds."""
 
-    raw_s: int = 7 * 86400  # gpu_samples, host_samples, gpu_processes
+    raw_s: int = 7 * 86400  # gpu_samples, host_samples, gpu_processes, gpu_nvlink_samples
     rollup_1m_s: int = 30 * 86400
     rollup_1h_s: int = 400 * 86400
     events_s: int = 90 * 86400
@@ -142,6 +149,7 @@ _RETAINED = (
     (gpu_samples, gpu_samples.c.ts_ms, "raw_s"),
     (host_samples, host_samples.c.ts_ms, "raw_s"),
     (gpu_processes, gpu_processes.c.ts_ms, "raw_s"),
+    (gpu_nvlink_samples, gpu_nvlink_samples.c.ts_ms, "raw_s"),
     (gpu_rollup_1m, gpu_rollup_1m.c.bucket_ms, "rollup_1m_s"),
     (gpu_rollup_1h, gpu_rollup_1h.c.bucket_ms, "rollup_1h_s"),
     (health_events, health_events.c.ts_ms, "events_s"),
@@ -175,3 +183,25 @@ def apply_retention(engine: Engine, now_ms: int, policy: RetentionPolicy = Reten
 def run_maintenance(engine: Engine, now_ms: int, policy: RetentionPolicy = RetentionPolicy()) -> MaintenanceResult:
     """Roll up first (so raw rows about to expire are in the rollups), then apply retention."""
     return MaintenanceResult(rollup(engine, now_ms), apply_retention(engine, now_ms, policy))
+
+
+class Upkeep:
+    """Runs :func:`run_maintenance` at most every ``every_s`` seconds, the first time ``first_after_s`` after it
+    is made; call :meth:`maybe_run` as often as convenient (a loop's tick). Never raises: a store hiccup must not
+    stop the caller, and the next period tries again."""
+
+    def __init__(self, every_s: float = 60.0, policy: Optional[RetentionPolicy] = None, first_after_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.every_s, self.policy, self._clock = every_s, policy or RetentionPolicy(), clock
+        self._due = clock() + first_after_s
+
+    def maybe_run(self, engine: Engine, now_ms: Optional[int] = None) -> Optional[MaintenanceResult]:
+        """Upkeep of ``engine``'s store if it is due (its result), else None."""
+        if self._clock() < self._due:
+            return None
+        self._due = self._clock() + self.every_s
+        try:
+            return run_maintenance(engine, now_ms if now_ms is not None else int(time.time() * 1000), self.policy)
+        except Exception as exc:  # noqa: BLE001 - said and retried next period
+            log.warning("store upkeep failed (will retry): %s", exc)
+            return None

@@ -35,18 +35,20 @@ from typing import Callable, Mapping, Optional, Sequence
 import httpx
 import torch
 
+from trimtab.contract.knobs import MAX_JOB_NAME, MAX_NAME, MODES as SERVER_MODES, NAME_PATTERN, PendingChange
+from trimtab.contract.step_report import FRAMEWORK_FIELDS
 from trimtab.trainer.apply import APPLIED, KnobApplier, KnobChange
 from trimtab.trainer.dist import KnobSync, LatencyProbe, distributed, rank_and_world
 from trimtab.trainer.knobs import KnobSet, KnobSpecLike, Number
 from trimtab.trainer.memory import MemorySampler, is_oom
-from trimtab.trainer.report import FRAMEWORK_FIELDS, StepReport
+from trimtab.trainer.report import StepReport
 from trimtab.trainer.reporter import Reporter
 from trimtab.trainer.timing import Phase, PhaseTimer, cuda_in_use
 
 log = logging.getLogger("trimtab.trainer")
-# The API's slug: a name it would refuse is refused here, at attach, rather than by a 422 on every retry.
-SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-MODES = (None, "auto", "advise", "off")
+# The API's names: one it would refuse is refused here, at attach, rather than by a 422 on every retry.
+SLUG = re.compile(NAME_PATTERN)
+MODES = (None, *SERVER_MODES)  # None: keep the mode the server has
 ChangeCallback = Callable[[str, Number, Number, Optional[int]], None]
 
 
@@ -105,8 +107,8 @@ class Hook:
                  backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
                  appliers: Optional[Mapping[str, KnobApplier]] = None,
                  advise_only_reason: Optional[str] = None):
-        for kind, name, limit in ([("job", job, 128)] + [("knob", k, 64) for k in (knobs or {})]
-                                  + [("component", c, 64) for c in (device_map or {})]):
+        for kind, name, limit in ([("job", job, MAX_JOB_NAME)] + [("knob", k, MAX_NAME) for k in (knobs or {})]
+                                  + [("component", c, MAX_NAME) for c in (device_map or {})]):
             if not (isinstance(name, str) and len(name) <= limit and SLUG.match(name)):
                 raise ValueError(f"{kind} name {name!r}: letters, digits and . _ - (≤ {limit}), starting with a "
                                  f"letter or digit")
@@ -264,13 +266,9 @@ class Hook:
     def _stage(self, pending: list) -> None:
         """Reporter thread (rank 0): remember changes the server says are pending, for the next boundary."""
         with self._lock:
-            for change in pending:
-                try:
-                    cid, knob, value = int(change["change_id"]), str(change["knob"]), change["value"]
-                except (KeyError, TypeError, ValueError):
-                    continue
-                if cid not in self._seen:
-                    self._staged.setdefault(cid, (knob, value, str(change.get("reason", ""))))
+            for change in filter(None, map(PendingChange.from_wire, pending)):
+                if change.change_id not in self._seen:
+                    self._staged.setdefault(change.change_id, (change.knob, change.value, change.reason))
 
     def _take_change(self) -> Optional[tuple[int, str, Number]]:
         """The newest staged change the job accepts (the server supersedes older ones); refusals are logged."""

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional, Sequence, Union
 
-Number = Union[int, float]
+from trimtab.contract.knobs import KnobDeclaration, Number
+
 KnobSpecLike = Union[Sequence[Number], Mapping[str, Number]]  # (start, min, max) or {"value", "min", "max"}
 
 log = logging.getLogger("trimtab.trainer")
@@ -40,14 +41,16 @@ def parse_knob(name: str, spec: KnobSpecLike) -> Knob:
     """A knob from ``(start, min, max)`` or ``{"value", "min", "max"}``; a start outside the bounds is clamped
     (with a warning) rather than refused, so a job is never stopped by its own monitoring."""
     if isinstance(spec, Mapping):
-        start, lo, hi = spec["value"], spec["min"], spec["max"]
+        declared = KnobDeclaration.from_wire(spec)
     else:
         start, lo, hi = spec
+        declared = KnobDeclaration(start, lo, hi)
+    start, lo, hi = declared.value, declared.min, declared.max
     if not all(_is_number(v) for v in (start, lo, hi)):
         raise ValueError(f"knob {name!r}: start, min and max must be finite numbers, got {spec!r}")
     if lo > hi:
         raise ValueError(f"knob {name!r}: min {lo} is above max {hi}")
-    knob = Knob(start, lo, hi, integer=all(isinstance(v, int) for v in (start, lo, hi)))
+    knob = Knob(start, lo, hi, integer=declared.integer)
     clamped = knob.clamp(start)
     if clamped != start:
         log.warning("trimtab: knob %s starts at %s, outside [%s, %s]: clamped to %s", name, start, lo, hi, clamped)
@@ -101,4 +104,4 @@ class KnobSet:
 
     def declaration(self) -> dict[str, dict[str, Number]]:
         """The knobs as the API's registration wants them."""
-        return {name: {"value": k.value, "min": k.min, "max": k.max} for name, k in self._knobs.items()}
+        return {name: KnobDeclaration(k.value, k.min, k.max).to_wire() for name, k in self._knobs.items()}

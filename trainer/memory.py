@@ -1,6 +1,6 @@
 """Allocator statistics of the rank's GPU (fragmentation, retries, OOMs) and recognising an out-of-memory error.
 
-``torch.cuda.memory_stats()`` costs ~150 µs on the H200 (NOTES_NVML.md), so it is read at most every
+``torch.cuda.memory_stats()`` costs ~150 µs on the H200, so it is read at most every
 ``every_s`` seconds and the result rides on the next report. NVML cannot see fragmentation: only the process's
 own caching allocator knows how much of what it reserved is actually allocated.
 """
@@ -12,7 +12,6 @@ from typing import Callable, Optional
 import torch
 
 from trimtab.trainer.timing import cuda_in_use
-from trimtab.trainer.wire import WIRE_KEYS  # noqa: F401 (importers take it from here too)
 
 
 def is_oom(exc: BaseException) -> bool:

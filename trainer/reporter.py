@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional
 
 import httpx
 
+from trimtab.contract.knobs import ChangeAck, ChangeRefusal
+
 log = logging.getLogger("trimtab.trainer")
 
 OK, RETRY, DROP, UNKNOWN_JOB = "ok", "retry", "drop", "unknown_job"
@@ -73,15 +75,14 @@ class Reporter:
 
     def ack(self, change_id: int, applied_at_step: int, rank: int) -> None:
         with self._lock:
-            self._acks.append(("acks", {"change_id": int(change_id), "applied_at_step": int(applied_at_step),
-                                        "rank": int(rank)}))
+            self._acks.append(("acks", ChangeAck(int(change_id), int(applied_at_step), int(rank)).to_wire()))
         self._wake.set()
 
     def refuse(self, change_id: int, rank: int, reason: str) -> None:
         """Tell the server the knob's owner could not apply the change (it closes the decision as refused)."""
-        clean = "".join(ch if ch.isprintable() else " " for ch in str(reason))[:1000] or "no reason given"
+        refusal = ChangeRefusal(int(change_id), int(rank), str(reason)).to_wire()
         with self._lock:
-            self._acks.append(("refusals", {"change_id": int(change_id), "rank": int(rank), "reason": clean}))
+            self._acks.append(("refusals", refusal))
         self._wake.set()
 
     def update_registration(self, registration: dict) -> None:

@@ -14,7 +14,8 @@ from typing import Mapping, Optional
 
 import torch
 
-from trimtab.trainer.wire import NAMED_PHASES, PHASES  # noqa: F401 (importers take them from here too)
+from trimtab.contract.step_report import NAMED_PHASES, PHASES
+
 MAX_UNRESOLVED_STEPS = 32  # a step whose events never complete (a hung stream) must not grow memory forever
 
 

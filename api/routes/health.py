@@ -8,13 +8,11 @@ from importlib import metadata
 from fastapi import APIRouter, Depends
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from sqlalchemy import select, text
-from sqlalchemy.exc import SQLAlchemyError
 
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import get_ctx
 from trimtab.api.schemas import HealthOut
-from trimtab.store.models import nodes
+from trimtab.store.queries import store_health
 
 router = APIRouter(tags=["operations"])
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -34,15 +32,9 @@ def version() -> str:
                         "agent, writer and rebalancer around the API. No authentication.",
             responses={503: {"model": HealthOut, "description": "The store is unreachable, or a component failed."}})
 def healthz(ctx: ApiContext = Depends(get_ctx)):
-    simulated = any(snap.node.simulated for snap in ctx.snapshot.nodes())
-    try:
-        with ctx.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-            simulated = simulated or conn.execute(select(nodes.c.id).where(nodes.c.simulated).limit(1)).first() \
-                is not None
-        reachable = True
-    except (SQLAlchemyError, OSError):
-        reachable = False
+    store = store_health(ctx.engine)
+    simulated = any(snap.node.simulated for snap in ctx.snapshot.nodes()) or store.simulated
+    reachable = store.reachable
     components = _components(ctx)
     failed = any(isinstance(c, dict) and c.get("state") == "failed" for c in components.values())
     status = "failed" if failed else ("ok" if reachable else "degraded")

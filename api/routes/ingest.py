@@ -18,10 +18,10 @@ router = APIRouter(prefix="/v1", tags=["ingest"])
 
 @router.post("/ingest", response_model=IngestOut, responses=WRITE, summary="Ingest an agent batch",
              description="A Batch as the agent serializes it (node, GPU inventory, GPU and host samples, processes, "
-                         f"events), at most the server's row limit, no timestamp more than {MAX_CLOCK_AHEAD_S} s ahead of "
-                         "the server's clock (422 naming the field). Stored in one transaction; rows already stored "
-                         "are skipped, so a replayed batch inserts 0. A store outage answers 503 with Retry-After "
-                         "(the agent spools and retries). Scope: agent.")
+                         "events, per-link NVLink readings), at most the server's row limit, no timestamp more than "
+                         f"{MAX_CLOCK_AHEAD_S} s ahead of the server's clock (422 naming the field). Stored in one "
+                         "transaction; rows already stored are skipped, so a replayed batch inserts 0. A store outage "
+                         "answers 503 with Retry-After (the agent spools and retries). Scope: agent.")
 def ingest(body: BatchIn, request: Request, ctx: ApiContext = Depends(get_ctx),
            _token=Depends(require_scope("agent"))) -> IngestOut:
     rows = body.row_count()
@@ -44,4 +44,5 @@ def ingest(body: BatchIn, request: Request, ctx: ApiContext = Depends(get_ctx),
     return IngestOut(inserted=result.total_inserted, duplicates=result.duplicates,
                      gpu_samples_inserted=result.gpu_samples_inserted,
                      host_samples_inserted=result.host_samples_inserted,
-                     processes_inserted=result.processes_inserted, events_inserted=result.events_inserted)
+                     processes_inserted=result.processes_inserted, events_inserted=result.events_inserted,
+                     nvlink_samples_inserted=result.nvlink_samples_inserted)

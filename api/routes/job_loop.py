@@ -13,6 +13,7 @@ from trimtab.api.errors import invalid
 from trimtab.api.job_schemas import (AckIn, AckOut, ChangeIn, ChangeOut, ChangesOut, PendingChangeOut,
                                      RefusalIn, ReportAcceptedOut, ReportIn, ReportOut, ReportsOut)
 from trimtab.api.routes.jobs import find_job, job_for_write, job_name_path
+from trimtab.contract.step_report import to_columns
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredChange, StoredJob
 from trimtab.store.tokens import StoredToken
@@ -71,13 +72,9 @@ def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = D
                 token: StoredToken = Depends(require_scope("job"))) -> ReportAcceptedOut:
     job = _rank_of(ctx, name, token, body.rank)
     _check_possible(ctx, job, body)
-    values = body.model_dump(exclude={"phases", "memory"})
-    values.update({f"{phase}_s": seconds for phase, seconds in body.phases.model_dump().items()})
-    if body.memory is not None:
-        values.update(body.memory.model_dump())
-    stored = job_store.add_report(ctx.engine, job.id, values)
+    stored = job_store.add_report(ctx.engine, job.id, to_columns(body.model_dump()))
     if stored and ctx.after_report is not None:
-        ctx.after_report(job, body.step)  # the rebalancer: a change decided now rides on this very response
+        ctx.after_report(job, body.step, body.step_time_s)  # the rebalancer: a change decided now rides on this response
     pending = [] if job.mode == "off" else job_store.pending_changes(ctx.engine, job.id)
     return ReportAcceptedOut(stored=stored, pending_changes=[
         PendingChangeOut(change_id=c.id, knob=c.knob, value=c.value, reason=c.reason) for c in pending])

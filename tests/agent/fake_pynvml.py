@@ -42,6 +42,9 @@ class FakeNvml:
         self.failures: dict[tuple[str, Optional[int]], int] = {}
         self.gpm_returns: dict[int, int] = {}  # GPM metric id → nvmlReturn it answers with
         self.field_values: dict[int, list[tuple[int, int, int]]] = {}  # gpu → [(value KiB, µs, nvmlReturn)] tx, rx
+        # gpu → {(field id, link): (value KiB, µs, nvmlReturn)} for field values scoped by link
+        self.link_values: dict[int, dict[tuple[int, int], tuple[int, int, int]]] = {}
+        self.last_field_ids: dict[int, list[tuple[int, int]]] = {}  # gpu → the (field id, scope) pairs last asked
         self.xid_queue: list[tuple[int, int]] = []  # (gpu index, xid) waiting in the event set
         self.memory_versions: list[Any] = []
         self.freed: list[str] = []
@@ -104,7 +107,10 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h: FakeHandle, version: Any = None) -> Any:
         self.memory_versions.append(version)
         gib = 1 << 30
-        return types.SimpleNamespace(total=80 * gib, reserved=gib // 2, used=10 * gib, free=69 * gib + gib // 2)
+        memory = _real.c_nvmlMemory_v2_t()
+        memory.version, memory.total, memory.reserved, memory.used = version or 0, 80 * gib, gib // 2, 10 * gib
+        memory.free = 69 * gib + gib // 2
+        return memory
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeHandle) -> int:
         return 4
@@ -139,7 +145,9 @@ class FakeNvml:
         return request
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeHandle) -> Any:
-        return types.SimpleNamespace(gpu=50, memory=20)
+        util = _real.c_nvmlUtilization_t()
+        util.gpu, util.memory = 50, 20
+        return util
 
     def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
         return 150_000
@@ -170,7 +178,12 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, h: FakeHandle, field_ids: list) -> Any:
         values = (_real.c_nvmlFieldValue_t * len(field_ids))()
-        readings = self.field_values.get(h.index, [(0, 0, _real.NVML_SUCCESS)] * len(field_ids))
+        self.last_field_ids[h.index] = list(field_ids)
+        if all(scope == 0xFFFFFFFF for _, scope in field_ids):  # sums over all links
+            readings = self.field_values.get(h.index, [(0, 0, _real.NVML_SUCCESS)] * len(field_ids))
+        else:
+            per_link = self.link_values.get(h.index, {})
+            readings = [per_link.get(key, (0, 0, _real.NVML_SUCCESS)) for key in field_ids]
         for v, (field_id, scope), (kib, us, ret) in zip(values, field_ids, readings):
             v.fieldId, v.scopeId, v.timestamp, v.nvmlReturn = field_id, scope, us, ret
             v.valueType = _real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG

@@ -10,27 +10,11 @@ import sys
 import pytest
 
 from tests.agent import fake_pynvml as fk
-from trimtab.agent import nvml
 from trimtab.agent.nvml import NvmlSource
+from trimtab.agent.nvml import gpm as nvml_gpm
+from trimtab.agent.nvml import slow as nvml_slow
 from trimtab.agent.readings import EVENT_GPU_LOST, EVENT_SOURCE_ERROR, EVENT_XID
 from trimtab.agent.source import SourceUnavailable
-
-
-@pytest.fixture
-def install(monkeypatch):
-    """install(fake) → an NvmlSource over the fake; closed at the end of the test."""
-    opened = []
-
-    def _install(fake: fk.FakeNvml, **kwargs) -> NvmlSource:
-        monkeypatch.setitem(sys.modules, "pynvml", fake.module)
-        kwargs.setdefault("slow_refresh_s", None)  # tests drive the slow refresh themselves
-        source = NvmlSource(**kwargs)
-        opened.append(source)
-        return source
-
-    yield _install
-    for source in opened:
-        source.close()
 
 
 def by_uuid(readings):
@@ -99,7 +83,7 @@ def test_a_second_different_error_on_the_same_metric_is_reported_too(install):
 
 
 def test_nvlink_is_none_not_zero_on_a_gpu_without_links(install, monkeypatch):
-    monkeypatch.setattr(nvml, "GPM_MIN_INTERVAL_S", -1.0)
+    monkeypatch.setattr(nvml_gpm, "GPM_MIN_INTERVAL_S", -1.0)
     for gpm in (False, True):
         source = install(fk.FakeNvml(n_gpus=1, gpm=gpm, nvlink_links=0))
         source.refresh_slow_metrics()
@@ -146,16 +130,16 @@ def test_pcie_throughput_is_read_off_the_tick_and_goes_stale(install, monkeypatc
     assert fake.count("nvmlDeviceGetPcieThroughput", 0) == 2  # TX and RX
     s = source.sample(3).gpu_samples[0]
     assert s.pcie_tx_bytes_per_s == s.pcie_rx_bytes_per_s == 1000 * 1024
-    monkeypatch.setattr(nvml.time, "monotonic", lambda: 1e12)  # far later, no refresh since
+    monkeypatch.setattr(nvml_slow.time, "monotonic", lambda: 1e12)  # far later, no refresh since
     assert source.sample(4).gpu_samples[0].pcie_tx_bytes_per_s is None
 
 
 def test_gpm_metrics_are_read_and_an_unsupported_one_is_dropped_from_the_request(install, monkeypatch):
-    monkeypatch.setattr(nvml, "GPM_MIN_INTERVAL_S", -1.0)
+    monkeypatch.setattr(nvml_gpm, "GPM_MIN_INTERVAL_S", -1.0)
     fake = fk.FakeNvml(n_gpus=1, gpm=True)
     fake.gpm_returns[fk._real.NVML_GPM_METRIC_DRAM_BW_UTIL] = fk.NOT_SUPPORTED
     source = install(fake)
-    assert source._thread is None  # GPM covers PCIe: no blocking reads at all
+    assert source._slow._thread is None  # GPM covers PCIe: no blocking reads at all
     first = source.sample(1).gpu_samples[0]
     assert first.sm_active_pct is None  # one GPM sample: nothing to compare with yet
     second = source.sample(2).gpu_samples[0]
@@ -163,7 +147,7 @@ def test_gpm_metrics_are_read_and_an_unsupported_one_is_dropped_from_the_request
     assert second.pcie_tx_bytes_per_s == 42.0 * 1024 * 1024  # MiB/s → bytes/s
     assert second.dram_bw_util_pct is None
     assert (0, "gpm:dram_bw_util_pct") in source.unsupported()
-    request = source._gpus[0].gpm_request
+    request = source._gpus[0].gpm.request
     asked = {request.metrics[i].metricId for i in range(request.numMetrics)}
     assert fk._real.NVML_GPM_METRIC_DRAM_BW_UTIL not in asked
     assert asked.isdisjoint({60, 61})  # no NVLink: never asked for NVLink rates

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from trimtab.agent.runner import Agent, make_sources
-from trimtab.agent.sinks import StoreSink
+from trimtab.store.sink import StoreSink
 from trimtab.store.engine import open_engine
 from trimtab.store.models import gpu_samples, host_samples
 from tests.support.tcpproxy import TcpProxy

@@ -4,7 +4,7 @@ import math
 import threading
 import time
 
-from trimtab.agent.readings import EVENT_SOURCE_ERROR, GpuInfo, GpuSample, HostSample, Readings
+from trimtab.agent.readings import EVENT_SOURCE_ERROR, GpuInfo, GpuSample, HostSample, NvlinkSample, Readings
 from trimtab.agent.sampler import Sampler
 from trimtab.agent.source import Inventory
 
@@ -88,3 +88,20 @@ def test_a_simulated_inventory_names_the_node_as_simulated():
     src.inventory = lambda: Inventory(gpus=[], simulated=True, scenario="actor-hot")
     s = Sampler([src], lambda b: None)
     assert s.node.simulated and s.node.hostname.endswith("-sim") and s.node.scenario == "actor-hot"
+
+
+def test_per_link_readings_reach_the_batch_and_bad_values_become_none():
+    class Links:
+        kind = "nvml"
+
+        def inventory(self):
+            return Inventory()
+
+        def sample(self, ts_ms):
+            return Readings(nvlink_samples=[NvlinkSample("GPU-0", ts_ms, 0, tx_bytes_per_s=math.inf, rx_bytes_per_s=2.0)])
+
+        def close(self):
+            pass
+
+    b = Sampler([Links()], lambda b: None, hostname="n").tick()
+    assert [(n.link, n.tx_bytes_per_s, n.rx_bytes_per_s) for n in b.nvlink_samples] == [(0, None, 2.0)]

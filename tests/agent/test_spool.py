@@ -1,6 +1,8 @@
 """The spool keeps batches in order across restarts, stays within its bound, and says what it dropped."""
 
-from trimtab.agent.readings import Batch, GpuSample, NodeInfo
+import json
+
+from trimtab.agent.readings import Batch, GpuSample, NodeInfo, NvlinkSample
 from trimtab.agent.spool import Spool
 
 
@@ -78,3 +80,16 @@ def test_an_unreadable_line_is_skipped_loudly_not_fatally(tmp_path):
     spool.append(batch(1))
     assert drain(spool) == [0, 1]
     assert spool.corrupt_lines_skipped == 1
+
+
+def test_per_link_nvlink_survives_the_spool_and_a_spooled_batch_from_before_it_still_reads(tmp_path):
+    spool = Spool(tmp_path)
+    with_links = batch(1)
+    with_links.nvlink_samples = [NvlinkSample("GPU-0", 1, link, tx_bytes_per_s=1e9 * link, rx_bytes_per_s=None)
+                                 for link in range(3)]
+    spool.append(with_links)
+    item = spool.peek(limit=1)[0]
+    assert item.batch == with_links and item.batch.row_count() == 2 + 3
+    older = json.loads(batch(2).to_json())
+    del older["nvlink_samples"]  # what an agent from before per-link NVLink spooled
+    assert Batch.from_dict(older).nvlink_samples == []

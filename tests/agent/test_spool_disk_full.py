@@ -167,7 +167,7 @@ class Switchable:
 
 
 def test_the_stores_events_account_for_every_row_an_overflowing_spool_dropped(tmp_path):
-    from trimtab.agent.sinks import StoreSink
+    from trimtab.store.sink import StoreSink
     from sqlalchemy import func, select
 
     from trimtab.store.models import gpu_samples

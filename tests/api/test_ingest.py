@@ -21,7 +21,8 @@ def test_a_batch_is_stored_and_a_replay_inserts_nothing(api):
     first = api.ingest(batch)
     assert first.status_code == 200
     assert first.json() == {"inserted": 6 + 3 + 1 + 1, "duplicates": 0, "gpu_samples_inserted": 6,
-                            "host_samples_inserted": 3, "processes_inserted": 1, "events_inserted": 1}
+                            "host_samples_inserted": 3, "processes_inserted": 1, "events_inserted": 1,
+                            "nvlink_samples_inserted": 0}
     again = api.ingest(batch).json()
     assert again["inserted"] == 0 and again["duplicates"] == 11
     assert api.get("/v1/nodes").json()["nodes"][0]["gpu_count"] == 2

@@ -71,3 +71,40 @@ def test_tokens_made_on_the_command_line_open_a_non_loopback_bind(tmp_path):
     token_id = listed.output.split()[0]
     assert CliRunner().invoke(cli, ["token", "revoke", "--db", db, token_id]).exit_code == 0
     assert "revoked" in CliRunner().invoke(cli, ["token", "list", "--db", db]).output
+
+
+COUNT_ENGINES = """
+import json, sys
+
+import trimtab.store.engine as store_engine
+
+opened = []
+create = store_engine.create_engine
+store_engine.create_engine = lambda url, *a, **kw: opened.append(str(url)) or create(url, *a, **kw)
+from trimtab.cli.main import cli
+
+try:
+    cli(sys.argv[1:], prog_name="trimtab")
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "opened": opened}))
+"""
+
+
+def test_up_opens_one_engine_for_its_store_that_the_api_and_the_agent_share(tmp_path):
+    import subprocess
+    import sys
+
+    from sqlalchemy import create_engine, text
+
+    db = f"sqlite:///{tmp_path}/up.db"
+    out = subprocess.run([sys.executable, "-c", COUNT_ENGINES, "up", "--simulate", "1", "--port", "0", "--interval",
+                          "0.2", "--duration", "2", "--db", db, "--state-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=90)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["code"] in (0, None), out.stderr
+    assert len(got["opened"]) == 1 and got["opened"][0].endswith("up.db"), got["opened"]
+    engine = create_engine(db)
+    with engine.connect() as conn:  # the agent did write, through that engine
+        assert conn.execute(text("SELECT count(*) FROM gpu_samples")).scalar_one() > 0
+    engine.dispose()

@@ -29,7 +29,8 @@ NVLINK_FIELDS = ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
 
 class BareGpuNode:
     """A simulated node whose GPU ``bare`` has no NVLink and no GPM: its inventory says so (link count None,
-    gpm_supported False) and its samples carry None for those metrics, as the NVML source reports such a GPU."""
+    gpm_supported False), its samples carry None for those metrics and it has no per-link readings, as the NVML
+    source reports such a GPU."""
 
     kind = "simulated"
 
@@ -43,10 +44,12 @@ class BareGpuNode:
         return dataclasses.replace(inv, gpus=gpus)
 
     def _strip(self, readings: Readings) -> Readings:
+        bare_uuid = self.node.inventory().gpus[self.bare].uuid
         for s in readings.gpu_samples:
-            if s.gpu_uuid == self.node.inventory().gpus[self.bare].uuid:
+            if s.gpu_uuid == bare_uuid:
                 for f in GPM_FIELDS + NVLINK_FIELDS:
                     setattr(s, f, None)
+        readings.nvlink_samples = [n for n in readings.nvlink_samples if n.gpu_uuid != bare_uuid]  # no links
         return readings
 
     def sample(self, ts_ms: int) -> Readings:
@@ -99,12 +102,15 @@ def _job(conn, name: str, ranks: int, device_map: dict, hostnames: list[str], kn
 
 def report(job_id: int, step: int, rank: int, received_ms: int, hostname: str, *, latency: Optional[float],
            ooms: int) -> dict:
-    """One rank's report of one step: ~5 s steps, generation-bound early, composition shifting later."""
+    """One rank's report of one step: ~5 s steps, generation-bound early, composition shifting later; a short wait
+    for rollout in every step, a validation run every 10th, a checkpoint every 25th (every phase a report carries)."""
     step_time = 4.0 + (step % 7) * 0.25 + rank * 0.1
     gen_share = 0.6 - 0.002 * step
     phases = {"generation_s": step_time * gen_share, "evaluation_s": step_time * 0.2,
-              "communication_s": step_time * 0.12, "update_s": step_time * 0.05}
-    phases["other_s"] = max(0.0, step_time - sum(phases.values()))
+              "communication_s": step_time * 0.12, "update_s": step_time * 0.05, "wait_s": step_time * 0.01,
+              "validation_s": step_time * 0.02 if step % 10 == 0 else None,
+              "checkpoint_s": step_time * 0.01 if step % 25 == 0 else None}
+    phases["other_s"] = max(0.0, step_time - sum(v for v in phases.values() if v is not None))
     reserved = 40 * 2**30
     frag = 0.10 + 0.002 * step + 0.01 * rank
     return dict(job_id=job_id, step=step, rank=rank, received_ms=received_ms, step_time_s=step_time, **phases,

@@ -7,6 +7,8 @@ import time
 import pytest
 
 from trimtab.agent.readings import GPU_METRIC_NAMES, Batch, GpuInfo, GpuSample, NodeInfo
+from trimtab.agent.sampler import Sampler
+from trimtab.agent.simulated import SimulatedNode
 from trimtab.api.metrics import DCGM_METRICS, render_metrics
 
 from .conftest import Feeder, by_uuid, scrape
@@ -111,6 +113,11 @@ def test_unsupported_metrics_are_absent_not_zero(ctx, feed: Feeder):
     assert real["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] == 0  # a real 0 (no reason) is kept
 
 
+def without_empty(labels: dict) -> dict:
+    """The labels as Prometheus stores them: a label with an empty value is no label at all."""
+    return {k: v for k, v in labels.items() if v != ""}
+
+
 def test_simulated_data_is_marked_and_real_data_keeps_the_dcgm_label_set(ctx, feed: Feeder):
     feed.simulated(hostname="sim-a", ticks=1)
     feed(real_node_batch(int(time.time() * 1000)))
@@ -120,12 +127,28 @@ def test_simulated_data_is_marked_and_real_data_keeps_the_dcgm_label_set(ctx, fe
     for name, samples in got.items():
         for labels, _ in samples:
             if labels.get("hostname") == "real-node":
-                assert "simulated" not in labels, name
+                assert "simulated" not in without_empty(labels), name
             elif labels.get("hostname") == "sim-a" and name != "trimtab_node_simulated":
                 assert labels["simulated"] == "true", name
     real_labels = [labels for labels, _ in got["DCGM_FI_DEV_GPU_UTIL"] if labels["hostname"] == "real-node"]
-    assert real_labels == [{"gpu": "0", "UUID": "GPU-real-0", "modelName": "NVIDIA A100-PCIE-40GB",
-                            "Hostname": "real-node", "hostname": "real-node"}]
+    assert [without_empty(labels) for labels in real_labels] == [
+        {"gpu": "0", "UUID": "GPU-real-0", "modelName": "NVIDIA A100-PCIE-40GB", "Hostname": "real-node",
+         "hostname": "real-node"}]
+
+
+def test_every_sample_of_a_family_has_the_same_label_names(ctx, feed: Feeder):
+    """simulated on every sample of a family or on none: a real node's samples beside simulated ones say
+    simulated="" (no label, to Prometheus); a family of real nodes only has no simulated label at all."""
+    feed.simulated(hostname="sim-a", ticks=1)
+    feed(real_node_batch(int(time.time() * 1000)))
+    for name, samples in scrape(ctx).items():
+        assert len({frozenset(labels) for labels, _ in samples}) == 1, name
+
+    real_only = Feeder(ctx.__class__(engine=ctx.engine, mode=ctx.mode, state_dir=ctx.state_dir), store=False)
+    real_only(real_node_batch(int(time.time() * 1000)))
+    got = scrape(real_only.ctx)
+    assert got["DCGM_FI_DEV_GPU_UTIL"] == [({"gpu": "0", "UUID": "GPU-real-0", "modelName": "NVIDIA A100-PCIE-40GB",
+                                             "Hostname": "real-node", "hostname": "real-node"}, 37.0)]
 
 
 def test_balance_verdicts_of_the_actor_hot_scenario(ctx, feed: Feeder):
@@ -175,3 +198,41 @@ def test_an_empty_daemon_exposes_only_its_error_counter(ctx):
     got = scrape(ctx)
     assert set(got) == {"trimtab_scrape_errors_total"}
     assert {labels["part"] for labels, _ in got["trimtab_scrape_errors_total"]} == {"gpus", "balance"}
+
+
+def test_per_link_nvlink_of_the_simulated_node_goes_agent_store_metrics_with_a_link_label(make_ctx):
+    from sqlalchemy import select
+
+    from trimtab.store.models import gpu_nvlink_samples, gpus
+    from trimtab.store.queries import latest_nvlink_samples
+
+    for mode, feeder in (("up", lambda c: Feeder(c)), ("server", lambda c: Feeder(c, snapshot=False))):
+        ctx = make_ctx(mode=mode)
+        feed = feeder(ctx)
+        sampler = Sampler([SimulatedNode(2, "actor-hot", hostname="sim-a")], feed, hostname="sim-a")
+        tick0, *later = [sampler.tick() for _ in range(3)]  # tick 0 carries every link, ticks 1 and 2 none
+        assert len(tick0.nvlink_samples) == 2 * 18 and not any(b.nvlink_samples for b in later)
+        feed(real_node_batch(int(time.time() * 1000)))  # a GPU without NVLink: no per-link series at all
+        got = scrape(ctx)
+
+        tx = got["trimtab_gpu_nvlink_link_tx_bytes_per_second"]
+        rx = got["trimtab_gpu_nvlink_link_rx_bytes_per_second"]
+        assert len(tx) == len(rx) == 2 * 18, mode
+        assert {labels["UUID"] for labels, _ in tx} == {g.uuid for g in tick0.gpus}, mode
+        assert {labels["link"] for labels, _ in tx} == {str(link) for link in range(18)}, mode
+        assert all(set(labels) == GPU_LABELS | {"link", "simulated"} and labels["simulated"] == "true"
+                   for labels, _ in tx + rx), mode
+        for gpu in tick0.gpu_samples:  # the links of a GPU add up to its NVLink total of that tick
+            assert sum(v for labels, v in tx if labels["UUID"] == gpu.gpu_uuid) == pytest.approx(
+                gpu.nvlink_tx_bytes_per_s), mode
+            assert sum(v for labels, v in rx if labels["UUID"] == gpu.gpu_uuid) == pytest.approx(
+                gpu.nvlink_rx_bytes_per_s), mode
+        stamped = {v for _, v in got["trimtab_gpu_nvlink_link_timestamp_seconds"]}
+        assert stamped == {tick0.gpu_samples[0].ts_ms / 1000}, mode  # read on tick 0, not since
+        assert "GPU-real-0" not in {labels["UUID"] for name in ("trimtab_gpu_nvlink_link_tx_bytes_per_second",
+                                                                "trimtab_gpu_nvlink_link_timestamp_seconds")
+                                    for labels, _ in got[name]}, mode
+        with ctx.engine.connect() as conn:
+            stored = conn.execute(select(gpus.c.uuid, gpu_nvlink_samples.c.link).join(gpus)).all()
+        assert len(stored) == 2 * 18 and "GPU-real-0" not in {uuid for uuid, _ in stored}, mode
+        assert {r.gpu_uuid for r in latest_nvlink_samples(ctx.engine)} == {g.uuid for g in tick0.gpus}, mode

@@ -373,10 +373,34 @@ def test_throughput_fell_beyond_the_dead_band_rolls_back_to_the_old_value():
     assert p.change is None
 
 
-def test_within_the_dead_band_is_kept_with_no_gain():
-    p = follow(after_change(45.0 / 0.98))  # −2 %
+def after_change_long(after_step_time: float, n: int = 2):
+    """As :func:`after_change`, with ``n`` measured steps after the settle step (two 45 s steps reach the after
+    window's bound, verdict_max_after_cap_s)."""
+    return (steps(0, 10) + steps(10, 1, step_time=1.0, gen=0.5)
+            + steps(11, n, step_time=after_step_time, gen=after_step_time - 1.0))
+
+
+def test_an_unconfirmed_gain_above_the_dead_band_is_kept_and_leaves_the_direction_open():
+    p = follow(after_change_long(45.0 / 1.04))  # +4 % on 45 s steps: well inside step-to-step noise
     assert (p.close, p.outcome, p.rollback_to) == (7, "kept", None)
-    assert p.evidence["gain_pct"] == -2.0 and p.evidence["no_gain"] is True
+    assert p.evidence["verdict"]["result"] == "inconclusive"
+    assert p.evidence["no_gain"] is True and p.evidence["unconfirmed_gain"] is True
+    assert "the direction stays open" in p.note
+
+
+def test_a_change_within_the_dead_band_goes_back_to_the_known_setting():
+    p = follow(after_change_long(45.0 / 1.01))  # +1 %: not worth a change, and not shown to be one
+    assert (p.close, p.outcome, p.rollback_to) == (7, "rolled_back", 1) and p.evidence["back_to_known"] is True
+    assert "less than 2 % higher, back to the known setting" in p.note
+
+
+def test_a_small_loss_that_cannot_be_told_from_noise_goes_back_to_the_known_setting():
+    # The H200's prefetch 2 → 4: −6.2 %, 74 % sure at the after window's bound; it was kept. Now: back to the old
+    # value, saying the test could not tell and why it went back.
+    p = follow(after_change_long(45.0 / 0.98))  # −2 %
+    assert (p.close, p.outcome, p.rollback_to, p.rollback_knob) == (7, "rolled_back", 1, "batch_size")
+    assert p.evidence["verdict"]["result"] == "inconclusive" and p.evidence["back_to_known"] is True
+    assert "not told apart from noise and lower, back to the known setting" in p.note
 
 
 def test_throughput_up_is_kept():
@@ -387,10 +411,12 @@ def test_throughput_up_is_kept():
 
 
 def test_a_small_gain_on_one_long_step_each_side_is_no_measurable_gain_and_says_how_sure():
-    p = follow(after_change(45.0 / 1.04))  # +4 % on one 45 s step against one: well inside step-to-step noise
+    # +4 % on 45 s steps (one before, two after): well inside step-to-step noise
+    assert follow(after_change(45.0 / 1.04)).note.endswith("lengthening the after window")  # one step: 45 s < 60 s
+    p = follow(after_change_long(45.0 / 1.04))
     assert p.outcome == "kept" and p.evidence["no_gain"] is True and p.evidence["gain_pct"] == 4.0
     verdict = p.evidence["verdict"]
-    # the after window cannot grow (one step is past verdict_max_after_s): kept, the test could not tell
+    # the after window cannot grow (two steps reach verdict_max_after_cap_s): kept, the test could not tell
     assert verdict["result"] == "inconclusive" and verdict["confidence_pct"] < 50 and verdict["n_before"] == 1
     assert verdict["ci_pct"][0] < 0 < verdict["ci_pct"][1]
     assert "% sure" in p.note
@@ -418,7 +444,7 @@ def after_rollback(decision_ts_ms):
 def test_a_rolled_back_raise_is_followed_by_a_value_between_the_last_good_and_the_failed_one():
     p = plan(after_rollback(NOW - 300_000), RULES)
     acts(p, "generation_bound", "batch_size", 1, 2)
-    assert p.evidence["step_policy"] == ["bracket search between 1 and 4 (rolled back at decision 7): 2"]
+    assert p.evidence["step_policy"] == ["bracket search between 1 and 4 (measured worse at decision 7): 2"]
 
 
 def test_a_rolled_back_value_is_not_retried_while_its_verdict_holds_however_long_ago():
@@ -442,7 +468,8 @@ def test_a_rolled_back_value_is_tried_again_once_the_jobs_level_moved():
 
 def test_the_rollback_verdict_records_the_levels_a_later_re_measurement_compares():
     p = follow(after_change(60.0))
-    assert p.evidence["before_sample"] == {"n": 1, "mean_log": round(math.log(64 / 45), 6), "var_log": None}
+    assert p.evidence["before_sample"] == {"n": 1, "mean_log": round(math.log(64 / 45), 6), "var_log": None,
+                                           "steps_per_period": 1.0}
     assert p.evidence["after_sample"]["n"] == 1 and p.evidence["verdict"]["result"] == "worse"
 
 

@@ -7,12 +7,13 @@ from sqlalchemy import text
 
 from trimtab.store.engine import WAL_PAGES_MAX, WAL_PAGES_MIN, StoreError, migrate, open_engine, wal_pages_for
 from trimtab.store.models import metadata
+from tests.store.conftest import T0_MS, make_batch
 
 
 def test_migrate_builds_the_models_schema_with_no_diff(engine):
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0006"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0007"
         assert conn.execute(text("SELECT id, dirty_from_ms FROM rollup_state")).all() == [(1, None)]
 
 
@@ -72,3 +73,25 @@ def test_bad_or_unreachable_urls_raise_store_error_with_the_password_masked(url,
 def test_unreachable_error_names_the_url_and_the_failure():
     with pytest.raises(StoreError, match=r"trimtab:\*\*\*@127\.0\.0\.1:1/test.*(refused|failed)"):
         open_engine("postgresql+psycopg://trimtab:s3cret@127.0.0.1:1/test")
+
+
+def test_one_engine_per_url_per_process_until_its_last_user_lets_go(tmp_path):
+    from trimtab.store.engine import release_engine, shared_engine
+    from trimtab.store.sink import StoreSink
+
+    url = f"sqlite:///{tmp_path}/shared.db"
+    api_engine = shared_engine(url)
+    migrate(api_engine)
+    sink = StoreSink(url)
+    sink.write(make_batch([T0_MS]))
+    assert sink.engine is api_engine  # `up`'s agent writes through the API's engine: one pool, one set of pragmas
+    assert shared_engine(f"sqlite:///{tmp_path}/other.db") is not api_engine
+    sink.close()
+    with api_engine.connect() as conn:  # the API still holds it
+        assert conn.execute(text("SELECT count(*) FROM gpu_samples")).scalar_one() == 2
+    assert shared_engine(url) is api_engine
+    release_engine(api_engine)
+    release_engine(api_engine)  # the last user: disposed and forgotten
+    again = shared_engine(url)
+    assert again is not api_engine
+    release_engine(again)

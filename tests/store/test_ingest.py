@@ -7,10 +7,11 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from trimtab.agent.readings import Batch, GpuProcess, GpuSample, HealthEvent, NodeInfo
+from trimtab.agent.readings import Batch, GpuProcess, GpuSample, HealthEvent, NodeInfo, NvlinkSample
 from trimtab.store.engine import migrate, open_engine
 from trimtab.store.ingest import BatchWriter
-from trimtab.store.models import gpu_processes, gpu_samples, gpus, health_events, host_samples, nodes, rollup_state
+from trimtab.store.models import (gpu_nvlink_samples, gpu_processes, gpu_samples, gpus, health_events, host_samples,
+                                  nodes, rollup_state)
 from tests.store.conftest import NODE, T0_MS, count, gpu_info, make_batch
 
 
@@ -49,6 +50,27 @@ def test_replaying_a_batch_inserts_nothing_and_counts_duplicates(engine):
     assert again.duplicates == first.total_inserted
     assert [count(engine, t) for t in (gpu_samples, host_samples, gpu_processes, health_events, nodes, gpus)] == \
            [6, 3, 2, 2, 1, 2]
+
+
+def test_per_link_nvlink_is_stored_once_and_a_gpu_without_links_has_no_rows(engine):
+    from trimtab.store.queries import latest_nvlink_samples
+
+    batch = make_batch([T0_MS, T0_MS + 3000])
+    batch.nvlink_samples = [NvlinkSample("GPU-0000", t, link, tx_bytes_per_s=1e9 * (link + 1) + t - T0_MS,
+                                         rx_bytes_per_s=None if link == 1 else 2e9)
+                            for t in (T0_MS, T0_MS + 3000) for link in range(3)]
+    batch.nvlink_samples.append(NvlinkSample("GPU-0000", T0_MS + 3000, 3, tx_bytes_per_s=math.nan))
+    first = BatchWriter(engine).write(batch)
+    again = BatchWriter(engine).write(batch)
+    assert (first.nvlink_samples_inserted, again.nvlink_samples_inserted) == (7, 0)
+    assert first.total_inserted == 4 + 2 + 7 and again.duplicates == first.total_inserted
+    latest = latest_nvlink_samples(engine)
+    assert {row.gpu_uuid for row in latest} == {"GPU-0000"}  # GPU-0001 reported no links: nothing, not zeros
+    assert [(r.ts_ms, r.link, r.metrics["tx_bytes_per_s"], r.metrics["rx_bytes_per_s"]) for r in latest] == [
+        (T0_MS + 3000, 0, 1e9 + 3000, 2e9), (T0_MS + 3000, 1, 2e9 + 3000, None), (T0_MS + 3000, 2, 3e9 + 3000, 2e9),
+        (T0_MS + 3000, 3, None, None)]  # NaN stored as NULL
+    assert latest_nvlink_samples(engine, not_after_ms=T0_MS + 2999)[0].ts_ms == T0_MS
+    assert count(engine, gpu_nvlink_samples) == 7
 
 
 def test_a_partly_replayed_batch_stores_only_the_new_rows(engine):

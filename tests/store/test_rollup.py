@@ -6,10 +6,10 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from trimtab.agent.readings import Batch, GpuProcess, HealthEvent
+from trimtab.agent.readings import Batch, GpuProcess, HealthEvent, NvlinkSample
 from trimtab.store.ingest import BatchWriter
-from trimtab.store.models import (gpu_processes, gpu_rollup_1h, gpu_rollup_1m, gpu_samples, gpus, health_events,
-                                  host_samples, rollup_state)
+from trimtab.store.models import (gpu_nvlink_samples, gpu_processes, gpu_rollup_1h, gpu_rollup_1m, gpu_samples, gpus,
+                                  health_events, host_samples, rollup_state)
 from trimtab.store.rollup import RetentionPolicy, apply_retention, rollup, run_maintenance
 from tests.store.conftest import NODE, T0_MS, count, make_batch
 
@@ -91,18 +91,20 @@ def test_retention_deletes_what_is_too_old_and_keeps_the_rest(engine, chunk_rows
     batch = make_batch(ts, n_gpus=2)
     batch.processes = [GpuProcess("GPU-0000", t, pid=1) for t in ts]
     batch.events = [HealthEvent(t, "xid", f"e{t}", gpu_uuid="GPU-0001", xid=13) for t in ts]
+    batch.nvlink_samples = [NvlinkSample("GPU-0000", t, link=0, tx_bytes_per_s=1e9) for t in ts]
     BatchWriter(engine).write(batch)
     rollup(engine, now + MIN)
     assert count(engine, gpu_rollup_1m) == 12 and count(engine, gpu_rollup_1h) == 12
 
     deleted = apply_retention(engine, now, POLICY, chunk_rows=chunk_rows)
 
-    assert deleted == {"gpu_samples": 8, "host_samples": 4, "gpu_processes": 4, "gpu_rollup_1m": 4,
-                       "gpu_rollup_1h": 2, "health_events": 3}
+    assert deleted == {"gpu_samples": 8, "host_samples": 4, "gpu_processes": 4, "gpu_nvlink_samples": 4,
+                       "gpu_rollup_1m": 4, "gpu_rollup_1h": 2, "health_events": 3}
     with engine.connect() as conn:
         def kept(table, col="ts_ms"):
             return sorted(set(conn.execute(select(table.c[col])).scalars()))
         assert kept(gpu_samples) == kept(host_samples) == kept(gpu_processes) == ts[-2:]
+        assert kept(gpu_nvlink_samples) == ts[-2:]
         assert kept(gpu_rollup_1m, "bucket_ms") == [t - t % MIN for t in ts[-4:]]
         assert kept(gpu_rollup_1h, "bucket_ms") == [t - t % HOUR for t in ts[-5:]]
         assert kept(health_events) == ts[-3:]
@@ -138,3 +140,23 @@ def test_rollups_running_beside_a_writer_miss_no_sample(engine):
     assert not errors
     rollup(engine, now_ms=T0_MS + HOUR)
     assert [(b, n) for _, b, n, *_ in minute_rows(engine)] == [(T0_MS + m * MIN, 60) for m in range(5)] * 2
+
+
+def test_upkeep_runs_on_its_own_schedule_and_never_raises(engine, caplog):
+    from sqlalchemy import create_engine
+
+    from trimtab.store.rollup import Upkeep
+
+    now = [1000.0]
+    BatchWriter(engine).write(make_batch([T0_MS, T0_MS + 20_000]))
+    upkeep = Upkeep(every_s=60.0, first_after_s=30.0, clock=lambda: now[0])
+    assert upkeep.maybe_run(engine, T0_MS + 2 * MIN) is None  # not yet: the first run is 30 s after start
+    now[0] += 30.0
+    assert upkeep.maybe_run(engine, T0_MS + 2 * MIN).rollup is not None and len(minute_rows(engine)) == 2
+    now[0] += 59.0
+    assert upkeep.maybe_run(engine, T0_MS + 3 * MIN) is None  # every 60 s, however often it is asked
+    now[0] += 1.0
+    nobody = create_engine("postgresql+psycopg://trimtab@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
+    assert upkeep.maybe_run(nobody, T0_MS + 3 * MIN) is None and "store upkeep failed (will retry)" in caplog.text
+    now[0] += 60.0
+    assert upkeep.maybe_run(engine, T0_MS + 3 * MIN) is not None  # the next period tries again

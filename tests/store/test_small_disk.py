@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select, text
 
-from trimtab.agent.sinks import SinkUnavailable, StoreSink
+from trimtab.agent.sinks import SinkUnavailable
+from trimtab.store.sink import StoreSink
 from trimtab.store.models import gpu_samples
 from tests.store.conftest import T0_MS, make_batch
 from tests.support.tmpfs import fill

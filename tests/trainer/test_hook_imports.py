@@ -1,5 +1,6 @@
 """A training environment needs torch and httpx only: ``trimtab.trainer`` and its adapters import, attach and
-report with the server's web stack and database drivers made unimportable."""
+report with the server's web stack and database drivers made unimportable; the contract they share with the
+daemon needs not even those."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 BLOCKED = ("fastapi", "starlette", "uvicorn", "pydantic", "sqlalchemy", "alembic", "psycopg")
 
-PROBE = """
+BLOCKER = """
 import json, sys
 
 BLOCKED = {blocked!r}
@@ -24,6 +25,9 @@ class Blocker:
 
 
 sys.meta_path.insert(0, Blocker())
+"""
+
+PROBE = BLOCKER + """
 import trimtab.trainer
 import trimtab.trainer.adapters.hf
 import trimtab.trainer.adapters.lightning
@@ -45,3 +49,20 @@ def test_the_trainer_package_imports_and_runs_without_the_server_stack():
                          timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"leaked": [], "torch": True, "httpx": True}
+
+
+CONTRACT_PROBE = BLOCKER + """
+import trimtab.contract.knobs
+import trimtab.contract.step_report
+
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("trimtab"))))
+"""
+
+
+def test_the_contract_the_hook_shares_with_the_daemon_needs_neither_torch_nor_the_server_stack():
+    blocked = (*BLOCKED, "torch", "numpy", "httpx")
+    out = subprocess.run([sys.executable, "-c", CONTRACT_PROBE.format(blocked=blocked)], capture_output=True,
+                         text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [m for m in loaded if m != "trimtab" and not m.startswith("trimtab.contract")] == []

@@ -1,0 +1,21 @@
+"""Prometheus exposition (text format 0.0.4) of the latest snapshot: ``GET /metrics`` renders it on every scrape.
+
+Names follow dcgm-exporter where DCGM has the field, in dcgm-exporter's units and labels, so dashboards built for
+DCGM work; everything else is ``trimtab_*`` in base units. A metric a GPU does not report is absent, never 0.
+Nothing here calls NVML: GPU series come from :meth:`ApiContext.latest_gpus` (per-link NVLink from
+:meth:`ApiContext.latest_links`); balance verdicts, job series and rebalancer counters from a fixed number of
+store queries per scrape, whatever the number of jobs; a failing store drops only the series it feeds (counted in
+``trimtab_scrape_errors_total``).
+
+By subject: ``gpus`` (per-GPU and per-link series), ``nodes`` (balance verdicts, ``trimtab_node_simulated``),
+``jobs`` (job series, rebalancer counters), ``store_reads`` (what a scrape reads from the store),
+``scrape_errors``, ``families`` (how every family is built, ``simulated`` label included), ``collector``.
+"""
+
+from trimtab.api.metrics.collector import CONTENT_TYPE, TrimtabCollector, job_metric_families, render_metrics
+from trimtab.api.metrics.gpus import DCGM_METRICS
+from trimtab.api.metrics.jobs import job_families
+from trimtab.api.metrics.store_reads import JobScrape, read_jobs
+
+__all__ = ["CONTENT_TYPE", "DCGM_METRICS", "JobScrape", "TrimtabCollector", "job_families", "job_metric_families",
+           "read_jobs", "render_metrics"]

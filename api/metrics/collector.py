@@ -1,0 +1,56 @@
+"""The collector behind ``GET /metrics``: reads the API context on every scrape and renders it; holds no values
+between scrapes (the scrape-error counter aside)."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+from trimtab.api.context import ApiContext
+from trimtab.api.metrics.gpus import gpu_families, link_families
+from trimtab.api.metrics.jobs import job_families
+from trimtab.api.metrics.nodes import BALANCE_WINDOW_S, balance_families, node_families
+from trimtab.api.metrics.scrape_errors import error_families, guarded
+from trimtab.api.metrics.store_reads import JobScrape, read_jobs, read_store
+
+# What render_metrics returns; spelled out because prometheus_client's CONTENT_TYPE_LATEST moved to 1.0.0.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def job_metric_families(ctx: ApiContext, data: Optional[JobScrape] = None) -> Iterator[Metric]:
+    """Job metrics (``trimtab_job_*``) and rebalancer decisions (``trimtab_rebalancer_*``) from the store; ``data``
+    when the scrape has read it already."""
+    yield from job_families(data if data is not None else read_jobs(ctx.engine, ctx.rules))
+
+
+class TrimtabCollector:
+    """A prometheus_client collector reading ``ctx`` on every ``collect()``."""
+
+    def __init__(self, ctx: ApiContext):
+        self.ctx = ctx
+
+    def collect(self) -> Iterator[Metric]:
+        ctx = self.ctx
+        rows = guarded("gpus", ctx.latest_gpus)
+        links = guarded("gpus", ctx.latest_links) if rows else []
+        store = guarded("balance", lambda: [read_store(ctx.engine, ctx.rules, BALANCE_WINDOW_S)])
+        reports, jobs = store[0] if store else ([], None)
+        simulated = {r.hostname: r.simulated for r in rows}
+        simulated.update({r.hostname: r.simulated for r in reports})
+        yield from gpu_families(rows)
+        yield from link_families(links)
+        yield from node_families(simulated)
+        yield from balance_families(reports)
+        if jobs is not None:
+            yield from job_metric_families(ctx, jobs)
+        yield from error_families()
+
+
+def render_metrics(ctx: ApiContext) -> bytes:
+    """The exposition of ``ctx`` now (serve it with :data:`CONTENT_TYPE`). Blocking (store queries): call it
+    from a sync route, which FastAPI runs in its thread pool."""
+    registry = CollectorRegistry(auto_describe=False)  # no describe(): register() must not run a collect()
+    registry.register(TrimtabCollector(ctx))
+    return generate_latest(registry)

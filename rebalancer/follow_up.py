@@ -1,0 +1,186 @@
+"""The change in flight: close its decision when the job refused it or it was replaced, wait while the job has not
+applied it, then judge it — a t-test on the per-period throughputs of the windows before and after it (past the
+settle steps), the after window lengthened while the test cannot tell — and keep it or go back.
+
+Kept: a gain the test is sure of, or a change it could not tell from noise whose estimate is above the dead band
+(an unconfirmed gain: kept, and the next move that way is judged on its own). Rolled back: a loss it is sure of,
+and — the old setting being the one known to be good — a change it could not tell from noise (or measured within
+the dead band) that is not above the dead band: the top is flat between the two, the search ends there. A before window whose
+older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from trimtab.rebalancer.memory_fit import GIB
+from trimtab.rebalancer.plan_types import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
+from trimtab.rebalancer.rules import RuleSet
+from trimtab.rebalancer.verdict import GAIN, INCONCLUSIVE, WORSE, Sample, changed_level, compare
+from trimtab.rebalancer.window import JobStep, throughput
+from trimtab.store.decisions import StoredDecision
+from trimtab.store.jobs import StoredChange, number
+
+
+def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
+    """The steps before a change at the setting it changed: after the previous change's settle steps, the newest
+    covering ``verdict_before_s`` (in whole periods of the old sync interval)."""
+    ctl = rules.controller
+    earlier = [c.applied_step for c in state.changes if c.status == "applied" and c.applied_step is not None
+               and c.applied_step < change.applied_step]
+    start = max(earlier) + ctl.settle_steps if earlier else 0
+    every = _old_period(state, rules, change)
+    candidates = [s for s in state.steps if start <= s.step < change.applied_step]
+    newest_first, _ = leading(candidates[::-1], ctl.window_min_steps, ctl.verdict_before_s, every)
+    return _since_level_shift(newest_first[::-1], every, rules)
+
+
+def _since_level_shift(before: list[JobStep], every: int, rules: RuleSet) -> list[JobStep]:
+    """The before window's newer half alone when its older half measured surely differently (a slowdown that
+    began inside it): else the slowdown would be charged to the change."""
+    periods = len(before) // every
+    if periods < 8:  # halves of fewer than 4 periods cannot show a shift: their spreads are guesses
+        return before
+    mid = (periods // 2) * every
+    older, newer = Sample.of_steps(before[:mid], every), Sample.of_steps(before[mid:], every)
+    return before[mid:] if changed_level(older, newer, rules.controller) else before
+
+
+def _old_period(state: JobState, rules: RuleSet, change: StoredChange) -> int:
+    if change.knob == rules.controller.period_knob and change.previous_value:
+        return max(1, int(round(float(change.previous_value))))
+    return period(state.job, rules)
+
+
+def _within_bounds(spec: dict, value: Optional[float]) -> Optional[float]:
+    """``value`` clamped to the knob's current [min, max]: a rollback never leaves what the job declares now."""
+    if value is None:
+        return None
+    return number(max(float(spec["min"]), min(float(spec["max"]), float(value))))
+
+
+def _after_bound(rules: RuleSet, every: int, after_steps: list[JobStep]) -> tuple[int, float]:
+    """How far the after window may grow while the test cannot tell: ``verdict_max_after_s`` and
+    ``verdict_max_after_periods`` whole periods (enough samples at a long sync interval), but no more than
+    ``verdict_max_after_cap_s`` of step time."""
+    ctl = rules.controller
+    steps = max(ctl.window_min_steps, ctl.verdict_max_after_periods * every)
+    covered = 0.0
+    for i, s in enumerate(after_steps):
+        covered += s.step_time_s
+        if covered >= ctl.verdict_max_after_cap_s and (i + 1) % every == 0:
+            steps = min(steps, i + 1)
+            break
+    return steps, max(ctl.window_min_s, ctl.verdict_max_after_s)
+
+
+def _closed_early(state: JobState, open_d: StoredDecision, change: Optional[StoredChange]) -> Optional[Plan]:
+    """A refused, replaced, cancelled or overridden change: its decision is closed without a verdict."""
+    if change is not None and change.status == "refused":
+        why = f"the job could not apply it: {change.refused_reason or 'no reason given'}"
+        return Plan(note=f"decision {open_d.id}: {change.knob} → {change.value:g} refused ({why})", close=open_d.id,
+                    outcome="refused", evidence={**open_d.evidence, "closed_because": why, "verdict_ms": state.now_ms,
+                                                 "refused_reason": change.refused_reason})
+    if change is None or change.status in ("superseded", "cancelled"):
+        why = "replaced by a newer change" if change is not None and change.status == "superseded" else \
+            "cancelled before the job applied it (mode switched or bounds changed)"
+        return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id,
+                    outcome="superseded" if change is not None and change.status == "superseded" else "cancelled",
+                    evidence={**open_d.evidence, "closed_because": why})
+    if change.status != "applied" or change.applied_step is None:
+        return None
+    knob_now = state.job.knobs.get(change.knob, {}).get("value")
+    if knob_now is None or float(knob_now) != float(change.value):
+        why = f"the job changed {change.knob} to {knob_now} itself (an OOM, or a new registration)"
+        return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id, outcome="superseded",
+                    evidence={**open_d.evidence, "closed_because": why}, applied_step=change.applied_step)
+    return None
+
+
+def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
+    ctl = rules.controller
+    change = next((c for c in state.changes if c.id == open_d.change_id), None)
+    early = _closed_early(state, open_d, change)
+    if early is not None:
+        return early
+    if change.status != "applied" or change.applied_step is None:
+        # The job's ack moves its knob (a new registration key): planning resumes then, or after a window.
+        return Plan(note=f"waiting for the job to apply change {change.id} ({change.knob} → {change.value})",
+                    wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
+    every = period(state.job, rules)
+    after_steps = [s for s in state.steps if s.step >= change.applied_step + ctl.settle_steps]
+    after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every)
+    measuring = Plan(note=f"measuring throughput after change {change.id} (from step {change.applied_step + ctl.settle_steps})",
+                     applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None,
+                     wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s, every))
+    if not complete:
+        return measuring
+    # While the test cannot tell, the after window grows (see _after_bound), then "no measurable gain".
+    bound_steps, bound_s = _after_bound(rules, every, after_steps)
+    grown, at_bound = leading(after_steps, bound_steps, bound_s, every)
+    before = _before_steps(state, rules, change)
+    before_tp = throughput(before) if before else open_d.throughput_before_samples_per_s
+    after_tp = throughput(grown)
+    evidence = {**open_d.evidence, "after_window": window_evidence(grown), "verdict_ms": state.now_ms,
+                "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
+    if before:
+        evidence["before_window"] = window_evidence(before)
+    b_sample = Sample.of_steps(before, _old_period(state, rules, change)) if before else None
+    a_sample = Sample.of_steps(grown, every)
+    closed = dict(close=open_d.id, throughput_after=after_tp, applied_step=change.applied_step)
+    if before_tp and after_tp:
+        evidence["gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)
+    predicted = evidence.get("memory_prediction")
+    peaks = [s.mem_peak_bytes for s in grown if s.mem_peak_bytes is not None]
+    if isinstance(predicted, dict) and peaks and predicted.get("predicted_gib"):
+        seen = max(peaks) / GIB
+        evidence["memory_observed"] = {"peak_gib": round(seen, 3), "predicted_gib": predicted["predicted_gib"],
+                                       "error_pct": round(100.0 * (seen / predicted["predicted_gib"] - 1.0), 1)}
+    if any(r.name == open_d.rule and r.safety for r in rules.rules):
+        # A safety change (memory, fragmentation) is not undone for speed: it was made to stop an OOM.
+        return Plan(note=f"decision {open_d.id}: safety change kept", outcome="kept", evidence=evidence, **closed)
+    if b_sample is None or a_sample is None:
+        evidence["no_gain"] = True
+        return Plan(note=f"decision {open_d.id}: kept (throughput not measurable)", outcome="kept", evidence=evidence,
+                    **closed)
+    v = compare(b_sample, a_sample, ctl)
+    evidence.update(verdict=v.evidence(), before_sample=b_sample.evidence(), after_sample=a_sample.evidence())
+    if v.result == INCONCLUSIVE and not at_bound:
+        measuring.note = (f"decision {open_d.id}: inconclusive so far ({100 * (v.ratio - 1):+.1f} %, "
+                          f"{v.confidence_pct:.0f} % sure): lengthening the after window")
+        # Tested again once another window's worth of steps is in (not on every step: fewer looks, less CPU).
+        measuring.wait = Wait(steps=max(every, ctl.window_min_steps), seconds=ctl.window_min_s)
+        return measuring
+    figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
+               f"{v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, {v.confidence_pct:.0f} % sure)")
+    if v.result == GAIN:
+        return Plan(note=f"decision {open_d.id}: throughput {figures}: kept", outcome="kept", evidence=evidence,
+                    **closed)
+    if v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct:
+        # Not confirmed, but no sign of a flat top either: kept, and the next move this way is judged on its own.
+        evidence.update(no_gain=True, unconfirmed_gain=True)
+        return Plan(note=f"decision {open_d.id}: throughput {figures}: kept, no measurable gain (the estimate is "
+                         f"above the {ctl.dead_band_pct:g} % dead band: an unconfirmed gain, the direction stays "
+                         f"open)", outcome="kept", evidence=evidence, **closed)
+    if v.result != WORSE:
+        # Not told apart from noise (or smaller than the dead band), and no better: the old setting is the one
+        # known to be good; the top is flat between the two.
+        evidence["back_to_known"] = True
+        lower = "lower" if v.ratio < 1.0 else f"less than {ctl.dead_band_pct:g} % higher"
+        figures += f": not told apart from noise and {lower}, back to the known setting"
+    return _roll_back(state, open_d, change, figures, evidence, closed)
+
+
+def _roll_back(state: JobState, open_d: StoredDecision, change: StoredChange, figures: str, evidence: dict,
+               closed: dict) -> Plan:
+    old = _within_bounds(state.job.knobs[change.knob],
+                         open_d.old_value if open_d.old_value is not None else change.previous_value)
+    if old is None or float(old) == float(change.value):
+        # The job narrowed its bounds since (a new registration): the old value is out of them now.
+        spec = state.job.knobs[change.knob]
+        why = (f"throughput {figures} but {change.knob}'s old value is outside the job's bounds "
+               f"[{spec['min']}, {spec['max']}] now: not rolled back")
+        return Plan(note=f"decision {open_d.id}: {why}", outcome="kept",
+                    evidence={**evidence, "no_gain": True, "rollback_blocked": why}, **closed)
+    return Plan(note=f"decision {open_d.id}: throughput {figures}: rolling {change.knob} back to {old}",
+                outcome="rolled_back", evidence=evidence, rollback_to=old, rollback_knob=change.knob, **closed)

@@ -1,0 +1,241 @@
+"""What the job's past verdicts say about the next move: which moves are blocked (a rolled-back value, a direction
+that gained nothing, a refused direction), where the best value of a knob lies (between the values measured worse
+on either side: the bracket search, upward and downward), and when a rule follows a gain through below its line.
+
+A verdict is about the setting it left the job in. It stops holding — the move may be measured again — when
+another knob has moved since, or when the job is at that very setting and its throughput there has moved
+measurably (a slowdown that began with the change, a new phase of training). While the job is elsewhere on the
+same knob the verdict still holds: nothing re-measured it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from trimtab.rebalancer.rules import Action, Rule, RuleSet
+from trimtab.rebalancer.signals import Reading
+from trimtab.rebalancer.verdict import GAIN, Sample, changed_level
+from trimtab.store.decisions import StoredDecision
+
+if TYPE_CHECKING:
+    from trimtab.rebalancer.plan_types import JobState
+
+
+def _evidence(d: StoredDecision) -> dict:
+    return d.evidence if isinstance(d.evidence, dict) else {}
+
+
+def verdict_ms(d: StoredDecision) -> int:
+    return _evidence(d).get("verdict_ms", d.ts_ms)
+
+
+def result_of(d: StoredDecision) -> Optional[str]:
+    verdict = _evidence(d).get("verdict")
+    return verdict.get("result") if isinstance(verdict, dict) else None
+
+
+def left_at(d: StoredDecision) -> dict[str, float]:
+    """The knobs as the verdict left them: the decision's knob at its old value (rolled back) or its new one."""
+    knobs = {k: float(v) for k, v in (_evidence(d).get("knobs") or {}).items() if isinstance(v, (int, float))}
+    knobs[d.knob] = float(d.old_value if d.outcome == "rolled_back" else d.new_value)
+    return knobs
+
+
+def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optional[Sample]) -> bool:
+    """See the module docstring."""
+    current = {k: float(v["value"]) for k, v in state.job.knobs.items()}
+    then = left_at(d)
+    if any(k != d.knob and k in current and current[k] != v for k, v in then.items()):
+        return False  # another knob moved since: a different job now
+    if current.get(d.knob) != then[d.knob]:
+        return True
+    ev = _evidence(d)
+    level = ev.get("before_sample") if d.outcome == "rolled_back" else ev.get("after_sample")
+    return not changed_level(Sample.from_evidence(level), now, rules.controller)
+
+
+def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: Optional[Sample]) -> Optional[str]:
+    """Why this move may not be tried now (a rolled-back value or a no-gain direction whose verdict still holds, a
+    recently refused direction), else None."""
+    current = float(state.job.knobs[action.knob]["value"])
+    way = 1 if new > current else -1
+    for d in state.decisions:
+        if d.knob != action.knob or d.new_value is None or d.old_value is None:
+            continue
+        same_way = (d.new_value - d.old_value) * way > 0
+        if d.outcome == "refused" and same_way:
+            if state.now_ms - verdict_ms(d) > rules.controller.retry_after_s * 1000:
+                continue  # the clock runs from the verdict, not from when the change was decided
+            # The job's knob owner said no; asking again the same way would only be refused again.
+            reason = _evidence(d).get("refused_reason")
+            return f"the job refused {action.knob} → {d.new_value:g} at decision {d.id} ({reason or 'no reason'})"
+        if d.outcome == "rolled_back" and float(d.new_value) == new and still_holds(state, rules, d, now):
+            return f"{action.knob}={new:g} was rolled back at decision {d.id}"
+        if d.outcome == "kept" and _evidence(d).get("no_gain") and not _evidence(d).get("unconfirmed_gain") \
+                and same_way \
+                and float(d.new_value) == current and still_holds(state, rules, d, now):
+            return f"the last move of {action.knob} this way (decision {d.id}) gained nothing measurable"
+    return None
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A value of the knob measured worse than one on the current value's side of it: the best lies short of it."""
+    value: float
+    decision: StoredDecision
+    sure: bool     # a confident verdict, not one that could not be told apart from noise
+    moved_from: float  # the value the worse one was measured against
+
+
+def bounds(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample]) -> tuple[Optional[Bound], Optional[Bound]]:
+    """(below, above): the nearest values under and over the current one where the verdicts that still hold put an
+    end to the search. For a curve with one peak, a value measured worse than another lies beyond the peak as seen
+    from that other (a rolled-back move measured its new value worse, a kept gain its old one): the best lies
+    short of it. A move that could not be told apart from noise (kept with no gain, or back to the known setting)
+    says the top is flat between its two values: not worth searching (``sure`` False)."""
+    current = float(state.job.knobs[knob]["value"])
+    below: list[Bound] = []
+    above: list[Bound] = []
+    for d in state.decisions:
+        if d.knob != knob or d.old_value is None or d.new_value is None or d.change_id is None:
+            continue
+        old, new = float(d.old_value), float(d.new_value)
+        ev = _evidence(d)
+        if d.outcome == "rolled_back":
+            worse, better, sure = new, old, not ev.get("back_to_known")
+        elif d.outcome == "kept" and result_of(d) == GAIN:
+            worse, better, sure = old, new, True
+        elif d.outcome == "kept" and ev.get("no_gain") and ev.get("verdict") and not ev.get("unconfirmed_gain"):
+            worse, better, sure = old, new, False
+        else:
+            continue
+        if not still_holds(state, rules, d, now):
+            continue
+        bound = Bound(worse, d, sure=sure, moved_from=better)
+        if worse > current and better < worse:
+            above.append(bound)
+        elif worse < current and better > worse:
+            below.append(bound)
+    return (max(below, key=lambda b: b.value, default=None), min(above, key=lambda b: b.value, default=None))
+
+
+def _middle(a: float, b: float, action: Action, integer: bool) -> float:
+    mid = math.sqrt(a * b) if action.op != "add" and a > 0 and b > 0 else (a + b) / 2.0
+    return float(round(mid)) if integer else mid
+
+
+def _between(a: float, b: float, action: Action, integer: bool, rules: RuleSet) -> tuple[Optional[float], str]:
+    """The value to try between ``a`` and ``b``, or None and why not."""
+    lo, hi = min(a, b), max(a, b)
+    if lo > 0 and (hi / lo - 1.0) * 100.0 < rules.controller.bracket_min_gap_pct:
+        return None, f"closer than {rules.controller.bracket_min_gap_pct:g} %, nothing left to try"
+    mid = _middle(a, b, action, integer)
+    if not lo < mid < hi:
+        return None, "no value left between them"
+    return mid, ""
+
+
+def _levels(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample]) -> dict[float, float]:
+    """The knob's values whose throughput the verdicts that still hold tie to the current value's, as log ratios
+    to it (0 for the current value): each verdict measured new/old side by side, and ratios chain."""
+    edges: dict[float, list[tuple[float, float]]] = {}
+    for d in state.decisions:  # newest first: the first verdict on a pair is the one that counts
+        ratio = (_evidence(d).get("verdict") or {}).get("ratio") if d.knob == knob else None
+        if not isinstance(ratio, (int, float)) or ratio <= 0 or d.old_value is None or d.new_value is None:
+            continue
+        if d.outcome not in ("kept", "rolled_back") or not still_holds(state, rules, d, now):
+            continue
+        old, new, log_ratio = float(d.old_value), float(d.new_value), math.log(ratio)
+        edges.setdefault(old, []).append((new, log_ratio))
+        edges.setdefault(new, []).append((old, -log_ratio))
+    levels = {float(state.job.knobs[knob]["value"]): 0.0}
+    queue = list(levels)
+    while queue:
+        at = queue.pop(0)
+        for other, log_ratio in edges.get(at, []):
+            if other not in levels:
+                levels[other] = levels[at] + log_ratio
+                queue.append(other)
+    return levels
+
+
+def _peak_between(points: list[tuple[float, float]]) -> Optional[float]:
+    """The top of the parabola through three (x, level) points, the middle one highest; None if they do not bend
+    down."""
+    (a, fa), (b, fb), (c, fc) = points
+    num = (b - a) ** 2 * (fb - fc) - (b - c) ** 2 * (fb - fa)
+    den = (b - a) * (fb - fc) - (b - c) * (fb - fa)
+    return None if den <= 0 else b - 0.5 * num / den
+
+
+def _top_side(state: "JobState", rules: RuleSet, action: Action, behind: float, current: float, ahead: float,
+              now: Optional[Sample]) -> Optional[tuple[int, float]]:
+    """Which side of the current value the top lies on (+1 ahead, −1 behind, in the action's direction) and where,
+    from the parabola through the three measured levels (on the log scale for ×/÷ steps); None when the verdicts
+    do not tie all three together."""
+    levels = _levels(state, rules, action.knob, now)
+    if behind not in levels or ahead not in levels or min(behind, current, ahead) <= 0 and action.op != "add":
+        return None
+    scale = (lambda v: v) if action.op == "add" else math.log
+    xs = sorted((behind, current, ahead))
+    top = _peak_between([(scale(x), levels[x]) for x in xs])
+    if top is None:
+        return None
+    where = top if action.op == "add" else math.exp(top)
+    return (1 if (where - current) * action.direction >= 0 else -1), where
+
+
+def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integer: bool,
+            now: Optional[Sample]) -> tuple[Optional[float], Optional[str]]:
+    """The move after what the verdicts say (new None when nothing is left to try), with a note for the evidence:
+
+    * a step that would reach or pass a value measured worse goes to the middle between the current value and
+      that one (geometric for ×/÷ steps) until they are less than ``bracket_min_gap_pct`` apart;
+    * when values on both sides of the current one measured worse and the verdicts tie the three together, the
+      parabola through their levels says on which side the top lies: the middle of that side is tried — the
+      other side too, below the current value for a raise (a non-monotone curve's peak behind the last raise);
+    * a value that could not be told apart from the current one (no measurable gain, or back to the known setting
+      on a lower estimate) ends the search on that side: the top is flat at what this job's noise can measure."""
+    current = float(state.job.knobs[action.knob]["value"])
+    below, above = bounds(state, rules, action.knob, now)
+    ahead, behind = (above, below) if action.direction > 0 else (below, above)
+    if ahead is None or (new - ahead.value) * action.direction < 0:
+        return new, None  # the step stays short of any value measured worse
+    if not ahead.sure:
+        return None, (f"{ahead.value:g} could not be told apart from {ahead.moved_from:g} (decision "
+                      f"{ahead.decision.id}): the top is flat there, nothing left to try on that side")
+    where = f"between {current:g} and {ahead.value:g} (measured worse at decision {ahead.decision.id})"
+    forward, why = _between(current, ahead.value, action, integer, rules)
+    side = _top_side(state, rules, action, behind.value, current, ahead.value, now) \
+        if behind is not None and ahead.moved_from == current else None
+    if side is not None and side[0] < 0:
+        top = (f"the levels measured at {behind.value:g}, {current:g} and {ahead.value:g} (decisions "
+               f"{behind.decision.id}, {ahead.decision.id}) put the top near {side[1]:.3g}")
+        if not behind.sure:  # the other side was tried and found flat: the top is around here
+            return None, f"{top}, where {behind.value:g} could not be told apart from {current:g}: nothing left to try"
+        back, why_not = _between(behind.value, current, action, integer, rules)
+        if back is None:
+            return None, f"{top}, between {behind.value:g} and {current:g}: {why_not}"
+        return back, f"bracket search, the other side: {top}: {back:g}"
+    if forward is None:
+        return None, f"{where}: {why}"
+    return forward, f"bracket search {where}: {forward:g}"
+
+
+def follows_through(state: "JobState", rule: Rule, reading: Reading) -> Optional[StoredDecision]:
+    """The rule's last change when it may take one more step below its act line: the newest closed change of the
+    job was this rule's, measured a gain, and the rule's signal is still above ``follow_above`` over the window and
+    each half (the gain says the knob still pays; the next verdict that is not a gain ends it)."""
+    if rule.follow_above is None or reading.value is None or reading.value <= rule.follow_above:
+        return None
+    if any(h is not None and h <= rule.follow_above for h in reading.detail.get("halves", [])):
+        return None
+    last = next((d for d in state.decisions if d.change_id is not None and d.outcome not in ("pending", "advised")),
+                None)
+    if last is None or last.rule != rule.name or last.outcome != "kept" or result_of(last) != GAIN:
+        return None
+    if last.knob not in state.job.knobs or float(state.job.knobs[last.knob]["value"]) != float(last.new_value):
+        return None
+    return last

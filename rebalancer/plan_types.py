@@ -1,0 +1,111 @@
+"""What the controller reads (:class:`JobState`) and returns (:class:`Plan`), and the window arithmetic its parts
+share: steps per sync period, the leading steps of a measurement, a window's evidence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from trimtab.rebalancer.balance import GpuWindow
+from trimtab.rebalancer.rules import RuleSet
+from trimtab.rebalancer.signals import Reading
+from trimtab.rebalancer.window import JobStep, throughput
+from trimtab.store.decisions import StoredDecision
+from trimtab.store.jobs import StoredChange, StoredJob
+
+GpuFetch = Callable[[int, int], Sequence[GpuWindow]]  # (start_ms, end_ms) → the job's GPUs' window aggregates
+
+
+@dataclass(frozen=True)
+class JobState:
+    job: StoredJob
+    steps: Sequence[JobStep]                 # complete steps, oldest first
+    changes: Sequence[StoredChange]          # newest first
+    decisions: Sequence[StoredDecision]      # newest first (recent ones suffice)
+    gpus: GpuFetch
+    probe_baseline_us: Optional[float]
+    now_ms: int
+    has_gpus: bool                           # the job declared GPUs (a CPU job has no GPU memory to protect)
+
+
+@dataclass
+class NewChange:
+    rule: str
+    knob: str
+    old_value: float
+    new_value: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing this plan waits for can happen before the job has reported ``steps`` more complete steps holding
+    ``seconds`` more step time (lower bounds), unless its registration, knobs or mode change first: the daemon
+    plans again only then — once per window, not on every step."""
+    steps: int = 1
+    seconds: float = 0.0
+
+
+@dataclass
+class Plan:
+    """What to do; at most one of ``change`` / ``advice_rule`` / ``close`` is set."""
+    note: str                                          # why, for logs and /healthz
+    change: Optional[NewChange] = None                 # queue it (auto) with a pending decision
+    advised: Optional[NewChange] = None                # advise mode: the change it would make
+    advice_rule: Optional[str] = None                  # record an advice-only decision for this rule
+    advice: Optional[str] = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    throughput_before: Optional[float] = None
+    close: Optional[int] = None                        # decision id to close …
+    outcome: Optional[str] = None                      # … with this outcome
+    throughput_after: Optional[float] = None
+    rollback_to: Optional[float] = None                # queue the knob back to this value
+    rollback_knob: Optional[str] = None
+    applied_step: Optional[int] = None                 # the change's step, for the decision row
+    measuring: Optional[int] = None                    # decision id being measured (its step is known now)
+    readings: list[Reading] = field(default_factory=list)
+    wait: Wait = field(default_factory=Wait)           # when planning again can change anything
+
+
+def period(job: StoredJob, rules: RuleSet) -> int:
+    """Steps per sync period (the period knob's value; 1 when the job has no such knob)."""
+    spec = job.knobs.get(rules.controller.period_knob)
+    try:
+        return max(1, int(round(float(spec["value"])))) if spec else 1
+    except (TypeError, ValueError, KeyError):
+        return 1
+
+
+def leading(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int) -> tuple[list[JobStep], bool]:
+    """The oldest steps of ``steps`` covering ``min_s`` seconds and ``min_steps`` steps in whole periods of
+    ``every`` steps, and True; or all whole periods there are so far, and False."""
+    every = max(1, every)
+    total_s = 0.0
+    for i, step in enumerate(steps):
+        total_s += step.step_time_s
+        n = i + 1
+        if n % every == 0 and n >= min_steps and total_s >= min_s:
+            return list(steps[:n]), True
+    return list(steps[:len(steps) - len(steps) % every]), False
+
+
+def wait_to_cover(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int) -> Wait:
+    """How far ``steps`` (a measurement growing from its first step) is from covering ``min_steps`` steps and
+    ``min_s`` seconds in whole periods: at least the steps to the next period boundary that reaches both."""
+    every = max(1, every)
+    n = len(steps)
+    need_n = max(min_steps, n + 1)
+    need_n += (-need_n) % every
+    return Wait(steps=need_n - n, seconds=max(0.0, min_s - sum(s.step_time_s for s in steps)))
+
+
+def window_evidence(steps: Sequence[JobStep]) -> dict[str, Any]:
+    tp = throughput(steps)
+    return {"steps": [steps[0].step, steps[-1].step], "n_steps": len(steps),
+            "seconds": round(sum(s.step_time_s for s in steps), 3),
+            "samples_per_s": None if tp is None else round(tp, 3)}
+
+
+def last_applied_step(state: JobState) -> Optional[int]:
+    steps = [c.applied_step for c in state.changes if c.status == "applied" and c.applied_step is not None]
+    return max(steps) if steps else None

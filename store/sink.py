@@ -1,0 +1,89 @@
+"""The agent's sink into a store it writes itself (SQLite / PostgreSQL): the store's side of the agent's
+:class:`~trimtab.agent.sinks.Sink` protocol, so the agent never imports the store (whoever wires the process
+hands it this sink, or an HTTP one).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+
+from trimtab.agent.readings import Batch
+from trimtab.agent.sinks import SinkMisconfigured, SinkUnavailable
+from trimtab.store.engine import StoreError, is_disk_full, mask_url, migrate, release_engine, relieve_full_disk, \
+    shared_engine
+from trimtab.store.ingest import BatchWriter
+from trimtab.store.rollup import RetentionPolicy, Upkeep
+
+UPKEEP_EVERY_S = 60.0  # rollups and retention: the first a period after the agent starts, then every period
+
+
+class StoreSink:
+    """Writes straight into a store through SQLAlchemy. Connects lazily, so an agent can start while its
+    PostgreSQL is still down and spool until it comes up. Shares the process's engine for its URL (`trimtab up`:
+    the API's), and runs the store's upkeep when the writer gives it the chance."""
+
+    def __init__(self, url: str, retention: Optional[RetentionPolicy] = None):
+        self.url = url
+        self.description = f"store {mask_url(url)}"
+        self._upkeep = Upkeep(UPKEEP_EVERY_S, retention, first_after_s=UPKEEP_EVERY_S)
+        self._engine = None
+        self._writer = None
+
+    def _connect(self) -> BatchWriter:
+        if self._writer is None:  # first use, or written to again after close()
+            engine = None
+            try:
+                engine = shared_engine(self.url)
+                migrate(engine)
+            except StoreError as exc:
+                self._let_go(engine)
+                raise (SinkMisconfigured if exc.permanent else SinkUnavailable)(str(exc)) from exc
+            except (SQLAlchemyError, OSError) as exc:
+                self._let_go(engine)
+                raise SinkUnavailable(str(exc)) from exc
+            self._engine, self._writer = engine, BatchWriter(engine)
+        return self._writer
+
+    @staticmethod
+    def _let_go(engine) -> None:
+        if engine is not None:
+            release_engine(engine)
+
+    def write(self, batch: Batch) -> int:
+        writer = self._connect()
+        dbapi = self._engine.dialect.loaded_dbapi
+        try:
+            result = writer.write(batch)
+        except (OperationalError, dbapi.OperationalError, dbapi.InterfaceError) as exc:
+            # The raw DB-API errors come from checking out a connection (server down, refused, reset).
+            if is_disk_full(exc):  # SQLite on a full disk: free what can be freed and say so; retried later
+                raise SinkUnavailable(relieve_full_disk(self._engine)) from exc
+            raise SinkUnavailable(_short(exc)) from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise SinkUnavailable(_short(exc)) from exc
+            raise
+        return result.total_inserted
+
+    def maintenance(self, now_ms: int) -> None:
+        """The store's rollups and retention, when due (see :class:`~trimtab.store.rollup.Upkeep`)."""
+        if self._engine is not None:
+            self._upkeep.maybe_run(self._engine, now_ms)
+
+    @property
+    def engine(self):
+        return self._engine
+
+    def close(self) -> None:
+        """Closes the writer and lets go of the engine (still readable through :attr:`engine`: reads reconnect)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            release_engine(self._engine)
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(getattr(exc, "orig", None) or exc).split())
+    return text[:limit]

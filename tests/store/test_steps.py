@@ -1,0 +1,92 @@
+"""The store's readers of step reports and of the rebalancer's record: complete steps of many jobs in one query,
+the first probes, whether any job reported lately, decision and change counts, and the health probe's question."""
+
+from __future__ import annotations
+
+from sqlalchemy import create_engine
+
+from trimtab.agent.readings import NodeInfo
+from trimtab.store import decisions as decision_store
+from trimtab.store import jobs as job_store
+from trimtab.store import steps as step_store
+from trimtab.store.ingest import BatchWriter
+from trimtab.store.queries import StoreHealth, store_health
+from tests.store.conftest import T0_MS, make_batch
+
+KNOBS = {"batch_size": {"value": 4, "min": 1, "max": 64}}
+
+
+def job(engine, name: str, ranks: int):
+    return job_store.register_job(engine, name, ranks, {}, ["node-a"], KNOBS, "auto", None, True)[0]
+
+
+def report(engine, job_id: int, step: int, rank: int, **values) -> None:
+    assert job_store.add_report(engine, job_id, dict(step=step, rank=rank, step_time_s=1.0, **values))
+
+
+def steps_of(result, job_id):
+    return [(step, [r["rank"] for r in reports]) for step, reports in result.get(job_id, [])]
+
+
+def test_complete_steps_of_many_jobs_come_in_one_read(store_engine):
+    a, b, idle = job(store_engine, "a", 2), job(store_engine, "b", 1), job(store_engine, "idle", 1)
+    for step in range(1, 6):
+        for rank in (0, 1):
+            if (step, rank) != (3, 1):  # rank 1's report of step 3 is lost: later steps came, so step 3 counts
+                report(store_engine, a.id, step, rank, samples=8)
+    report(store_engine, a.id, 6, 0)  # the newest step, one rank still to come: not complete yet
+    for step in (10, 20, 30):  # a job that reports every 10th step: "the newest 2 steps" are its last two
+        report(store_engine, b.id, step, 0)
+    ranks = {a.id: a.ranks, b.id: b.ranks, idle.id: idle.ranks}
+
+    every = step_store.complete_steps(store_engine, ranks, depth=100)
+    assert steps_of(every, a.id) == [(1, [0, 1]), (2, [0, 1]), (3, [0]), (4, [0, 1]), (5, [0, 1])]
+    assert steps_of(every, b.id) == [(10, [0]), (20, [0]), (30, [0])] and idle.id not in every
+    newest = step_store.complete_steps(store_engine, ranks, depth=3)
+    assert steps_of(newest, a.id) == [(4, [0, 1]), (5, [0, 1])]  # steps 4-6 read; 6 waits for its rank 1
+    assert steps_of(newest, b.id) == [(10, [0]), (20, [0]), (30, [0])]
+    assert steps_of(step_store.complete_steps(store_engine, ranks, depth=2), b.id) == [(20, [0]), (30, [0])]
+    assert steps_of(step_store.complete_steps(store_engine, {a.id: 2}, 3, since_step=5), a.id) == [(5, [0, 1])]
+    (_, reports), = step_store.complete_steps(store_engine, {a.id: 2}, depth=2)[a.id][-1:]
+    assert set(reports[0]) == {"job_id", *step_store.STEP_COLUMNS} and reports[0]["samples"] == 8
+    assert step_store.complete_steps(store_engine, {}, depth=5) == {}
+
+
+def test_the_first_probes_of_each_job_stop_at_how_many_it_asks(store_engine):
+    a, b, none = job(store_engine, "a", 2), job(store_engine, "b", 1), job(store_engine, "none", 1)
+    for step in range(4):
+        for rank in (0, 1):
+            report(store_engine, a.id, step, rank, collective_latency_us=10.0 * step + rank)
+    report(store_engine, b.id, 0, 0)  # no probe
+    report(store_engine, b.id, 1, 0, collective_latency_us=7.0)
+    got = step_store.first_probes(store_engine, {a.id: 3, b.id: 5, none.id: 2})
+    assert got == {a.id: [0.0, 1.0, 10.0], b.id: [7.0], none.id: []}
+    assert step_store.first_probes(store_engine, {a.id: 1}) == {a.id: [0.0]}
+
+
+def test_whether_any_job_reported_lately(store_engine):
+    assert not step_store.any_report_since(store_engine, 0)
+    report(store_engine, job(store_engine, "a", 1).id, 0, 0)
+    assert step_store.any_report_since(store_engine, 0)
+    assert not step_store.any_report_since(store_engine, job_store.now_ms() + 60_000)
+
+
+def test_decisions_and_changes_are_counted_by_job_rule_outcome_and_by_job_source_status(store_engine):
+    a = job(store_engine, "a", 1)
+    for outcome in ("kept", "kept", "advised"):
+        decision_store.add_decision(store_engine, a.id, "generation_bound", {}, outcome=outcome)
+    decision_store.decide_change(store_engine, a.id, "generation_bound", {}, "batch_size", 8, "gen-bound")
+    job_store.queue_change(store_engine, a.id, "batch_size", 16, "by hand")  # supersedes the rebalancer's
+    assert sorted(decision_store.decision_counts(store_engine)) == [
+        ("a", "generation_bound", "advised", 1), ("a", "generation_bound", "kept", 2),
+        ("a", "generation_bound", "pending", 1)]
+    assert sorted(job_store.change_counts(store_engine)) == [("a", "manual", "pending", 1),
+                                                             ("a", "rebalancer", "superseded", 1)]
+
+
+def test_the_health_question_is_answered_even_when_the_store_is_gone(store_engine):
+    assert store_health(store_engine) == StoreHealth(reachable=True, simulated=False)
+    BatchWriter(store_engine).write(make_batch([T0_MS], node=NodeInfo(hostname="n-sim", simulated=True)))
+    assert store_health(store_engine) == StoreHealth(reachable=True, simulated=True)
+    nobody = create_engine("postgresql+psycopg://trimtab@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
+    assert store_health(nobody) == StoreHealth(reachable=False, simulated=False)  # an answer, not an exception
