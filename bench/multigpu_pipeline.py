@@ -1,7 +1,8 @@
-"""Issue 7, items 2–4: the data-parallel reference pipeline on the seed's device map under the rebalancer in
-``auto``, from the bad defaults; per-rank acknowledgements of every change; throughput against a small static grid
-measured in the same run; the NCCL latency probe per step and its baseline; the placement advice and, with
-``--run-placement``, the measured effect of running it.
+"""Issue 7, items 2–4: the data-parallel reference pipeline on the reference device map (actor and reference model
+together, critic and reward model on GPUs of their own) under the rebalancer in ``auto``, from the bad defaults;
+per-rank acknowledgements of every change; throughput against a small static grid measured in the same run; the NCCL
+latency probe per step and its baseline; the placement advice and, with ``--run-placement``, the measured effect of
+running it.
 
 One `trimtab up` (NVML agent at 1 s, SQLite, rebalancer) on loopback; the ranks are WORLD_SIZE processes
 (``torch.multiprocessing.spawn``; NCCL with NVLink multicast off on CUDA, gloo on CPU), each a
@@ -16,7 +17,7 @@ step time. With ``--run-placement`` and a decision whose evidence holds a ``plac
 spawned again on the proposed map (split per rank as ``ddp.split_job_map`` does) and measure the final knobs; the
 agent's busy % per GPU over both windows shows the spread the advice predicted.
 
-The device map: ``--device-map`` is the *job* map (``actor`` = one device per rank), default the seed's
+The device map: ``--device-map`` is the *job* map (``actor`` = one device per rank), default
 ``actor=0,1;ref=0,1;critic=2;reward=3`` (2 ranks on 4 GPUs; both ranks' critics share GPU 2, both reward models
 GPU 3). On 2 GPUs: ``--device-map 'actor=0,1;ref=0,1;critic=1;reward=0'`` (scaled down). ``--rank-maps`` takes
 explicit per-rank maps (JSON list). On CPU: ``--device-map cpu --world 2`` (gloo; the daemon runs a simulated node,

@@ -4,8 +4,9 @@ One process, one set of models: first ``--warmup`` steps at the largest batch si
 allocator; then each setting restarts the workers (nothing generated under one setting is counted under the
 next), runs ``--warmup`` steps where they are needed (below), then ``--steps`` measured steps. Steady-state
 samples/s = measured samples / measured wall time. Every step does the same work (``samples_per_step`` samples,
-fixed PPO minibatches), so only scheduling differs. The default setting (1, 0, 1), the seed's scenario-1 "bad"
-settings, runs first and is the baseline of the ratio column; the rest run cheapest (largest batch) first.
+fixed PPO minibatches), so only scheduling differs. The default setting (1, 0, 1), a deliberately badly tuned job
+(batch 1, no prefetch, sync every step), runs first and is the baseline of the ratio column; the rest run cheapest
+(largest batch) first.
 
 A setting's warm-up is skipped where it buys nothing: with at least max(8, 16 × prefetch) generation calls per
 step, filling the prefetch queue is a small part of one step — which spares the slow batch-1 settings a whole

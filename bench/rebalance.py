@@ -1,6 +1,6 @@
-"""The benchmark trimtab is judged by (issue 5): the reference pipeline from the brief's bad defaults under the
-rebalancer in ``auto``, against the best static setting of the knob grid and against the defaults, all measured in
-this one run, on this one machine.
+"""The benchmark trimtab is judged by (issue 5): the reference pipeline from its bad defaults (batch 1, no prefetch,
+sync every step) under the rebalancer in ``auto``, against the best static setting of the knob grid and against the
+defaults, all measured in this one run, on this one machine.
 
 Steps: start `trimtab up` (real NVML agent where a driver exists, else a simulated node) on a loopback port; build
 the pipeline once; measure the best static setting of the grid (``--best``, from BENCHMARKS.md); then attach the

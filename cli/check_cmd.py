@@ -43,7 +43,6 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
 
     from trimtab.rebalancer.job_report import live_job_summaries
     from trimtab.rebalancer.node_report import node_reports
-    from trimtab.rebalancer.rules import thresholds
     from trimtab.store.engine import StoreError, has_schema, mask_url, open_engine
 
     if db_url.startswith("sqlite:///") and not Path(db_url[len("sqlite:///"):]).exists():
@@ -58,7 +57,7 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
             now_ms = int(time.time() * 1000)
             summaries = live_job_summaries(engine, window_s, rules, hostname=node, now_ms=now_ms) if jobs else []
             reports = node_reports(engine, window_s, hostname=node, now_ms=now_ms, live_jobs=bool(summaries),
-                                   thresholds=thresholds(rules) if rules is not None else None)
+                                   rules=rules)
         finally:
             engine.dispose()
     except StoreError as exc:
@@ -96,7 +95,9 @@ def _from_server(server_url: str, window_s: float, node):
     """The same from a running `trimtab up`/`trimtab server`: GET /v1/balance (nodes) and GET /v1/balance/jobs
     (jobs; a server without that route has no job sections)."""
     from trimtab.rebalancer.balance import BalanceReport
-    from trimtab.rebalancer.job_report import JOB_CHECKS, JobSummary
+    from trimtab.rebalancer.grading import job_checks
+    from trimtab.rebalancer.job_report import JobSummary
+    from trimtab.rebalancer.rules import default_rules
 
     params = {"window_s": window_s, **({"node": node} if node else {})}
     url = server_url.rstrip("/") + "/v1/balance"
@@ -117,8 +118,9 @@ def _from_server(server_url: str, window_s: float, node):
     elif jobs_resp.status_code != 404:
         raise CheckError(f"{url}/jobs answered HTTP {jobs_resp.status_code}: {jobs_resp.text[:300]}")
     if summaries:  # the server's node reports drop them too; an older server's may not
+        rows = set(job_checks(default_rules()))
         for r in reports:
-            r.verdicts = [v for v in r.verdicts if not (v.check in JOB_CHECKS and v.status == "no_data")]
+            r.verdicts = [v for v in r.verdicts if not (v.check in rows and v.status == "no_data")]
     if not reports:
         who = f"node {node!r}" if node else "any node"
         _jobs_only(f"the server has no samples from {who} in the last {window_s:g} s", summaries)
@@ -156,7 +158,8 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
             help="Ask a running `trimtab up`/`trimtab server` at URL (GET /v1/balance) instead of reading the store.")
 @env_option("--rules-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
             help="Grade by this rules file (rules.toml's format; only the keys it names change: the node checks' and "
-                 "the jobs' thresholds), as the daemon's --rules-file; trimtab.toml's [controller] and [rules.<name>] "
+                 "the jobs' thresholds; a table naming its scope is a rule of its own, graded as a row too), as the "
+                 "daemon's --rules-file; trimtab.toml's [controller] and [rules.<name>] "
                  "apply on top. Refused with --server: the server grades by the rules it was started with.")
 @simulate_options
 @env_option("--interval", type=click.FloatRange(0.05, 60), default=1.0, show_default=True, metavar="SECONDS",

@@ -7,7 +7,7 @@ cooldown, the bounds, the OOM ceiling, the rollback and the priority are tested 
 server. The state lives only in the store (one pending decision at most per job, its change, the acks), so a
 restarted daemon picks up a change in flight where it was and never queues it twice.
 
-Order of business (DESIGN.md "Knobs", issues 5 and 15):
+Order of business (one change in flight per job, each measured before the next):
 1. mode ``off`` → nothing.
 2. A decision still pending → ``follow_up.py``: close it if the job refused its change or it was replaced, wait
    for the job to apply it, then judge it by a t-test on the per-period throughputs before and after it — kept (a

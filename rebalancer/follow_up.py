@@ -162,12 +162,18 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         return Plan(note=f"decision {open_d.id}: throughput {figures}: kept, no measurable gain (the estimate is "
                          f"above the {ctl.dead_band_pct:g} % dead band: an unconfirmed gain, the direction stays "
                          f"open)", outcome="kept", evidence=evidence, **closed)
+    if v.result != WORSE and v.ratio >= 1.0:
+        # Not told apart from noise (or smaller than the dead band), but not lower either: kept as "no measurable
+        # gain", and this direction is not pushed further. Kept rather than undone because a change that moves
+        # nothing by itself can move the bottleneck (prefetch raises the communication a later sync-frequency change
+        # then hides: the H200 pipeline's best setting is reached that way).
+        evidence["no_gain"] = True
+        return Plan(note=f"decision {open_d.id}: throughput {figures}: kept, no measurable gain (not lower; this "
+                         f"direction is not pushed further)", outcome="kept", evidence=evidence, **closed)
     if v.result != WORSE:
-        # Not told apart from noise (or smaller than the dead band), and no better: the old setting is the one
-        # known to be good; the top is flat between the two.
+        # Not told apart from noise, and lower: the old setting is the one known to be good.
         evidence["back_to_known"] = True
-        lower = "lower" if v.ratio < 1.0 else f"less than {ctl.dead_band_pct:g} % higher"
-        figures += f": not told apart from noise and {lower}, back to the known setting"
+        figures += ": not told apart from noise and lower, back to the known setting"
     return _roll_back(state, open_d, change, figures, evidence, closed)
 
 

@@ -1,6 +1,7 @@
 """Each live job graded as `trimtab check`, ``GET /v1/balance/jobs`` and ``/metrics`` show it: the job's newest
-window of steps (the controller's window settings, changes ignored), the rows step composition, fragmentation and
-collective latency graded by the rules (ok / watch / act), its knobs, throughput and recent decisions.
+window of steps (the controller's window settings, changes ignored), one row per job rule (step composition,
+fragmentation, collective latency with the shipped rules; :func:`trimtab.rebalancer.grading.job_rows`) graded
+ok / watch / act, its knobs, throughput and recent decisions.
 
 The grading is the controller's own (:func:`trimtab.rebalancer.signals.job_reading`: a row acts only when its
 signal is above the line over the whole window and over each half of it), so a row that says ``act`` is one the
@@ -22,28 +23,19 @@ from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import Engine
 
-from trimtab.rebalancer.balance import ACT, NO_DATA, OK, SEVERITY, WATCH, Verdict
-from trimtab.rebalancer.rules import Rule, RuleSet, RulesError, default_rules
+from trimtab.rebalancer.grading import (ACT, LIVE_JOB_S, NO_DATA, OK, SEVERITY, WATCH, Verdict, job_checks,
+                                        job_rows, live_since_ms, no_data, rules_for)
+from trimtab.rebalancer.rules import RuleSet, default_rules
 from trimtab.rebalancer.step_facts import generation_cadence, rl_facts
-from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, job_reading, phase_share_pct
+from trimtab.rebalancer.signals import JobContext, phase_share_pct
 from trimtab.rebalancer.window import PHASES, JobStep, load_jobs_steps, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store import steps as step_store
 from trimtab.store.jobs import StoredJob
 
-LIVE_JOB_S = 600.0       # a job that reported within this long (or within the check's window, if longer) is shown
 RECENT_DECISIONS = 5
-JOB_CHECKS = ("step_composition", "fragmentation", "collective_latency")
-PHASE_RULES = (("generation", "generation_bound"), ("evaluation", "evaluation_bound"),
-               ("communication", "communication_bound"), ("update", "update_bound"), ("wait", "rollout_wait_bound"))
-OPTIONAL_PHASES = {"wait"}  # shown only for jobs that report it (a trainer fed by a separate rollout)
 NO_STEPS = "no step reports yet"
-
-
-def live_since_ms(window_s: float, now_ms: int) -> int:
-    """Jobs whose last report is at or after this are live for a check over ``window_s``."""
-    return now_ms - int(max(window_s, LIVE_JOB_S) * 1000)
 
 
 @dataclass
@@ -125,14 +117,6 @@ def _fmt(v: Optional[float]) -> str:
     return f"{v:g}" if isinstance(v, (int, float)) else str(v)
 
 
-def rules_for(job: StoredJob, rules: RuleSet) -> RuleSet:
-    """The rules the job is judged by: the daemon's, with the job's registration overrides (as the rebalancer)."""
-    try:
-        return rules.with_overrides(job.rules, source=f"job {job.name} rules")
-    except RulesError:
-        return rules
-
-
 # -- reading, batched -----------------------------------------------------------------------------------------
 
 
@@ -171,69 +155,6 @@ def probe_baselines(engine: Engine, wanted: Mapping[int, int]) -> dict[int, Opti
 # -- grading ----------------------------------------------------------------------------------------------------
 
 
-def _verdict(check: str, rule: Rule, reading: Reading, message: Optional[str] = None) -> Verdict:
-    status = reading.status if reading.status in SEVERITY else NO_DATA
-    return Verdict(check=check, status=status, value=reading.value, unit=rule.unit, healthy_below=rule.healthy_below,
-                   act_above=rule.act_above, message=message or reading.message,
-                   advice=rule.advice if status in (WATCH, ACT) else None)
-
-
-def _no_data(check: str, rule: Optional[Rule], message: str) -> Verdict:
-    return Verdict(check=check, status=NO_DATA, value=None, unit=rule.unit if rule else "",
-                   healthy_below=rule.healthy_below if rule else None, act_above=rule.act_above if rule else None,
-                   message=message)
-
-
-def _composition(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext, tp: Optional[float]) -> Verdict:
-    graded = [(phase, rules[name], job_reading(rules[name], win, ctx)) for phase, name in PHASE_RULES
-              if name in rules]
-    graded = [g for g in graded if g[0] not in OPTIONAL_PHASES or g[2].value is not None]
-    known = [g for g in graded if g[2].value is not None]
-    if not known:
-        return _no_data("step_composition", rules[PHASE_RULES[0][1]],
-                        "no phase timings in the window's step reports (generation / evaluation / communication)")
-    # The worst phase: the highest grade, then the one closest to (or furthest past) its own act line.
-    phase, rule, reading = max(known, key=lambda g: (SEVERITY.get(g[2].status, 0),
-                                                     g[2].value / g[1].act_above if g[1].act_above > 0 else g[2].value))
-    parts = []
-    for p, r, rd in graded:
-        mark = {ACT: " ACT", WATCH: " watch"}.get(rd.status, "")
-        share = "n/a" if rd.value is None else f"{rd.value:.1f} %"
-        parts.append(f"{p} {share}{mark} (guide < {r.healthy_below:g}, act > {r.act_above:g})")
-    steps = f"steps {win[0].step}–{win[-1].step}" if win[0].step != win[-1].step else f"step {win[0].step}"
-    rate = f", {tp:.2f} samples/s" if tp is not None else ""
-    message = " · ".join(parts) + f"; {steps}{rate}"
-    if reading.status == ACT:
-        message = f"{phase}-bound: " + message
-    return _verdict("step_composition", rule, reading, message)
-
-
-def _fragmentation(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext) -> Verdict:
-    rule = rules["fragmentation"]
-    reading = job_reading(rule, win, ctx)
-    if reading.value is None:
-        return _no_data("fragmentation", rule, "no allocator statistics in the window's step reports")
-    retries = alloc_retries(win, ctx)
-    message = f"{reading.message}; {retries} allocator retries in the window"
-    if reading.status == ACT and retries == 0:
-        message += " (the rebalancer acts on fragmentation only under memory pressure)"
-    return _verdict("fragmentation", rule, reading, message)
-
-
-def _latency(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext, mean_us: Optional[float]) -> Verdict:
-    rule = rules["collective_latency"]
-    if mean_us is None:
-        return _no_data("collective_latency", rule, "no collective-latency probes in the window (the hook's probe "
-                                                    "is off, or it probes less often)")
-    reading = job_reading(rule, win, ctx)
-    if ctx.probe_baseline_us is None:
-        return _no_data("collective_latency", rule,
-                        f"window mean {mean_us:.1f} µs; no baseline yet (fewer than "
-                        f"{rules.controller.probe_baseline_steps} probes so far)")
-    message = f"{reading.message}; window mean {mean_us:.1f} µs vs baseline {ctx.probe_baseline_us:.1f} µs"
-    return _verdict("collective_latency", rule, reading, message)
-
-
 def _shares(win: Sequence[JobStep]) -> dict[str, Optional[float]]:
     """Time-weighted share of each phase over the window (as the rules see it), 0–1."""
     shares = {phase: phase_share_pct(win, phase) for phase in PHASES}
@@ -264,13 +185,12 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
         return JobSummary(**base, window_steps=None, n_steps=0, window_s=0.0, full_window=False, samples_per_s=None,
                           step_time_s=None, phase_shares={p: None for p in PHASES}, fragmentation=None,
                           collective_latency_us=None, probe_baseline_us=baseline_us,
-                          verdicts=[_no_data(c, None, NO_STEPS) for c in JOB_CHECKS])
+                          verdicts=[no_data(c, None, NO_STEPS) for c in job_checks(rules)])
     win, full = _pick_window(steps, rules)
     ctx = JobContext(all_steps=steps, probe_baseline_us=baseline_us)
     tp = throughput(win)
     mean_latency = _mean(s.collective_latency_us for s in win)
-    verdicts = [_composition(rules, win, ctx, tp), _fragmentation(rules, win, ctx),
-                _latency(rules, win, ctx, mean_latency)]
+    verdicts = job_rows(rules, win, ctx, tp, mean_latency)
     if not full:
         ctl = rules.controller
         note = (f" (only {len(win)} steps, {sum(s.step_time_s for s in win):.1f} s so far: the controller waits for "
@@ -325,7 +245,8 @@ def job_summary(engine: Engine, job: StoredJob, rules: Optional[RuleSet] = None,
 
 def job_verdicts(engine: Engine, job: StoredJob, rules: Optional[RuleSet] = None,
                  now_ms: Optional[int] = None) -> list[Verdict]:
-    """The rows step_composition, fragmentation and collective_latency of the job's newest window."""
+    """The job's rows (one per job rule: step_composition, fragmentation, collective_latency with the shipped
+    rules) over its newest window."""
     return job_summary(engine, job, rules, now_ms, decisions=0).verdicts
 
 
@@ -337,5 +258,5 @@ def live_job_summaries(engine: Engine, window_s: float, rules: Optional[RuleSet]
     return job_summaries(engine, live_jobs(engine, live_since_ms(window_s, now), hostname), rules, now, decisions)
 
 
-__all__ = ["DecisionRow", "JOB_CHECKS", "JobSummary", "LIVE_JOB_S", "grade", "job_summaries", "job_summary",
+__all__ = ["DecisionRow", "JobSummary", "LIVE_JOB_S", "grade", "job_summaries", "job_summary",
            "job_verdicts", "live_job_summaries", "live_jobs", "live_since_ms", "probe_baselines"]

@@ -1,10 +1,10 @@
 """Placement advice for one job: a better ``device_map`` when the job's GPUs are unevenly busy.
 
-The brief (seed §3.2) places the I/O-heavy scoring components (reward, critic) and the reference model apart from
-generation so that they do not fight over the same GPUs, and says (§4, §5.1) that a sustained busy spread across the
-job's GPUs means the ``device_map`` should be checked. This module turns that into one concrete, *advisory* change:
-move one component (or swap two) so that the estimated busy spread shrinks. Nothing here applies the change — a
-placement change needs a restart of the job's workers — so the result is a proposal a person reads.
+An RL job's reference layout keeps the I/O-heavy scoring components (reward, critic) and the reference model apart
+from generation so that they do not fight over the same GPUs, and a sustained busy spread across the job's GPUs (the
+utilization_spread rule) means the ``device_map`` should be checked. This module turns that into one concrete,
+*advisory* change: move one component (or swap two) so that the estimated busy spread shrinks. Nothing here applies
+the change — a placement change needs a restart of the job's workers — so the result is a proposal a person reads.
 
 The model, and the assumptions it rests on:
 

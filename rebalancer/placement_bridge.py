@@ -12,7 +12,7 @@ import statistics
 from dataclasses import asdict
 from typing import Any, Optional, Sequence
 
-from trimtab.rebalancer.balance import _mem_pct
+from trimtab.rebalancer.signals import mem_used_pct
 from trimtab.rebalancer.placement import GpuLoad, propose_placement
 from trimtab.rebalancer.window import JobStep
 
@@ -51,7 +51,7 @@ def placement_for(state, readings, win: Sequence[JobStep]) -> Optional[dict[str,
         busy = g.mean.get("sm_active_pct")
         if busy is None:
             busy = g.mean.get("util_pct")
-        loads.append(GpuLoad(index=g.gpu_index, busy_pct=busy, mem_used_pct=_mem_pct(g),
+        loads.append(GpuLoad(index=g.gpu_index, busy_pct=busy, mem_used_pct=mem_used_pct(g),
                              mem_total_bytes=g.mean.get("mem_total_bytes")))
     if not loads:
         return None

@@ -1,4 +1,4 @@
-"""The rules file: the brief's thresholds, windows and actions as data (``rules.toml``), with overrides.
+"""The rules file: the thresholds, windows and actions as data (``rules.toml``), with overrides.
 
 Loading checks everything once, at start, so a typo never silently does nothing: an unknown rule or key, a value of
 the wrong type, healthy above act, an unknown knob operation — each is a :class:`RulesError` naming the file, the
@@ -192,6 +192,8 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any], source: str, text: Op
     for name, values in extra.get("rules", {}).items():
         if not isinstance(values, Mapping):
             raise RulesError(f"{source}{_line_of(text, 'rules.' + str(name))}: rules.{name} must be a table")
+        if name not in base["rules"] and "scope" in values:  # a rule of its own (checked whole by _build)
+            base["rules"][name] = {}
         if name not in base["rules"]:
             raise RulesError(f"{source}{_line_of(text, 'rules.' + str(name))}: unknown rule {name!r}; "
                              f"known: {', '.join(sorted(base['rules']))}")
@@ -335,15 +337,11 @@ def check_job_overrides(rules: RuleSet, overrides: Mapping[str, Any]) -> None:
 
 
 def thresholds(rules: RuleSet) -> dict[str, dict[str, Any]]:
-    """The node-level checks as ``trimtab check`` grades them (the GPU-scope rules)."""
-    spread, pcie, memory = rules["utilization_spread"], rules["pcie"], rules["memory"]
-    return {
-        "utilization_spread": dict(signal=spread.gpu_signal or "sm_active_pct",
-                                   fallback_signal=spread.fallback_gpu_signal or "util_pct",
-                                   healthy_below=spread.healthy_below, act_above=spread.act_above, advice=spread.advice),
-        "pcie": dict(healthy_below=pcie.healthy_below, act_above=pcie.act_above, advice=pcie.advice),
-        "memory": dict(healthy_below=memory.healthy_below, act_above=memory.act_above, advice=memory.advice),
-    }
+    """The GPU-scope rules' lines and advice by rule name (what a node's check rows are graded by)."""
+    return {r.name: dict(healthy_below=r.healthy_below, act_above=r.act_above, advice=r.advice,
+                         **({"signal": r.gpu_signal or "sm_active_pct", "fallback_signal": r.fallback_gpu_signal
+                             or "util_pct"} if r.signal == "utilization_spread_pts" else {}))
+            for r in rules.rules if r.scope == "gpu"}
 
 
 __all__ = ["Action", "ControllerSettings", "Rule", "RuleSet", "RulesError", "check_job_overrides", "default_rules",

@@ -23,17 +23,15 @@ from typing import Any, Optional
 from sqlalchemy import Engine
 
 from trimtab.rebalancer.controller import JobState, Plan, Wait, plan
+from trimtab.rebalancer.grading import LIVE_JOB_S, rules_for
 from trimtab.rebalancer.placement_bridge import placement_for
-from trimtab.rebalancer.rules import RuleSet, RulesError, default_rules
+from trimtab.rebalancer.rules import RuleSet, default_rules
 from trimtab.rebalancer.window import first_probes, load_steps, steps_since
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob, now_ms
 
 log = logging.getLogger("trimtab.rebalancer")
-LIVE_JOB_S = 600.0  # jobs that reported within this long are evaluated by the loop
-
-
 @dataclass
 class RebalancerStats:
     evaluations: int = 0
@@ -171,11 +169,9 @@ class Rebalancer:
     # -- one evaluation ------------------------------------------------------------------------------------
 
     def rules_for(self, job: StoredJob) -> RuleSet:
-        try:
-            return self.rules.with_overrides(job.rules, source=f"job {job.name} rules")
-        except RulesError as exc:  # validated at registration; a rules file changed since — fall back, loudly
-            log.warning("rebalancer: %s; using the daemon's rules for this job", exc)
-            return self.rules
+        # Validated at registration; if a rules file changed since, fall back to the daemon's rules, loudly.
+        return rules_for(job, self.rules,
+                         on_error=lambda exc: log.warning("rebalancer: %s; using the daemon's rules for this job", exc))
 
     def load_state(self, job: StoredJob, rules: RuleSet) -> JobState:
         from trimtab.store.queries import gpu_aggregates

@@ -13,13 +13,25 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-from trimtab.rebalancer.balance import GpuWindow, _mem_pct, _pcie_pct
 from trimtab.rebalancer.rules import Rule
 from trimtab.rebalancer.window import JobStep
 
 NO_DATA = "no_data"
+
+
+class GpuWindow(Protocol):
+    """What a GPU rule needs of one GPU's window (``trimtab.store.queries.GpuAggregate`` satisfies it)."""
+
+    gpu_index: int
+    gpu_uuid: str
+    gpu_name: str
+    pcie_peak_bytes_per_s: Optional[float]
+    nvlink_link_count: Optional[int]
+    n_samples: int
+    mean: Mapping[str, Optional[float]]
+    max: Mapping[str, Optional[float]]
 
 
 @dataclass
@@ -167,35 +179,107 @@ def alloc_retries(window: Sequence[JobStep], ctx: JobContext) -> int:
     return max(inside) - (before[-1] if before else 0) if inside else 0
 
 
-def gpu_reading(rule: Rule, gpus: Sequence[GpuWindow], min_samples: int) -> Reading:
-    base = dict(rule=rule.name, signal=rule.signal, unit=rule.unit)
+def mem_used_pct(w: GpuWindow) -> Optional[float]:
+    """Used plus reserved memory over total, window mean, % (None where NVML does not report it)."""
+    used, reserved = w.mean.get("mem_used_bytes"), w.mean.get("mem_reserved_bytes")
+    total = w.mean.get("mem_total_bytes")
+    if used is None or not total:
+        return None
+    return 100.0 * (used + (reserved or 0.0)) / total
+
+
+def pcie_pct_of_peak(w: GpuWindow) -> Optional[float]:
+    """The busier PCIe direction over the link's peak, window mean, % (None without readings or a known peak)."""
+    tx, rx = w.mean.get("pcie_tx_bytes_per_s"), w.mean.get("pcie_rx_bytes_per_s")
+    if (tx is None and rx is None) or not w.pcie_peak_bytes_per_s:
+        return None
+    return 100.0 * max(tx or 0.0, rx or 0.0) / w.pcie_peak_bytes_per_s
+
+
+# The GPU-scope signals: per-GPU value of one GPU's window. "utilization_spread_pts" is across GPUs instead: the
+# rule's gpu_signal (max − min), with its fallback where a GPU lacks it.
+PER_GPU: dict[str, Callable[[GpuWindow], Optional[float]]] = {"mem_used_pct": mem_used_pct,
+                                                              "pcie_pct_of_peak": pcie_pct_of_peak}
+SPREAD = "utilization_spread_pts"
+
+
+@dataclass(frozen=True)
+class GpuGrade:
+    """One GPU rule over a window, graded: the per-GPU values it read, the value and the GPU that set it. The
+    controller's :class:`Reading` and a node's check row are both written from this, so they cannot disagree."""
+    rule: Rule
+    status: str                          # ok | watch | act | no_data
+    value: Optional[float] = None
+    gpu: Optional[int] = None            # the GPU that set the value (spread: the busiest)
+    low_gpu: Optional[int] = None        # spread: the idlest GPU
+    key: Optional[str] = None            # the per-GPU reading graded (spread: gpu_signal or its fallback)
+    values: dict[int, Optional[float]] = field(default_factory=dict)
+    why: str = ""                        # no_data: "no_gpus", "thin", "unmeasured"
+    thin: tuple[int, ...] = ()
+    min_samples: int = 1
+
+    @property
+    def spread(self) -> bool:
+        return self.rule.signal == SPREAD
+
+    def reading(self) -> Reading:
+        """The controller's form (decision evidence)."""
+        rule = self.rule
+        base = dict(rule=rule.name, signal=rule.signal, unit=rule.unit, status=self.status, value=self.value)
+        if self.why == "no_gpus":
+            return Reading(message="no agent samples of the job's GPUs in the window", **base)
+        if self.why == "thin":
+            return Reading(message=f"fewer than {self.min_samples} agent samples of GPU {list(self.thin)} in the "
+                                   f"window", **base)
+        if self.spread:
+            if self.why == "unmeasured":
+                return Reading(message=f"{self.key} not measured on every GPU", **base)
+            if len(self.values) < 2:
+                return Reading(message="one GPU: no spread", detail={self.key: self.values}, **base)
+            return Reading(detail={"per_gpu_" + self.key: _rounded(self.values)},
+                           message=f"{self.key} spread {self.value:.1f} pts across GPUs {sorted(self.values)}", **base)
+        if self.why == "unmeasured":
+            return Reading(message=f"{rule.signal} not measured on these GPUs", **base)
+        return Reading(detail={"per_gpu": _rounded(self.values), "gpu": self.gpu},
+                       message=f"GPU {self.gpu} at {self.value:.1f} {rule.unit} (window mean)", **base)
+
+
+def grade_gpus(rule: Rule, gpus: Sequence[GpuWindow], min_samples: int, every_gpu: bool = True) -> GpuGrade:
+    """Grade a GPU-scope rule over the windows of ``gpus`` (index order: on a tie the lower index sets the value).
+
+    ``every_gpu``: a spread needs the reading of every GPU (the controller must not act on the part of a job it
+    can see); without it a GPU that lacks the reading is left out (a node's check grades the GPUs that measure it).
+    """
     if not gpus:
-        return Reading(status=NO_DATA, value=None, message="no agent samples of the job's GPUs in the window", **base)
-    thin = [g.gpu_index for g in gpus if g.n_samples < min_samples]
+        return GpuGrade(rule, NO_DATA, why="no_gpus", min_samples=min_samples)
+    thin = tuple(g.gpu_index for g in gpus if g.n_samples < min_samples)
     if thin:
-        return Reading(status=NO_DATA, value=None,
-                       message=f"fewer than {min_samples} agent samples of GPU {thin} in the window", **base)
-    if rule.signal == "utilization_spread_pts":
+        return GpuGrade(rule, NO_DATA, why="thin", thin=thin, min_samples=min_samples)
+    if rule.signal == SPREAD:
         key = rule.gpu_signal or "sm_active_pct"
         if any(g.mean.get(key) is None for g in gpus):
             key = rule.fallback_gpu_signal or "util_pct"
         values = {g.gpu_index: g.mean.get(key) for g in gpus}
-        if any(v is None for v in values.values()):
-            return Reading(status=NO_DATA, value=None, message=f"{key} not measured on every GPU", **base)
+        if not every_gpu:
+            values = {i: v for i, v in values.items() if v is not None}
+        if not values or any(v is None for v in values.values()):
+            return GpuGrade(rule, NO_DATA, key=key, values=values, why="unmeasured", min_samples=min_samples)
+        hi, lo = max(values, key=lambda i: values[i]), min(values, key=lambda i: values[i])
         if len(values) < 2:
-            return Reading(status="ok", value=0.0, message="one GPU: no spread", detail={key: values}, **base)
-        spread = max(values.values()) - min(values.values())
-        return Reading(status=rule.grade(spread), value=spread, detail={"per_gpu_" + key: _rounded(values)},
-                       message=f"{key} spread {spread:.1f} pts across GPUs {sorted(values)}", **base)
-    pct: Callable[[GpuWindow], Optional[float]] = _mem_pct if rule.signal == "mem_used_pct" else _pcie_pct
-    values = {g.gpu_index: pct(g) for g in gpus}
+            return GpuGrade(rule, "ok", value=0.0, gpu=hi, low_gpu=lo, key=key, values=values)
+        spread = values[hi] - values[lo]
+        return GpuGrade(rule, rule.grade(spread), value=spread, gpu=hi, low_gpu=lo, key=key, values=values)
+    values = {g.gpu_index: PER_GPU[rule.signal](g) for g in gpus}
     known = {i: v for i, v in values.items() if v is not None}
     if not known:
-        return Reading(status=NO_DATA, value=None, message=f"{rule.signal} not measured on these GPUs", **base)
-    worst_gpu = max(known, key=lambda i: known[i])
-    worst = known[worst_gpu]
-    return Reading(status=rule.grade(worst), value=worst, detail={"per_gpu": _rounded(values), "gpu": worst_gpu},
-                   message=f"GPU {worst_gpu} at {worst:.1f} {rule.unit} (window mean)", **base)
+        return GpuGrade(rule, NO_DATA, key=rule.signal, values=values, why="unmeasured", min_samples=min_samples)
+    worst = max(known, key=lambda i: known[i])
+    return GpuGrade(rule, rule.grade(known[worst]), value=known[worst], gpu=worst, key=rule.signal, values=values)
+
+
+def gpu_reading(rule: Rule, gpus: Sequence[GpuWindow], min_samples: int) -> Reading:
+    """A GPU rule's reading over the job's GPUs, as the controller decides on it."""
+    return grade_gpus(rule, gpus, min_samples).reading()
 
 
 def _rounded(values: dict[int, Optional[float]]) -> dict[str, Optional[float]]:

@@ -44,4 +44,4 @@ def read_store(engine, rules, window_s: float) -> tuple[list[BalanceReport], Job
     from trimtab.rebalancer.node_report import node_reports
 
     jobs = read_jobs(engine, rules)
-    return node_reports(engine, window_s, live_jobs=bool(jobs.summaries)), jobs
+    return node_reports(engine, window_s, rules=rules, live_jobs=bool(jobs.summaries)), jobs

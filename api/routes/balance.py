@@ -10,7 +10,7 @@ from trimtab.api.context import ApiContext
 from trimtab.api.deps import READ, get_ctx
 from trimtab.api.routes.gpus import node_query
 from trimtab.api.schemas import BalanceJobsOut, BalanceOut, BalanceReportOut, JobCheckOut
-from trimtab.rebalancer.balance import SEVERITY
+from trimtab.rebalancer.grading import SEVERITY
 from trimtab.rebalancer.job_report import live_job_summaries
 from trimtab.rebalancer.node_report import node_reports
 
@@ -21,14 +21,14 @@ WINDOW_DOC = "Grade the means of the last window_s seconds."
 
 @router.get("/balance", response_model=BalanceOut, responses=READ, summary="Balance verdict per node",
             description="For every node with samples in the last window_s seconds (or one node): per-GPU window "
-                        "means and one verdict per check (utilization spread, PCIe % of peak, memory), graded "
-                        "against the thresholds (ok / watch / act). While no job reports through the trainer hook "
-                        "the job-level checks appear here as no_data rows; once jobs report they are graded per job "
+                        "means and one verdict per GPU rule of the daemon's rules (shipped: utilization spread, PCIe % "
+                        "of peak, memory), graded against the rule's thresholds (ok / watch / act). While no job "
+                        "reports through the trainer hook the job-level checks appear here as no_data rows; once jobs report they are graded per job "
                         "(GET /v1/balance/jobs). The overall status is the worst; no_data when no node has samples "
                         "in the window.")
 def balance(window_s: float = Query(30.0, ge=1, le=90 * 86400, description=WINDOW_DOC),
             node: Optional[str] = node_query(), ctx: ApiContext = Depends(get_ctx)) -> BalanceOut:
-    reports = node_reports(ctx.engine, window_s, hostname=node)
+    reports = node_reports(ctx.engine, window_s, hostname=node, rules=ctx.rules)
     status = max((r.status for r in reports), key=SEVERITY.__getitem__) if reports else "no_data"
     return BalanceOut(status=status, simulated=any(r.simulated for r in reports), window_s=window_s,
                       reports=[BalanceReportOut.model_validate(r.to_dict()) for r in reports])

@@ -1,7 +1,7 @@
 """End to end on the CPU: `trimtab demo` starts a real `trimtab up` (simulated node), runs the reference pipeline
-from the brief's bad defaults under the rebalancer in auto mode, and reports. The rebalancer must raise throughput,
-every knob change must be in the decision log (a rebalancer change with its decision, or the rollback of one), and
-no knob may leave its declared bounds."""
+from its bad defaults (batch 1, no prefetch, sync every step) under the rebalancer in auto mode, and reports. The
+rebalancer must raise throughput, every knob change must be in the decision log (a rebalancer change with its
+decision, or the rollback of one), and no knob may leave its declared bounds."""
 
 from __future__ import annotations
 

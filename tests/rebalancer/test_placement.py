@@ -1,4 +1,5 @@
-"""Placement advice: the seed's layouts, the refusals (balanced, missing data, memory), determinism, the actor pin."""
+"""Placement advice: the reference layouts (scoring apart from generation), the refusals (balanced, missing data,
+memory), determinism, the actor pin."""
 
 from __future__ import annotations
 

@@ -176,5 +176,5 @@ def test_cli_runs_three_steps_and_writes_records(tmp_path):
     data = json.loads(out.read_text())
     assert [r["step"] for r in data["records"]] == [0, 1, 2]
     assert (data["records"][0]["batch_size"], data["records"][0]["prefetch"],
-            data["records"][0]["sync_every"]) == (1, 0, 1)   # the seed's scenario-1 defaults
+            data["records"][0]["sync_every"]) == (1, 0, 1)   # the deliberately bad defaults
     assert data["summary"]["samples"] == 3 * 64

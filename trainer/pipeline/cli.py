@@ -1,6 +1,6 @@
 """``python -m trimtab.trainer.pipeline``: run the reference PPO job, one line per step, a summary, ``--json``.
 
-Defaults are the seed's scenario-1 "bad" settings (batch 1, no prefetch, sync every step), the state the
+Defaults are deliberately bad settings (batch 1, no prefetch, sync every step), the state the
 rebalancer is meant to pull the job out of.
 """
 

@@ -96,7 +96,8 @@ def preset(name: str, **overrides) -> PipelineConfig:
     return replace(PRESETS[name], **overrides)
 
 
-# The seed's scenario 1 "bad" settings: one sample per generation call, no prefetch, sync after every step.
+# Deliberately bad settings, for the rebalancer to fix: one sample per generation call, no prefetch, sync after
+# every step.
 DEFAULT_KNOBS = {"batch_size": 1, "prefetch": 0, "sync_every": 1}
 KNOB_BOUNDS = {"batch_size": (1, 1024), "prefetch": (0, 8), "sync_every": (1, 8)}
 

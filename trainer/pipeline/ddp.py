@@ -5,11 +5,12 @@ the gradient clip and the optimizer step, so every rank takes the same step and 
     torchrun --nproc-per-node 2 -m trimtab.trainer.pipeline.ddp --config h200 \\
         --device-map 'actor=0,1;ref=0,1;critic=2;reward=3' --steps 20 --server URL --token T --mode auto
 
-Device maps. A *job* map (``--device-map``, the seed's syntax or JSON) lists, per component, the devices of the
+Device maps. A *job* map (``--device-map``, ``component=devices;…`` or JSON) lists, per component, the devices of the
 whole job; ``actor`` lists the data-parallel ranks' devices, one per rank (unlike the single-process pipeline,
 where ``actor=0,1`` means "train on 0, generate on 1"). :func:`split_job_map` gives rank *r* the *r*-th device of
-a component that has one per rank, and ``devices[r % n]`` of one that has fewer (shared: the seed's critic on GPU
-2 and reward on GPU 3 serve both ranks, each rank with its own replica). ``--rank-maps`` takes the per-rank maps
+a component that has one per rank, and ``devices[r % n]`` of one that has fewer (shared: in
+``actor=0,1;ref=0,1;critic=2;reward=3`` the critic on GPU 2 and reward on GPU 3 serve both ranks, each rank with its
+own replica). ``--rank-maps`` takes the per-rank maps
 as a JSON list instead. Unnamed components follow :func:`~trimtab.trainer.pipeline.config.parse_device_map`: the
 generation copy on the rank's actor device, the rest with the actor.
 
@@ -72,7 +73,7 @@ def _devices_of(value: Any) -> list:
 
 
 def parse_job_map(text: str, world: Optional[int] = None) -> dict[str, list]:
-    """``cpu`` / ``cuda`` (with ``world``: every rank on that kind), JSON ``{"actor": [0, 1], ...}`` or the seed's
+    """``cpu`` / ``cuda`` (with ``world``: every rank on that kind), JSON ``{"actor": [0, 1], ...}`` or
     ``actor=0,1;critic=2;reward=3;ref=0,1`` → component → devices of the whole job."""
     text = (text or "").strip()
     if text in ("cpu", "cuda"):
