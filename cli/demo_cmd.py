@@ -43,7 +43,7 @@ def _knobs_text(knobs) -> str:
 @click.option("--keep-state", is_flag=True, help="Keep the demo daemon's state directory (store, log) afterwards.")
 def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, before_steps: int,
          keep_state: bool) -> None:
-    """Watch the rebalancer fix a badly configured PPO job on this CPU (about 140 s on 2 CPU cores).
+    """Watch the rebalancer fix a badly configured PPO job on this CPU (about 100 s on 2 CPU cores).
 
     Starts a private `trimtab up` on a free loopback port, runs the reference pipeline from deliberately bad
     settings (batch 1, no prefetch, sync every step), lets the rebalancer change its knobs in `auto` mode — raise
