@@ -94,15 +94,22 @@ def main() -> int:
     reached = story.throughput(tail) or 0.0
     within = story.steps_to_within(records, best_tp)
     print("\ndecisions (oldest first):")
-    print("| id | rule | change | applied at step | before samples/s | after samples/s | gain | outcome |")
-    print("|---:|---|---|---:|---:|---:|---:|---|")
+    print("| id | rule | change | applied at step | before samples/s | after samples/s | gain | verdict | outcome | "
+          "how the step was chosen |")
+    print("|---:|---|---|---:|---:|---:|---:|---|---|---|")
     for d in reversed(decisions):
         change = f"{d['knob']} {d['old_value']} → {d['new_value']}" if d["knob"] else "advice"
-        gain = d["evidence"].get("gain_pct")
-        fmt = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
+        ev = d["evidence"]
+        gain, v = ev.get("gain_pct"), ev.get("verdict") or {}
+        fmt = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
+        verdict = "" if not v else (f"{v['result']} ({v['confidence_pct']:.0f} %, 95 % CI {v['ci_pct'][0]:+.1f} … "
+                                    f"{v['ci_pct'][1]:+.1f} %, {v['n_before']}/{v['n_after']} periods, {v['method']})")
+        outcome = d["outcome"] + (", back to the known setting" if ev.get("back_to_known") else "") + \
+            (", unconfirmed gain" if ev.get("unconfirmed_gain") else "")
         print(f"| {d['id']} | {d['rule']} | {change} | {d['applied_step'] if d['applied_step'] is not None else ''} | "
               f"{fmt(d['throughput_before_samples_per_s'])} | {fmt(d['throughput_after_samples_per_s'])} | "
-              f"{'' if gain is None else f'{gain:+.1f} %'} | {d['outcome']} |")
+              f"{'' if gain is None else f'{gain:+.1f} %'} | {verdict} | {outcome} | "
+              f"{'; '.join(ev.get('step_policy', []))} |")
     print("\nacknowledgements: " + "; ".join(
         f"change {c['change_id']} {c['knob']}={c['value']}: " + ", ".join(
             f"rank {a['rank']} at step {a['applied_at_step']}" for a in c["acks"]) for c in reversed(changes)))
