@@ -42,7 +42,7 @@ the 10-minute limit only if the install is quick — else give each its own call
 
 Here (CPU, 2 gloo ranks, simulated node; ≈ 45 s):
 
-    python3 bench/multigpu_pipeline.py --config demo --device-map cpu --world 2 --grid '64,2,1' \\
+    python3 bench/multigpu_pipeline.py --config cpu --device-map cpu --world 2 --grid '64,2,1' \\
         --grid-steps 3 --max-steps 80 --budget-s 90 --tail 25 --after-steps 3 \\
         --declare-map 'actor=0,1;ref=0,1;critic=2;reward=3' \\
         --daemon-args "--interval 1 --scenario actor-hot --hostname $(hostname)" --run-placement --placement-steps 3

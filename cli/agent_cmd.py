@@ -11,7 +11,8 @@ from typing import Optional
 
 import click
 
-from trimtab.cli.options import agent_options, db_option, env_option, interval_option, simulate_options
+from trimtab.cli.options import (agent_options, checked_token, db_option, env_option, interval_option,
+                                  simulate_options)
 from trimtab.paths import default_db_url, default_spool_dir  # noqa: F401 (documented defaults)
 
 log = logging.getLogger("trimtab.agent")
@@ -46,8 +47,8 @@ def parse_gpu_list(value: Optional[str]) -> Optional[list[int]]:
 @env_option("--server", "server_url", default=None, metavar="URL",
             help="Ship batches to a `trimtab server` at URL (e.g. http://head:9460) instead of writing a store.")
 @env_option("--token", default=None, help="Bearer token of scope 'agent' for --server.")
-@env_option("--token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-            help="Read the --server token from this file.")
+@env_option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+            help="Read the --server token from this file (one line: the secret `trimtab token create` printed).")
 @interval_option
 @simulate_options
 @agent_options
@@ -63,15 +64,7 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
 
     if server_url and db_url:
         raise click.UsageError("give --db (write a store) or --server (ship to a server), not both")
-    from trimtab.paths import BadToken, check_token, read_token_file
-
-    try:
-        if token_file is not None:
-            token = read_token_file(token_file)
-        elif token:
-            token = check_token(token, "--token (or TRIMTAB_TOKEN)")
-    except BadToken as exc:
-        raise click.UsageError(str(exc)) from None
+    token = checked_token(token, token_file)
     if server_url and not token:
         raise click.UsageError("--server needs a token of scope 'agent' (--token, --token-file or TRIMTAB_TOKEN)")
 

@@ -1,10 +1,11 @@
-"""`trimtab demo`: the closed loop on this machine's CPU in a minute or two — the first thing to run after installing.
+"""`trimtab demo`: the closed loop on this machine's CPU in about two minutes — the first thing to run after installing.
 
 It starts a real `trimtab up` (simulated node when there is no NVIDIA driver) on a free loopback port with its own
-state directory, runs the reference PPO pipeline (``demo`` config: tiny models, CPU) at the brief's bad defaults
-for a few steps, then hands it to the rebalancer in ``auto`` mode and runs until the rebalancer has had nothing to
-change for a while. It prints throughput before and after, the knob path and every decision with its evidence
-and measured effect. Needs the `[trainer]` extra (torch).
+state directory, runs the reference PPO pipeline (``demo`` config: tiny models, CPU, one-step off-policy) at
+deliberately bad settings for a few steps, then hands it to the rebalancer in ``auto`` mode until the rebalancer
+has had nothing to change for a few steps, and measures the settings it left with the job switched to ``advise``.
+It prints throughput before and after, the knob path and every decision with its evidence, its verdict and, for a
+change rolled back, what the pipeline itself counted. Needs the `[trainer]` extra (torch).
 """
 
 from __future__ import annotations
@@ -16,28 +17,39 @@ import time
 
 import click
 
+KNOBS = ("batch_size", "prefetch", "sync_every")
+
 
 def _fmt(value, unit: str = "") -> str:
     return "–" if value is None else f"{value:,.1f}{unit}"
+
+
+def _knobs_text(knobs) -> str:
+    return ", ".join(f"{name} {value}" for name, value in zip(KNOBS, knobs))
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the readable report.")
 @click.option("--budget", "budget_s", type=click.FloatRange(10, 3600), default=120.0, show_default=True,
               metavar="SECONDS", help="Longest the rebalanced run may take.")
-@click.option("--quiet-steps", type=click.IntRange(5, 1000), default=30, show_default=True,
-              help="Stop once the rebalancer had nothing to change for this many steps in a row (they are the "
-                   "'after' measurement).")
-@click.option("--before-steps", type=click.IntRange(2, 1000), default=8, show_default=True,
+@click.option("--quiet-steps", type=click.IntRange(1, 1000), default=15, show_default=True,
+              help="Hand over to the 'after' measurement once the rebalancer had nothing to change for this many "
+                   "steps in a row.")
+@click.option("--after-steps", type=click.IntRange(2, 1000), default=20, show_default=True,
+              help="Steps measured at the settings the rebalancer left (the job switched to mode advise: nothing new "
+                   "is tried).")
+@click.option("--before-steps", type=click.IntRange(2, 1000), default=4, show_default=True,
               help="Steps measured at the bad defaults (after one warm-up step).")
 @click.option("--keep-state", is_flag=True, help="Keep the demo daemon's state directory (store, log) afterwards.")
-def demo(as_json: bool, budget_s: float, quiet_steps: int, before_steps: int, keep_state: bool) -> None:
-    """Watch the rebalancer fix a badly configured PPO job on this CPU (about 90 s on 2 CPU cores).
+def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, before_steps: int,
+         keep_state: bool) -> None:
+    """Watch the rebalancer fix a badly configured PPO job on this CPU (about 100 s on 2 CPU cores).
 
     Starts a private `trimtab up` on a free loopback port, runs the reference pipeline from deliberately bad
-    settings (batch 1, no prefetch, sync every step), lets the rebalancer change its knobs in `auto` mode, and
-    prints throughput before and after with every decision it took. The header's before/after are the steps
-    before the hand-off and the last --quiet-steps steps; each decision's figures are the rebalancer's own
+    settings (batch 1, no prefetch, sync every step), lets the rebalancer change its knobs in `auto` mode — raise
+    the batch size, let generation run ahead (prefetch), roll back what measured worse — and prints throughput
+    before and after with every decision it took and why. The header's before/after are the steps before the
+    hand-off and the --after-steps steps at the final settings; each decision's figures are the rebalancer's own
     windows around that change. Nothing outside a temporary directory is touched.
     """
     try:
@@ -68,26 +80,23 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, before_steps: int, ke
         node = "a SIMULATED node (no NVIDIA driver here)" if health.get("simulated") else "this node's GPUs (NVML)"
         say(f"daemon at {daemon.url}, watching {node}; state in {daemon.state_dir}")
         say(f"pipeline: {config.name} config on the CPU ({config.samples_per_step} samples/step, "
-            f"{config.prompt_tokens}+{config.response_tokens} tokens)")
+            f"{config.prompt_tokens}+{config.response_tokens} tokens; one-step off-policy: a batch sampled more than "
+            f"{config.max_staleness} update before it is trained on is sampled again)")
         defaults = story.default_knobs()
         with Pipeline(config, devices, knobs=dict(defaults)) as pipe:
             before_tp, before = story.measure_static(pipe, defaults, warmup=1, steps=before_steps)
-            say(f"before: {before_tp:,.1f} samples/s at batch_size 1, prefetch 0, sync_every 1 "
+            say(f"before: {before_tp:,.1f} samples/s at {_knobs_text(story.knob_tuple(before[-1]))} "
                 f"({len(before)} steps)")
             say("handing the job to the rebalancer (mode auto) …")
             hook = attach(job=job, server=daemon.url, token=daemon.token, device_map=devices.as_hook_map(),
                           knobs=story.declaration(defaults, config), mode="auto")
-            last_knobs = [story.knob_tuple(before[-1])]
-
-            def progress(record) -> None:
-                knobs = story.knob_tuple(record)
-                if knobs != last_knobs[0]:
-                    say(f"  step {record.step:4d}: knobs now batch_size {knobs[0]}, prefetch {knobs[1]}, "
-                        f"sync_every {knobs[2]} — {record.samples_per_s:,.1f} samples/s")
-                    last_knobs[0] = knobs
-
+            progress = _progress(say, daemon, job, story.knob_tuple(before[-1]))
+            idle = story.rebalancer_idle(daemon, job)
             run = story.run_auto(pipe, hook, max_steps=100_000, budget_s=budget_s, tail_steps=quiet_steps,
-                                 show=progress, settled=story.rebalancer_idle(daemon, job))
+                                 show=progress, settled=idle)
+            say(f"{run.stopped_because} (rebalancer: {idle.note or 'no note'});\n  holding these knobs "
+                f"(job mode advise: nothing new is tried) for {after_steps} steps to measure them …")
+            after = story.hold(daemon, job, pipe, after_steps, show=progress)
             hook.close()
         decisions = list(reversed(story.api_get(daemon, f"/v1/decisions?job={job}&limit=200")["decisions"]))
         job_out = story.api_get(daemon, f"/v1/jobs/{job}")
@@ -96,48 +105,118 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, before_steps: int, ke
         daemon.stop()
         if not keep_state:
             shutil.rmtree(daemon.state_dir, ignore_errors=True)
-    after = run.records[-quiet_steps:]
+    records = run.records + after
     after_tp = story.throughput(after) or 0.0
-    final = dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(run.records[-1])))
+    final = dict(zip(KNOBS, story.knob_tuple(after[-1])))
     bounds_ok = all(job_out["knobs"][k]["min"] <= v <= job_out["knobs"][k]["max"] for k, v in final.items())
     result = {
         "job": job, "config": config.name, "device": "cpu", "simulated_node": bool(health.get("simulated")),
         "before_samples_per_s": round(before_tp, 2), "after_samples_per_s": round(after_tp, 2),
         "speedup": round(after_tp / before_tp, 2) if before_tp else None,
         "knobs_before": defaults, "knobs_after": final, "within_bounds": bounds_ok,
-        "auto_steps": len(run.records), "stopped_because": run.stopped_because,
-        "seconds": round(time.monotonic() - started, 1),
+        "auto_steps": len(run.records), "after_steps": len(after), "stopped_because": run.stopped_because,
+        "rebalancer_note": idle.note, "seconds": round(time.monotonic() - started, 1),
         "changes": [{k: c[k] for k in ("change_id", "knob", "value", "previous_value", "source", "status",
                                        "applied_step", "reason")} for c in changes],
-        "decisions": [{k: d[k] for k in ("id", "rule", "change_id", "knob", "old_value", "new_value", "applied_step",
-                                         "throughput_before_samples_per_s", "throughput_after_samples_per_s",
-                                         "outcome", "advice")} | {"gain_pct": d["evidence"].get("gain_pct")}
-                      for d in decisions],
+        "decisions": [_decision_row(d, records) for d in decisions],
     }
+    result["story"] = _story(result["decisions"])
     if as_json:
         click.echo(json.dumps(result))
         return
-    click.echo("")
-    click.echo(f"before  {_fmt(before_tp)} samples/s   batch_size 1, prefetch 0, sync_every 1")
-    click.echo(f"after   {_fmt(after_tp)} samples/s   batch_size {final['batch_size']}, prefetch {final['prefetch']}, "
-               f"sync_every {final['sync_every']}   ({result['speedup']}× in {len(run.records)} steps, "
-               f"last {len(after)} steps measured)")
-    click.echo(f"\ndecisions (oldest first; each measured by the rebalancer over the steps just before the change and "
-               f"as many after it settled, so their figures differ from the {len(before)} 'before' and {len(after)} "
-               f"'after' steps above):")
-    for d in decisions:
-        change = f"{d['knob']} {d['old_value']} → {d['new_value']}" if d["knob"] else "advice only"
-        gain = d["evidence"].get("gain_pct")
-        measured = (f"{_fmt(d['throughput_before_samples_per_s'])} → {_fmt(d['throughput_after_samples_per_s'])} "
-                    f"samples/s ({gain:+.1f} %)" if gain is not None else
-                    f"{_fmt(d['throughput_before_samples_per_s'])} samples/s before")
-        step = f" at step {d['applied_step']}" if d["applied_step"] is not None else ""
-        click.echo(f"  #{d['id']:<3} {d['rule']:<20} {change:<24}{step:<14} {measured:<40} {d['outcome']}")
-        reading = d["evidence"].get("reading", {})
-        if reading.get("message"):
-            click.echo(f"        why: {reading['message']}")
-    click.echo("\nOn a GPU node: `trimtab up`, attach the hook to your trainer (README, 'The rebalancer'), then "
-               "`trimtab check` and GET /v1/decisions show the same story for your job.")
+    _print_report(result, before_tp, after_tp, len(before), decisions, records)
     if not bounds_ok:  # never expected: the hook and the controller both clamp
         click.echo("warning: a knob ended outside its declared bounds", err=True)
         sys.exit(1)
+
+
+def _progress(say, daemon, job: str, start: tuple):
+    """One line per knob change, marking a rollback (its change's reason says so)."""
+    from trimtab.trainer.pipeline import story
+
+    last = [start]
+
+    def show(record) -> None:
+        knobs = story.knob_tuple(record)
+        if knobs == last[0]:
+            return
+        last[0] = knobs
+        try:
+            newest = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=1")["changes"]
+        except Exception:
+            newest = []
+        rolled = " (rolled back)" if newest and newest[0]["reason"].startswith("rollback:") else ""
+        say(f"  step {record.step:4d}: knobs now {_knobs_text(knobs)} — {record.samples_per_s:,.1f} samples/s{rolled}")
+    return show
+
+
+def _regenerated(d: dict, records) -> tuple[int, int]:
+    """(samples generated twice, samples) over the decision's after window, from the pipeline's own records."""
+    steps = (d["evidence"].get("after_window") or {}).get("steps")
+    if not steps:
+        return 0, 0
+    inside = [r for r in records if steps[0] <= r.step <= steps[1]]
+    return sum(r.regenerated for r in inside), sum(r.samples for r in inside)
+
+
+def _decision_row(d: dict, records) -> dict:
+    row = {k: d[k] for k in ("id", "rule", "change_id", "knob", "old_value", "new_value", "applied_step",
+                             "throughput_before_samples_per_s", "throughput_after_samples_per_s", "outcome", "advice")}
+    regenerated, samples = _regenerated(d, records)
+    ev = d["evidence"]
+    return row | {"gain_pct": ev.get("gain_pct"), "verdict": ev.get("verdict"), "no_gain": bool(ev.get("no_gain")),
+                  "back_to_known": bool(ev.get("back_to_known")), "regenerated_after": regenerated,
+                  "samples_after": samples}
+
+
+def _story(decisions: list[dict]) -> dict:
+    """What the run showed: which knobs a rebalancer change moved and kept, and how many were rolled back."""
+    moved = [d for d in decisions if d["knob"] and d["outcome"] in ("kept", "rolled_back")]
+    return {"knobs_moved": sorted({d["knob"] for d in moved}),
+            "knobs_kept": sorted({d["knob"] for d in moved if d["outcome"] == "kept"}),
+            "kept": sum(d["outcome"] == "kept" for d in moved),
+            "rolled_back": sum(d["outcome"] == "rolled_back" for d in moved)}
+
+
+def _print_report(result: dict, before_tp: float, after_tp: float, n_before: int, decisions: list,
+                  records) -> None:
+    final = result["knobs_after"]
+    click.echo("")
+    click.echo(f"before  {_fmt(before_tp)} samples/s   {_knobs_text(result['knobs_before'].values())}")
+    click.echo(f"after   {_fmt(after_tp)} samples/s   {_knobs_text(final.values())}   ({result['speedup']}× in "
+               f"{result['auto_steps']} steps under the rebalancer, then {result['after_steps']} steps measured)")
+    click.echo(f"\ndecisions (oldest first; each measured by the rebalancer over the steps just before the change and "
+               f"as many after it settled, so their figures differ from the {n_before} 'before' and "
+               f"{result['after_steps']} 'after' steps above):")
+    for d, row in zip(decisions, result["decisions"]):
+        change = f"{d['knob']} {d['old_value']:g} → {d['new_value']:g}" if d["knob"] else "advice only"
+        gain = row["gain_pct"]
+        # The verdict's before window (the steps just before the change), the one its gain is measured against.
+        before_w = (d["evidence"].get("before_window") or {}).get("samples_per_s")
+        measured = (f"{_fmt(before_w or d['throughput_before_samples_per_s'])} → "
+                    f"{_fmt(d['throughput_after_samples_per_s'])} samples/s ({gain:+.1f} %)" if gain is not None else
+                    f"{_fmt(d['throughput_before_samples_per_s'])} samples/s before")
+        step = f" at step {d['applied_step']}" if d["applied_step"] is not None else ""
+        outcome = "kept, no measurable gain" if d["outcome"] == "kept" and row["no_gain"] else d["outcome"]
+        click.echo(f"  #{d['id']:<3} {d['rule']:<20} {change:<24}{step:<14} {measured:<40} {outcome}")
+        reading = d["evidence"].get("reading", {})
+        if reading.get("message"):
+            click.echo(f"        why: {reading['message']}")
+        if d["outcome"] == "rolled_back":
+            _print_rollback(d, row)
+    click.echo("\nOn a GPU node: `trimtab up`, attach the hook to your trainer (README, 'The rebalancer'), then "
+               "`trimtab check` and GET /v1/decisions show the same story for your job.")
+
+
+def _print_rollback(d: dict, row: dict) -> None:
+    v = row["verdict"] or {}
+    if v:
+        # Measurably worse, or not told apart from noise and no better: either way back to the known setting.
+        said = "not told apart from noise and no better" if row["back_to_known"] else "worse"
+        click.echo(f"        verdict: {100 * (v['ratio'] - 1):+.1f} % (95 % interval {v['ci_pct'][0]:+.1f} … "
+                   f"{v['ci_pct'][1]:+.1f} %, {v['confidence_pct']:.0f} % sure; {v['n_before']} sync periods "
+                   f"before, {v['n_after']} after): {said}, {d['knob']} back to {d['old_value']:g}")
+    if row["regenerated_after"]:
+        click.echo(f"        the pipeline's count: {row['regenerated_after']} of the {row['samples_after']} samples "
+                   f"after the change were sampled twice — generation ran further ahead than this job's staleness "
+                   f"bound, so those batches were too stale to train on")

@@ -17,6 +17,26 @@ def env_option(*decls: str, **kw):
     return click.option(*decls, **kw)
 
 
+def misconfigured(message: str) -> click.ClickException:
+    """An error that waiting cannot fix: one line, and exit 78 (EX_CONFIG), so systemd does not restart the unit
+    in a loop (``RestartPreventExitStatus=78``)."""
+    from trimtab.daemon import EXIT_MISCONFIGURED
+
+    error = click.ClickException(message)
+    error.exit_code = EXIT_MISCONFIGURED
+    return error
+
+
+def checked_token(token, token_file, what: str = "--token (or TRIMTAB_TOKEN)"):
+    """``token_from`` for a command: a token that cannot be one stops it with :func:`misconfigured`."""
+    from trimtab.paths import BadToken, token_from
+
+    try:
+        return token_from(token, token_file, what)
+    except BadToken as exc:
+        raise misconfigured(str(exc)) from None
+
+
 def _use_state_dir(_ctx, _param, value):
     from trimtab.paths import use_state_dir
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from trimtab.cli.agent_cmd import exit_if_failed, install_stop_handlers, parse_gpu_list, report_failure
-from trimtab.cli.options import agent_options, db_option, env_option, interval_option, simulate_options
+from trimtab.cli.options import (agent_options, db_option, env_option, interval_option, misconfigured,
+                                  simulate_options)
 from trimtab.paths import default_db_url, default_spool_dir, state_dir
 
 log = logging.getLogger("trimtab.daemon")
@@ -67,8 +68,6 @@ def _open_store(url: str):
     """The process's engine on the store at ``url``, migrated (the agent's store sink in `up` shares it)."""
     from trimtab.store.engine import StoreError, migrate, release_engine, shared_engine
 
-    from trimtab.daemon import EXIT_MISCONFIGURED
-
     engine = None
     try:
         engine = shared_engine(url)
@@ -76,10 +75,8 @@ def _open_store(url: str):
     except StoreError as exc:
         if engine is not None:
             release_engine(engine)
-        error = click.ClickException(str(exc))
-        if exc.permanent:  # not an outage: systemd must not restart this in a loop (RestartPreventExitStatus=78)
-            error.exit_code = EXIT_MISCONFIGURED
-        raise error from exc
+        # A permanent refusal is not an outage: systemd must not restart this in a loop.
+        raise (misconfigured(str(exc)) if exc.permanent else click.ClickException(str(exc))) from exc
     return engine
 
 

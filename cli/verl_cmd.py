@@ -16,8 +16,8 @@ import click
 @click.pass_context
 def verl_tail(ctx: click.Context) -> None:
     """Tail verl's `trainer.logger=['console','file']` JSONL and report each step to a trimtab server, with no
-    change to verl. Usage: trimtab verl-tail PATH --job NAME --server URL [--token T] [--trainer v1|legacy]
-    [--device-map actor=0,1 …]
+    change to verl. Usage: trimtab verl-tail PATH --job NAME --server URL [--token-file FILE | --token T]
+    [--trainer v1|legacy] [--device-map actor=0,1 …]
     (--help shows all options)."""
     try:
         from trimtab.trainer.adapters.verl import main

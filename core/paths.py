@@ -119,3 +119,15 @@ def read_token_file(path: os.PathLike | str) -> str:
                        f"({len(raw)} bytes); write the secret that `trimtab token create` printed into it, or "
                        f"make it with `trimtab token create --out {path}`") from None
     return check_token(text, f"the token file {path}")
+
+
+def token_from(token: Optional[str], token_file: Optional[os.PathLike | str],
+               what: str = "--token (or TRIMTAB_TOKEN)") -> Optional[str]:
+    """The token a command or adapter was given, checked: read from ``token_file`` when one is named, else
+    ``token`` (``what`` names where it came from); None when neither is. :class:`BadToken` — naming the file or
+    ``what`` and what is wrong — for anything that cannot be one token. Every reader of a token file uses this."""
+    if token_file is not None and str(token_file) != "":
+        return read_token_file(token_file)
+    if token is not None and token != "":
+        return check_token(token, what)
+    return None

@@ -100,21 +100,6 @@ def test_healthz_says_failed_while_the_agent_is_refused(sqlite_api, tmp_path):
     assert "does not know this token" in body["components"]["agent"]["failed"]
 
 
-@pytest.mark.parametrize("content, words", [
-    (b"tt_abc\ntt_def\n", "holds 2 lines"),
-    (b"\x89PNG\r\n\x1a\n\x00\x00\xff", "binary or non-ASCII bytes"),
-    (b"\n", "is empty"),
-])
-def test_a_token_file_that_is_not_one_token_is_refused_before_sampling(tmp_path, content, words):
-    path = tmp_path / "agent.token"
-    path.write_bytes(content)
-    res = CliRunner().invoke(cli, ["agent", "--simulate", "1", "--server", "http://127.0.0.1:9", "--token-file",
-                                   str(path), "--state-dir", str(tmp_path / "state")])
-    assert res.exit_code == 2, res.output
-    assert words in res.output and str(path) in res.output
-    assert res.exception is None or isinstance(res.exception, SystemExit), "no traceback"
-
-
 @pytest.mark.postgres
 def test_up_on_a_database_that_does_not_exist_exits_78_naming_it(tmp_path):
     base, _ = pg_admin_or_skip()

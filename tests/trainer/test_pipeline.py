@@ -26,14 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = preset("tiny", samples_per_step=16, train_micro_batch=8, reward_pretrain_steps=40)
 
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    """What the CLI does on CPU (``set_cpu_threads``): the pipeline's three threads would otherwise each start an
-    OpenMP team and spin against each other on a small machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 def knobs(batch_size: int = 1, prefetch: int = 0, sync_every: int = 1) -> dict:

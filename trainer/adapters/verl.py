@@ -4,7 +4,7 @@ Run verl with ``trainer.logger=['console','file']``; it writes ``{"step": N, "da
 line per step, unbuffered, to ``$VERL_FILE_LOGGER_PATH`` (or ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``).
 Then, on the node where the verl driver runs::
 
-    python -m trimtab.trainer.adapters.verl --job grpo-7b --server http://head:9460 --token $TOKEN \\
+    python -m trimtab.trainer.adapters.verl --job grpo-7b --server http://head:9460 --token-file job.token \\
         --device-map actor=0,1 --device-map critic=2 path/to/experiment.jsonl
 
 The mapping of verl's timers to phases (validation and checkpointing as their own phases, V1's wait for rollout as a
@@ -123,6 +123,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--job", required=True)
     parser.add_argument("--server", required=True)
     parser.add_argument("--token", default=None, help="job token (default: $TRIMTAB_TOKEN)")
+    parser.add_argument("--token-file", default=None,
+                        help="read the job token from this file, one line (default: $TRIMTAB_TOKEN_FILE)")
     parser.add_argument("--device-map", action="append", default=[], metavar="COMPONENT=GPU[,GPU…]")
     parser.add_argument("--samples-per-step", type=int, default=None)
     parser.add_argument("--n-gpus", type=int, default=None, help="for tokens from perf/throughput")
@@ -132,8 +134,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="which verl fit loop writes the file: v1 (verl's default, trainer.use_v1=true; "
                              "timing_s/gen is the wait for rollout) or legacy (timing_s/gen is generation)")
     args = parser.parse_args(argv)
+    from trimtab.daemon import EXIT_MISCONFIGURED
+    from trimtab.paths import BadToken, token_from
+
+    try:
+        token = token_from(args.token or os.environ.get("TRIMTAB_TOKEN"),
+                           args.token_file or os.environ.get("TRIMTAB_TOKEN_FILE"))
+    except BadToken as exc:  # waiting cannot fix it: one line and exit 78, as `trimtab agent` does
+        parser.exit(EXIT_MISCONFIGURED, f"{parser.prog}: error: {exc}\n")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    return tail_verl(args.path, args.job, args.server, args.token, device_map=parse_device_map(args.device_map),
+    return tail_verl(args.path, args.job, args.server, token, device_map=parse_device_map(args.device_map),
                      samples_per_step=args.samples_per_step, n_gpus=args.n_gpus, from_start=not args.from_end,
                      poll_s=args.poll_s, trainer=args.trainer)
 

@@ -42,7 +42,6 @@ import inspect
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 log = logging.getLogger("trimtab.trainer")
@@ -69,10 +68,12 @@ def settings(config: Any) -> Optional[dict[str, Any]]:
     server = _setting(config, "server", "TRIMTAB_SERVER")
     if server is None:
         return None
+    from trimtab.paths import token_from
+
     token = _setting(config, "token", "TRIMTAB_TOKEN")
-    token_file = _setting(config, "token_file", "TRIMTAB_TOKEN_FILE")
-    if token is None and token_file is not None:
-        token = Path(token_file).expanduser().read_text().strip()
+    # A token given outright wins over a file; either is checked (BadToken names the file and what is wrong).
+    token = token_from(token, None if token is not None else _setting(config, "token_file", "TRIMTAB_TOKEN_FILE"),
+                       "+trimtab.token (or TRIMTAB_TOKEN)")
     knobs = (_setting(config, "knobs", "TRIMTAB_KNOBS") or "true").lower() not in ("false", "0", "no", "off")
     return {"server": server, "token": token,
             "job": _setting(config, "job", "TRIMTAB_JOB") or str(select(config, "trainer.experiment_name", "verl")),
@@ -129,9 +130,14 @@ class VerlSession:
 
 def _start(trainer: Any, kind: str) -> Optional[VerlSession]:
     """A session for this fit, or None (not configured, or trimtab failed: training goes on without it)."""
+    from trimtab.paths import BadToken
+
     try:
         options = settings(trainer.config)
         return VerlSession(trainer, kind, options) if options is not None else None
+    except BadToken as exc:  # a configuration waiting cannot fix: one clear line, no traceback, stay detached
+        log.warning("trimtab: not attached to this verl run: %s; training continues without trimtab", exc)
+        return None
     except Exception:
         log.warning("trimtab: could not attach to verl's fit(); training continues without trimtab", exc_info=True)
         return None

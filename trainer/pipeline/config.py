@@ -51,6 +51,13 @@ class PipelineConfig:
     # "host": trained weights reach the generation copy through pinned host memory, as when the generation engine
     # lives in another process or node; "direct": a device-to-device copy (same or peer GPU, or CPU).
     sync_via: str = "direct"
+    # Bounded staleness (one-step off-policy PPO, as verl's one_step_off_policy recipe: 1). A generated batch more
+    # than this many actor updates behind the policy it would train is generated again, from the same prompts, with
+    # the current generation copy — work done twice, which is what deeper prefetch then costs. None: no bound.
+    max_staleness: int | None = None
+    # Report the trainer's wait for scored samples as the "wait" phase (the rollout_wait_bound rule's signal), as a
+    # trainer fed by a separate rollout service does. Off by default: the benchmarks were measured without it.
+    report_wait: bool = False
     seed: int = 0
 
     @property
@@ -73,11 +80,15 @@ H200 = PipelineConfig(
     reward_pretrain_steps=60, reward_pretrain_batch=32, reward_lr=1e-3, sync_via="host",
 )
 
-# `trimtab demo`: the tiny models with longer responses, so on a CPU decoding dominates a step as it does on a GPU
-# (with 16 response tokens a CPU step is mostly Python overhead and the story stops at batch 4).
-DEMO = replace(TINY, name="demo", response_tokens=48)
+# The tiny models with longer responses, so on a CPU decoding dominates a step as it does on a GPU (with 16
+# response tokens a CPU step is mostly Python overhead and the batch-size story stops at batch 4).
+CPU = replace(TINY, name="cpu", response_tokens=48)
+# `trimtab demo`: the CPU config, one-step off-policy, its trainer reporting its wait for rollout — so the prefetch
+# knob has a rule that asks for it and a depth that costs more than it gains. ("demo" had no bound before: a
+# benchmark of the old behaviour runs --config cpu.)
+DEMO = replace(CPU, name="demo", max_staleness=1, report_wait=True)
 
-PRESETS = {"tiny": TINY, "h200": H200, "demo": DEMO}
+PRESETS = {"tiny": TINY, "h200": H200, "cpu": CPU, "demo": DEMO}
 
 
 def preset(name: str, **overrides) -> PipelineConfig:

@@ -27,6 +27,7 @@ class GeneratedBatch:
     tokens: torch.Tensor         # [B, prompt + response] token ids
     logprobs: torch.Tensor       # [B, response] behaviour log-probs (temperature applied)
     policy_version: int          # syncs the generation copy had received when it sampled these
+    regenerated: bool = False    # sampled again at scoring time: the first sample was too stale (max_staleness)
 
     @property
     def size(self) -> int:

@@ -17,11 +17,11 @@ import torch
 
 from .channel import BusyTotals, PrefetchQueue
 from .config import COMPONENTS, DEFAULT_KNOBS, DeviceMap, Knobs, PipelineConfig, parse_device_map
-from .generation import GenerationWorker
+from .generation import GeneratedBatch, GenerationWorker, generate
 from .models import CausalLM, TokenScorer, frozen_copy
 from .ppo import Rollout, ppo_update
 from .scoring import ScoringWorker
-from .streams import inference_dtype
+from .streams import WorkerStreams, inference_dtype
 from .task import GoodTokenRule, pretrain_reward_model
 from .weights import WeightSync
 
@@ -66,6 +66,7 @@ class StepRecord:
     generation_batch_sizes: list[int] = field(default_factory=list)
     staleness_mean: float = 0.0  # actor updates the generating policy was behind, averaged over samples
     queue_max_depth: int = 0     # most generated batches that waited unclaimed during this step
+    regenerated: int = 0         # samples generated a second time: too stale to train on (config.max_staleness)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -96,6 +97,9 @@ class Pipeline:
         self._steps_since_sync = 0
         self._boundary_s: float | None = None   # where the last step ended: steps tile the wall clock
         self._shuffle = torch.Generator().manual_seed(config.seed + 17)
+        # Regeneration of stale batches runs on the scoring thread, with its own sampler and streams.
+        self._resampler = torch.Generator(device=self.devices.rollout).manual_seed(config.seed + 29)
+        self._restreams = WorkerStreams()
         self.current = Knobs.read(self.knobs)
         self._start_workers()
 
@@ -131,14 +135,33 @@ class Pipeline:
                                            self.step_index, self.current.batch_size, self.hook,
                                            data_seed_offset=self.data_seed_offset)
         self._generator.version = self.syncs
+        refresh = self._fresh if self.config.max_staleness is not None else None
         self._scorer = ScoringWorker((self.ref, self.reward_model, self.critic), self.config, self.devices,
-                                     self.queue, self._totals)
+                                     self.queue, self._totals, refresh)
         self._generator.start()
         self._scorer.start()
 
     def _stop_workers(self) -> None:
         self._generator.stop()
         self._scorer.stop()
+
+    def staleness(self, batch) -> int:
+        """Actor updates the policy that sampled ``batch`` was behind the one its step trains."""
+        return batch.step - self._updates_in_version[batch.policy_version]
+
+    def _fresh(self, batch: GeneratedBatch) -> GeneratedBatch:
+        """The batch, or — when it is more than ``max_staleness`` updates stale — the same prompts sampled again by
+        the current generation copy (timed as generation). Called by the scoring worker, which works only while
+        the trainer waits for its samples, so never during a weight sync."""
+        if self.staleness(batch) <= self.config.max_staleness:
+            return batch
+        device = self.devices.rollout
+        with self._totals.timed("generation"), self._restreams.on(device):
+            prompts = batch.tokens[:, :self.config.prompt_tokens].to(device)
+            tokens, logprobs, _ = generate(self.generation_model, prompts, self.config.response_tokens,
+                                           self.config.temperature, self._resampler)
+            self._restreams.finish()
+        return GeneratedBatch(batch.step, tokens, logprobs, self.syncs, regenerated=True)
 
     def restart_workers(self) -> None:
         """Drop whatever was generated ahead and start the workers afresh at the current step (the grid benchmark
@@ -191,14 +214,19 @@ class Pipeline:
             self._steps_since_sync = 0
         busy = self._totals.take()
         tokens = samples * self.config.sequence_tokens
-        if self.hook is not None:
-            self.hook.step_end(samples=samples, tokens=tokens, step=self.step_index,
-                               phases_s={phase: busy.get(phase, 0.0) for phase in WORKER_PHASES})
         self._boundary_s = time.perf_counter()
         step_s = self._boundary_s - start
+        if self.hook is not None:
+            phases_s = {phase: busy.get(phase, 0.0) for phase in WORKER_PHASES}
+            if self.config.report_wait:
+                phases_s["wait"] = wait_s
+            # The step's own time, its wait for samples included (steps tile the wall clock; the hook's own time
+            # falls into the next step): by default the hook would start the first step at its first phase()
+            # entry, the update, and report that step as its update alone.
+            self.hook.step_end(samples=samples, tokens=tokens, step=self.step_index, phases_s=phases_s,
+                               step_time_s=step_s)
         # How many actor updates behind the policy being trained each sample's generating policy was.
-        staleness = sum((self.step_index - self._updates_in_version[b.policy_version]) * b.size
-                        for b in batches) / samples
+        staleness = sum(self.staleness(b) * b.size for b in batches) / samples
         record = StepRecord(
             step=self.step_index, samples=samples, tokens=tokens, step_s=step_s, samples_per_s=samples / step_s,
             **{f"{phase}_s": busy.get(phase, 0.0) for phase in PHASES}, wait_s=wait_s,
@@ -206,7 +234,7 @@ class Pipeline:
             kl=stats["kl"], clip_fraction=stats["clip_fraction"], batch_size=knobs.batch_size,
             prefetch=knobs.prefetch, sync_every=knobs.sync_every, synced=synced,
             generation_batch_sizes=[b.size for b in batches], staleness_mean=staleness,
-            queue_max_depth=self.queue.reset_max_depth())
+            queue_max_depth=self.queue.reset_max_depth(), regenerated=sum(b.size for b in batches if b.regenerated))
         self.step_index += 1
         return record
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -31,6 +32,7 @@ class ScoredBatch:
     values: torch.Tensor         # [B, R] critic estimates before each response token
     scores: torch.Tensor         # [B] reward model: estimated share of good response tokens
     policy_version: int
+    regenerated: bool = False
 
     @property
     def size(self) -> int:
@@ -52,7 +54,7 @@ def score(batch: GeneratedBatch, ref: CausalLM, reward_model: TokenScorer, criti
     with streams.on(devices.actor):
         move = lambda t: hand_over(t).to(devices.actor)  # noqa: E731
         scored = ScoredBatch(batch.step, move(batch.tokens), move(batch.logprobs), move(ref_logprobs),
-                             move(values.float()), move(scores.float()), batch.policy_version)
+                             move(values.float()), move(scores.float()), batch.policy_version, batch.regenerated)
     streams.finish()
     return scored
 
@@ -61,12 +63,14 @@ class ScoringWorker:
     """Thread: for each sample count the trainer asks for, pull generated batches and score them."""
 
     def __init__(self, models: tuple[CausalLM, TokenScorer, TokenScorer], config: PipelineConfig,
-                 devices: DeviceMap, source: PrefetchQueue, totals: BusyTotals):
+                 devices: DeviceMap, source: PrefetchQueue, totals: BusyTotals,
+                 refresh: Callable[[GeneratedBatch], GeneratedBatch] | None = None):
         self._ref, self._reward_model, self._critic = models
         self._config = config
         self._devices = devices
         self._source = source
         self._totals = totals
+        self._refresh = refresh          # a batch too stale to train on comes back generated again
         self._streams = WorkerStreams()
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
@@ -100,6 +104,8 @@ class ScoringWorker:
                     batch = self._source.get()
                     if batch.step != step:
                         raise RuntimeError(f"generated batch for step {batch.step} arrived at step {step}")
+                    if self._refresh is not None:
+                        batch = self._refresh(batch)
                     with self._totals.timed("evaluation"):
                         scored = score(batch, self._ref, self._reward_model, self._critic, self._config,
                                        self._devices, self._streams)

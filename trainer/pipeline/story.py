@@ -1,4 +1,4 @@
-"""The closed loop, end to end: a real `trimtab up` daemon, the reference pipeline started from the brief's bad
+"""The closed loop, end to end: a real `trimtab up` daemon, the reference pipeline started from deliberately bad
 defaults, the rebalancer in ``auto``, and static settings measured in the same process for comparison.
 
 `trimtab demo` (CPU, tiny config) and ``bench/rebalance.py`` (the H200 benchmark) both run this; only sizes and
@@ -131,24 +131,45 @@ def run_auto(pipeline: Pipeline, hook, max_steps: int, budget_s: float, tail_ste
 
 
 def api_get(daemon: Daemon, path: str) -> Any:
+    return _api(daemon, "GET", path)
+
+
+def _api(daemon: Daemon, method: str, path: str, body: Optional[dict] = None) -> Any:
     import httpx
 
-    response = httpx.get(daemon.url + path, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=10.0)
+    response = httpx.request(method, daemon.url + path, json=body, timeout=10.0,
+                             headers={"Authorization": f"Bearer {daemon.token}"})
     response.raise_for_status()
     return response.json()
 
 
-def rebalancer_idle(daemon: Daemon, job: str, quiet_s: float = 0.0) -> Callable[[], bool]:
+class RebalancerIdle:
     """A ``settled`` test: the job's last decision is closed and no rule fired since (the rebalancer's note says
-    "no rule fires" or advice was given before)."""
-    def check() -> bool:
+    "no rule fires", or a rule fires that has no action left or was advised before). ``note`` is the last note
+    read."""
+
+    def __init__(self, daemon: Daemon, job: str):
+        self.daemon, self.job, self.note = daemon, job, ""
+
+    def __call__(self) -> bool:
         try:
-            health = api_get(daemon, "/healthz")
+            health = api_get(self.daemon, "/healthz")
         except Exception:
             return False
-        note = (health.get("components", {}).get("rebalancer", {}).get("jobs", {}) or {}).get(job, "")
+        self.note = (health.get("components", {}).get("rebalancer", {}).get("jobs", {}) or {}).get(self.job, "")
+        note = self.note
         return note.startswith("no rule fires") or "advised before" in note or "fires, no action" in note
-    return check
+
+
+rebalancer_idle = RebalancerIdle
+
+
+def hold(daemon: Daemon, job: str, pipeline: Pipeline, steps: int,
+         show: Optional[Callable[[StepRecord], None]] = None) -> list[StepRecord]:
+    """Switch the job to mode ``advise`` and run ``steps`` steps: the rebalancer finishes a change in flight (keeps
+    it or rolls it back) and starts none, so these steps measure the settings it left."""
+    _api(daemon, "PUT", f"/v1/jobs/{job}/mode", {"mode": "advise"})
+    return pipeline.run(steps, show)
 
 
 def default_knobs() -> dict:
