@@ -20,9 +20,7 @@ from trimtab.sdnotify import Notifier
 log = logging.getLogger("trimtab.daemon")
 
 
-# The exit status of a daemon whose store or server refuses its configuration (sysexits' EX_CONFIG); the units
-# set RestartPreventExitStatus= to it: a restart cannot fix a configuration.
-EXIT_MISCONFIGURED = 78
+from trimtab.paths import EXIT_MISCONFIGURED  # noqa: F401  (re-exported: the daemon's commands exit with it)
 
 
 class DaemonError(RuntimeError):

@@ -16,6 +16,11 @@ import os
 from pathlib import Path
 from typing import Callable, Optional
 
+# The exit status of a process whose configuration (store, server, token file) is refused (sysexits' EX_CONFIG);
+# the units set RestartPreventExitStatus= to it: a restart cannot fix a configuration. Here, not in the daemon, so
+# the trainer side (verl-tail) can use it without importing daemon code.
+EXIT_MISCONFIGURED = 78
+
 _chosen: Optional[Path] = None  # --state-dir, set once by the command line
 
 

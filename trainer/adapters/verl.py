@@ -134,8 +134,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="which verl fit loop writes the file: v1 (verl's default, trainer.use_v1=true; "
                              "timing_s/gen is the wait for rollout) or legacy (timing_s/gen is generation)")
     args = parser.parse_args(argv)
-    from trimtab.daemon import EXIT_MISCONFIGURED
-    from trimtab.paths import BadToken, token_from
+    from trimtab.paths import EXIT_MISCONFIGURED, BadToken, token_from
 
     try:
         token = token_from(args.token or os.environ.get("TRIMTAB_TOKEN"),
