@@ -15,6 +15,7 @@ from trimtab.rebalancer.rules import load_rules
 from trimtab.rebalancer.window import JobStep, window
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, StoredJob
+from trimtab.store.queries import GpuAggregate
 
 T0 = 1_700_000_000_000
 NOW = T0 + 3_600_000
@@ -70,24 +71,14 @@ def decision(id=7, outcome="pending", change_id=3, knob="batch_size", old=1, new
                           outcome=outcome, advice=None)
 
 
-@dataclass
-class FakeGpu:
-    gpu_index: int
-    gpu_uuid: str
-    gpu_name: str
-    pcie_peak_bytes_per_s: Optional[float]
-    nvlink_link_count: Optional[int]
-    n_samples: int
-    mean: dict
-    max: dict
-
-
-def gpu(i: int, mem_pct: float = 50.0, pcie_pct: float = 10.0, sm: float = 60.0, n: int = 10) -> FakeGpu:
+def gpu(i: int, mem_pct: float = 50.0, pcie_pct: float = 10.0, sm: float = 60.0, n: int = 10) -> GpuAggregate:
     total = 141 * GIB
     mean = {"mem_used_bytes": mem_pct / 100 * total, "mem_reserved_bytes": 0.0, "mem_total_bytes": total,
             "pcie_tx_bytes_per_s": pcie_pct / 100 * PCIE_PEAK, "pcie_rx_bytes_per_s": 1e6,
             "sm_active_pct": sm, "util_pct": 99.0}
-    return FakeGpu(i, f"GPU-{i:04d}", "NVIDIA H200", PCIE_PEAK, 18, n, mean, dict(mean))
+    return GpuAggregate(hostname="node-a", simulated=False, gpu_uuid=f"GPU-{i:04d}", gpu_index=i,
+                        gpu_name="NVIDIA H200", pcie_peak_bytes_per_s=PCIE_PEAK, nvlink_link_count=18,
+                        n_samples=n, mean=mean, max=dict(mean))
 
 
 @dataclass
