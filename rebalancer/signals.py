@@ -128,6 +128,16 @@ def time_base(steps: Sequence[JobStep]) -> str:
     return GPU_TIME if timed and all(_gpu_timed(s) for s in timed) else WALL_TIME
 
 
+def time_base_words(steps: Sequence[JobStep]) -> str:
+    """What the window's shares are measured on, as check says it: "GPU time for update, evaluation; wall time for
+    wait" (a phase without events — waiting, a framework's host-side timer — keeps its wall time) or "wall time"."""
+    if time_base(steps) != GPU_TIME:
+        return TIME_BASE_WORDS[WALL_TIME]
+    on_gpu = [p for p in GPU_PHASES if any(_gpu_s(s, p) is not None for s in steps)]
+    on_wall = [p for p in NAMED_PHASES if p not in on_gpu and any(s.phases_s.get(p) for s in steps)]
+    return f"GPU time for {', '.join(on_gpu)}" + (f"; wall time for {', '.join(on_wall)}" if on_wall else "")
+
+
 def phase_seconds(step: JobStep, phase: str, base: str = WALL_TIME) -> Optional[float]:
     """The step's seconds in ``phase`` on ``base``. On GPU time a phase takes its GPU seconds where it has them and
     its wall seconds where it has not (waiting for rollout; a framework's host-side timer), and "other" is what the

@@ -79,6 +79,7 @@ def test_waiting_for_rollout_keeps_its_wall_time_on_a_gpu_window():
     assert time_base(win) == GPU_TIME
     assert phase_share_pct(win, "wait") == pytest.approx(50.0)
     assert phase_share_pct(win, "evaluation") == pytest.approx(30.0)
+    assert "on GPU time for generation, evaluation, update; wall time for wait;" in composition(win).message
 
 
 def test_the_api_stores_grades_and_exports_gpu_time(sqlite_api):
