@@ -16,7 +16,7 @@ from trimtab.api.schemas import NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Mo
     input_type, message_model
 from trimtab.contract.knobs import ACK, KNOB_DECLARATION, KNOB_NAME, KNOB_VALUE, MAX_JOB_NAME, MAX_NAME, \
     PENDING_CHANGE, REFUSAL
-from trimtab.contract.step_report import GROUPS, MEMORY_GROUP, PHASES_GROUP, REPORT_FIELDS
+from trimtab.contract.step_report import GPU_PHASES_GROUP, GROUPS, MEMORY_GROUP, PHASES_GROUP, REPORT_FIELDS
 
 JobName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_JOB_NAME, pattern=SLUG)]
 KnobName = input_type(KNOB_NAME)
@@ -93,8 +93,10 @@ def _group_model(group: str, name: str, doc: str) -> type:
 
 # (A model's own doc differs from its field's: where they are equal, the JSON Schema drops the field's.)
 Phases = _group_model(PHASES_GROUP, "Phases", "Seconds of a step by phase; a phase left out was not measured.")
+GpuPhases = _group_model(GPU_PHASES_GROUP, "GpuPhases", "GPU seconds of a step by phase, from CUDA events; a phase "
+                         "left out had no GPU timing (step composition is then graded on wall time).")
 MemoryIn = _group_model(MEMORY_GROUP, "MemoryIn", "The caching allocator's statistics, as torch.cuda keeps them.")
-_GROUP_MODELS = {PHASES_GROUP: Phases, MEMORY_GROUP: MemoryIn}
+_GROUP_MODELS = {PHASES_GROUP: Phases, GPU_PHASES_GROUP: GpuPhases, MEMORY_GROUP: MemoryIn}
 
 
 def _report_in() -> type:
@@ -124,7 +126,8 @@ class ReportAcceptedOut(Model):
 
 
 def _report_out() -> type:
-    """``ReportOut``: a stored report, flat (a phase ``p`` as ``p_s``), with when it arrived."""
+    """``ReportOut``: a stored report, flat (a phase ``p`` as ``p_s``, its GPU time as ``gpu_p_s``), with when it
+    arrived."""
     fields: dict[str, Any] = {}
     for f in REPORT_FIELDS:
         fields[f.column] = contract_field(f, inputs=False, optional=not f.required)

@@ -306,7 +306,15 @@ class JobCheckOut(Model):
     samples_per_s: Optional[float] = Field(description="Throughput over the window, samples/s.")
     step_time_s: Optional[float] = Field(description="Mean step time over the window, seconds.")
     phase_shares: dict[str, Optional[float]] = Field(description="Phase → share of step time over the window, "
-                                                                 "ratio 0-1 (null: not reported).")
+                                                                 "ratio 0-1 (null: not reported), on time_base: what "
+                                                                 "the step_composition row grades.")
+    time_base: Literal["gpu", "wall"] = Field(
+        "wall", description="What phase_shares measure: gpu when every step of the window carries its phases' GPU "
+                            "time (the hook's CUDA events; waiting for rollout, and phases a framework timed on the "
+                            "host, keep their wall time), wall otherwise.")
+    wall_phase_shares: dict[str, Optional[float]] = Field(
+        default_factory=dict, description="Phase → share of step time over the window on wall time, ratio 0-1: "
+                                          "beside phase_shares when those are on GPU time.")
     fragmentation: Optional[float] = Field(description="Mean allocator fragmentation over the window, ratio 0-1.")
     collective_latency_us: Optional[float] = Field(description="Mean collective-latency probe over the window, µs.")
     probe_baseline_us: Optional[float] = Field(description="The job's baseline: median of its first probes, µs.")

@@ -172,8 +172,9 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     spread (act > 40 pts), PCIe (act > 90 % of peak), memory (act > 98 %). Then one section per job that reported
     through the trainer hook within the window (at least the last 10 minutes): its mode, knobs (or why it declares
     none), throughput and tokens/s, an RL trainer's completions, completion length and reward, why its step times
-    alternate when only some steps generate, the rows step composition, fragmentation and collective latency over
-    its newest window of steps, and its recent rebalancer decisions. A job row at "act" counts as out of balance.
+    alternate when only some steps generate, the rows step composition (on GPU time where the hook's CUDA events
+    time the phases, else wall time; the row says which), fragmentation and collective latency over its newest
+    window of steps, and its recent rebalancer decisions. A job row at "act" counts as out of balance.
     """
     jobs = []
     try:

@@ -95,6 +95,10 @@ def render_job(j) -> str:
             lines.append(rl)
         if j.generation_cadence:
             lines.append(cadence_line(j.generation_cadence))
+        wall = j.wall_phase_shares
+        if j.time_base == "gpu" and any(v is not None for v in wall.values()):
+            lines.append("phase shares on GPU time (CUDA events); on wall time: " + ", ".join(
+                f"{p} {100 * v:.1f} %" for p, v in wall.items() if v is not None))
     else:
         lines.append(f"window: no complete step yet; last report {_age(j.last_report_ms, j.generated_at_ms)}")
     lines.append("")

@@ -5,8 +5,14 @@ the store's ``job_reports`` columns are generated from it; the API files a repor
 rebalancer folds a step's ranks with :func:`fold_ranks`. A new field is one entry here (plus the migration that
 adds its column, and whatever in the job produces its value).
 
-On the wire a report is nested: phases under ``phases``, allocator statistics under ``memory``; everywhere else
-(store, API listings, the rebalancer) it is flat, a phase named ``<phase>_s`` (:attr:`ReportField.column`).
+On the wire a report is nested: phases under ``phases``, their GPU time under ``gpu_phases``, allocator statistics
+under ``memory``; everywhere else (store, API listings, the rebalancer) it is flat, a phase named ``<phase>_s`` and
+its GPU time ``gpu_<phase>_s`` (:attr:`ReportField.column`).
+
+Why GPU time beside wall time: a phase that launches its kernels and returns (a reward model scoring into GPU
+tensors) takes no wall time of its own; its cost lands on the next phase that waits for the GPU. The hook's CUDA
+events around each phase block measure what the GPU did in it, so step composition is graded on them where a job
+reports them (:func:`trimtab.rebalancer.signals.time_base`).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ HOSTNAME = Kind(str, storage="text", min_length=1, max_length=255, pattern=NO_CO
 SAME, COUNT_RANKS, MOST, LEAST, SUM, MEAN, MEDIAN, BY_RANK, MEAN_BY_NAME = (
     "same", "count", "max", "min", "sum", "mean", "median", "by_rank", "mean_by_name")
 
-PHASES_GROUP, MEMORY_GROUP = "phases", "memory"
+PHASES_GROUP, GPU_PHASES_GROUP, MEMORY_GROUP = "phases", "gpu_phases", "memory"
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class ReportField(Spec):
     @property
     def column(self) -> str:
         """The field's name in the store, the API's listings and the rebalancer's step view."""
+        if self.group == GPU_PHASES_GROUP:
+            return f"gpu_{self.name}_s"
         return f"{self.name}_s" if self.group == PHASES_GROUP else self.name
 
 
@@ -71,11 +79,21 @@ class Group:
 
 
 GROUPS = {PHASES_GROUP: Group(PHASES_GROUP, "The step's time by phase, seconds.", always=True),
+          GPU_PHASES_GROUP: Group(GPU_PHASES_GROUP, "GPU time of the step's phases, seconds: from the CUDA events the "
+                                                    "hook records around each phase block, resolved once they "
+                                                    "completed (never a sync). Left out where a phase was not timed "
+                                                    "on a GPU (no CUDA, or a framework's own host-side timers).",
+                                  always=False),
           MEMORY_GROUP: Group(MEMORY_GROUP, "Allocator statistics of the rank's GPU.", always=False)}
 
 
 def _phase(name: str, doc: str) -> ReportField:
     return ReportField(name, SECONDS, doc, group=PHASES_GROUP)
+
+
+def _gpu_phase(name: str) -> ReportField:
+    return ReportField(name, SECONDS, f"GPU time of the step's {name} phase (CUDA events around its blocks on the "
+                                      f"rank's current stream), seconds.", group=GPU_PHASES_GROUP)
 
 
 def _memory(name: str, kind: Kind, doc: str, fold: str = MOST) -> ReportField:
@@ -94,6 +112,9 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
     _phase("checkpoint", "Saving a checkpoint, seconds."),
     _phase("wait", "The trainer waiting for rollout to hand it a batch (e.g. verl V1's replay-buffer wait), seconds."),
     _phase("other", "Everything else, seconds."),
+    # GPU time of the named phases, except waiting for rollout: an idle wait has no kernels, its meaning is wall.
+    *(_gpu_phase(name) for name in ("generation", "evaluation", "communication", "update", "validation",
+                                    "checkpoint")),
     ReportField("samples", COUNT, "Samples processed in the step.", fold=SUM),
     ReportField("tokens", COUNT, "Tokens processed in the step.", fold=SUM),
     _memory("allocated_bytes", COUNT, "torch.cuda allocated bytes."),
@@ -129,6 +150,8 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
 PHASES: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS if f.group == PHASES_GROUP)
 OTHER_PHASE = "other"  # whatever the step's wall time leaves after the named phases
 NAMED_PHASES: tuple[str, ...] = tuple(p for p in PHASES if p != OTHER_PHASE)
+GPU_PHASES: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS if f.group == GPU_PHASES_GROUP)
+WALL_ONLY_PHASES: tuple[str, ...] = tuple(p for p in NAMED_PHASES if p not in GPU_PHASES)  # never GPU-timed
 MEMORY_KEYS: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS if f.group == MEMORY_GROUP)
 FRAMEWORK_FIELDS: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS if f.framework)
 COLUMNS: tuple[str, ...] = tuple(f.column for f in REPORT_FIELDS)

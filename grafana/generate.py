@@ -343,14 +343,15 @@ THROUGHPUT_SQL = (
 
 COMPOSITION_SQL = (
     "WITH steps AS (\n  " + job_steps(JOB_IS, "max(r.step_time_s) AS step_time_s, "
-                                    + ", ".join(f"max(r.{p}_s) AS {p}" for p in PHASES)) + "\n)\n"
+                                    + graded_phase_columns(PHASES)) + "\n)\n"
     f"SELECT {STEP_BUCKET},\n"
-    + ",\n".join(f"  100 * sum({p}) / nullif(sum(step_time_s), 0) AS \"{p}\"" for p in PHASES)
+    + ",\n".join(f"  100 * sum({p}) / nullif(sum(step_time_s), 0) AS \"{p}\"" for p in PHASES) + ",\n"
+    "  100 * avg(gpu_timed) AS \"steps on GPU time\""
     + "\nFROM steps GROUP BY 1 ORDER BY 1")
 
 GUIDES_SQL = (
     "WITH steps AS (\n  " + job_steps(JOB_IS, "max(r.step_time_s) AS step_time_s, "
-                                    + ", ".join(f"max(r.{p}_s) AS {p}" for p in GUIDES)) + "\n)\n"
+                                    + graded_phase_columns(GUIDES)) + "\n)\n"
     f"SELECT {STEP_BUCKET},\n"
     + ",\n".join(f"  100 * sum({p}) / nullif(sum(step_time_s), 0) AS \"{p}\"" for p in GUIDES) + ",\n"
     + ",\n".join(f"  {v:g} AS \"{p} guide\"" for p, v in GUIDES.items())
@@ -430,13 +431,20 @@ def job_pg() -> dict:
         timeseries("Step composition (% of step time, stacked)",
                    "Where each step's time goes: generation, evaluation (reward, critic, reference), communication, "
                    "update, validation, checkpoint, waiting for rollout, other; each phase its slowest rank's time, "
-                   "as a share of the step.",
-                   [sql(COMPOSITION_SQL)], "percent", stack=True, max_=100, no_value="no phase timings"),
+                   "as a share of the step. On GPU time (the hook's CUDA events) for steps that report it, as "
+                   "trimtab check grades them — a phase that launches kernels and returns is charged what the GPU "
+                   "did in it; waiting for rollout and host-timed phases stay wall time — on wall time otherwise. "
+                   "\"steps on GPU time\": the share of steps graded so (not stacked).",
+                   [sql(COMPOSITION_SQL)], "percent", stack=True, max_=100, no_value="no phase timings",
+                   overrides=[override("steps on GPU time", custom__stacking={"mode": "none"},
+                                       custom__lineStyle={"fill": "dash", "dash": [4, 4]},
+                                       custom__fillOpacity=0)]),
         timeseries("Phase shares against the guides",
                    f"Generation, evaluation and communication shares with their guide lines (dashed): generation ≤ "
                    f"{GUIDES['generation']:g} %, evaluation ≤ {GUIDES['evaluation']:g} %, communication ≤ "
                    f"{GUIDES['communication']:g} %. Above its guide a phase bounds the step: generation → batch size "
-                   f"up, evaluation → prefetch up, communication → sync less often.",
+                   f"up, evaluation → prefetch up, communication → sync less often. On GPU time where the steps "
+                   f"report it, as the Step composition panel.",
                    [sql(GUIDES_SQL)], "percent", max_=100, overrides=guides, no_value="no phase timings"),
         timeseries("Collective latency against the job's baseline (µs)",
                    f"The hook's small all-reduce probe (median over ranks per step) with the job's own baseline: "

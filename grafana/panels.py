@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from trimtab.contract.step_report import PHASES as STEP_PHASES
+from trimtab.contract.step_report import GPU_PHASES, NAMED_PHASES, OTHER_PHASE, PHASES as STEP_PHASES
 
 HERE = Path(__file__).resolve().parent
 DASHBOARD_DIR = HERE / "dashboards"
@@ -34,6 +34,29 @@ RAW_MAX_MS = 2 * 3_600_000
 ROLLUP_1M_MAX_MS = 72 * 3_600_000
 
 PHASES = STEP_PHASES  # every phase a step report carries (the store's <phase>_s columns)
+
+def graded_phase_columns(phases: Iterable[str]) -> str:
+    """Select columns of a job_steps CTE: each of ``phases`` as step composition grades it — a step that carries
+    GPU time (the hook's CUDA events, the store's gpu_<phase>_s) counts each phase's GPU seconds where it has them
+    and its wall seconds where not (waiting for rollout; host-side framework timers), "other" then being the
+    step's wall time the named phases leave; a step without GPU time counts wall time. Also ``gpu_timed`` (1/0)."""
+    gpu_timed = "(" + " OR ".join(f"r.gpu_{p}_s IS NOT NULL" for p in GPU_PHASES) + ")"
+
+    def graded(p: str) -> str:
+        if p in GPU_PHASES:
+            return f"coalesce(max(r.gpu_{p}_s), max(r.{p}_s))"
+        return f"max(r.{p}_s)"
+
+    named = " + ".join(f"coalesce({graded(p)}, 0)" for p in NAMED_PHASES)
+    cols = []
+    for p in phases:
+        if p == OTHER_PHASE:
+            gpu_other = f"greatest(0, max(r.step_time_s) - ({named}))"
+            cols.append(f"CASE WHEN bool_or{gpu_timed} THEN {gpu_other} ELSE max(r.{p}_s) END AS {p}")
+        else:
+            cols.append(f"CASE WHEN bool_or{gpu_timed} THEN {graded(p)} ELSE max(r.{p}_s) END AS {p}")
+    return ", ".join(cols) + f", CASE WHEN bool_or{gpu_timed} THEN 1 ELSE 0 END AS gpu_timed"
+
 ALL_JOBS = "__all"  # the GPU dashboards' job variable's "All": no job narrows the GPUs
 
 # ---------------------------------------------------------------------------------------------------------------

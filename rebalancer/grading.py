@@ -16,7 +16,8 @@ from typing import Callable, Optional, Sequence
 
 from trimtab.contract.step_report import PHASES
 from trimtab.rebalancer.rules import Rule, RuleSet, RulesError
-from trimtab.rebalancer.signals import GpuGrade, GpuWindow, JobContext, Reading, alloc_retries, grade_gpus, job_reading
+from trimtab.rebalancer.signals import (GpuGrade, GpuWindow, JobContext, Reading, alloc_retries, grade_gpus,
+                                       job_reading, time_base_words)
 from trimtab.rebalancer.window import JobStep
 
 OK, WATCH, ACT, NO_DATA, UNSUPPORTED = "ok", "watch", "act", "no_data", "unsupported"
@@ -155,7 +156,7 @@ def _composition(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext, tp: Op
         parts.append(f"{p} {share}{mark} (guide < {r.healthy_below:g}, act > {r.act_above:g})")
     steps = f"steps {win[0].step}–{win[-1].step}" if win[0].step != win[-1].step else f"step {win[0].step}"
     rate = f", {tp:.2f} samples/s" if tp is not None else ""
-    message = " · ".join(parts) + f"; {steps}{rate}"
+    message = " · ".join(parts) + f"; on {time_base_words(win)}; {steps}{rate}"
     if reading.status == ACT:
         message = f"{phase}-bound: " + message
     return _verdict(COMPOSITION, rule, reading, message)

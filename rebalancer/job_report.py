@@ -27,7 +27,7 @@ from trimtab.rebalancer.grading import (ACT, LIVE_JOB_S, NO_DATA, OK, SEVERITY, 
                                         job_rows, live_since_ms, no_data, rules_for)
 from trimtab.rebalancer.rules import RuleSet, default_rules
 from trimtab.rebalancer.step_facts import generation_cadence, rl_facts
-from trimtab.rebalancer.signals import JobContext, phase_share_pct
+from trimtab.rebalancer.signals import WALL_TIME, JobContext, phase_share_pct, time_base
 from trimtab.rebalancer.window import PHASES, JobStep, load_jobs_steps, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
@@ -77,7 +77,7 @@ class JobSummary:
     full_window: bool                            # False: fewer steps than the controller's window needs yet
     samples_per_s: Optional[float]
     step_time_s: Optional[float]                 # mean over the window
-    phase_shares: dict[str, Optional[float]]     # phase → share of step time, 0–1
+    phase_shares: dict[str, Optional[float]]     # phase → share of step time, 0–1, on ``time_base``
     fragmentation: Optional[float]               # mean of the window's steps, 0–1
     collective_latency_us: Optional[float]       # mean of the window's probes
     probe_baseline_us: Optional[float]           # median of the job's first probes
@@ -86,6 +86,8 @@ class JobSummary:
     advise_only_reason: Optional[str] = None     # why the job declares no knobs
     rl: dict[str, Optional[float]] = field(default_factory=dict)  # step_facts.rl_facts: tokens/s, completions, …
     generation_cadence: Optional[dict[str, Any]] = None  # step_facts.generation_cadence: generation every k-th step
+    time_base: str = WALL_TIME                   # what phase_shares (and the composition row) measure: gpu | wall
+    wall_phase_shares: dict[str, Optional[float]] = field(default_factory=dict)  # the same on wall time, 0–1
 
     @property
     def status(self) -> str:
@@ -155,9 +157,10 @@ def probe_baselines(engine: Engine, wanted: Mapping[int, int]) -> dict[int, Opti
 # -- grading ----------------------------------------------------------------------------------------------------
 
 
-def _shares(win: Sequence[JobStep]) -> dict[str, Optional[float]]:
-    """Time-weighted share of each phase over the window (as the rules see it), 0–1."""
-    shares = {phase: phase_share_pct(win, phase) for phase in PHASES}
+def _shares(win: Sequence[JobStep], base: Optional[str] = None) -> dict[str, Optional[float]]:
+    """Time-weighted share of each phase over the window, 0–1: as the rules see it (GPU time where the window has
+    it), or on ``base``."""
+    shares = {phase: phase_share_pct(win, phase, base) for phase in PHASES}
     return {phase: None if v is None else v / 100.0 for phase, v in shares.items()}
 
 
@@ -203,7 +206,8 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
                       step_time_s=statistics.fmean(s.step_time_s for s in win), phase_shares=_shares(win),
                       fragmentation=_mean(s.fragmentation for s in win), collective_latency_us=mean_latency,
                       probe_baseline_us=baseline_us, verdicts=verdicts, rl=rl_facts(win),
-                      generation_cadence=generation_cadence(win))
+                      generation_cadence=generation_cadence(win), time_base=time_base(win),
+                      wall_phase_shares=_shares(win, WALL_TIME))
 
 
 def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:

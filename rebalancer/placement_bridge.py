@@ -12,7 +12,7 @@ import statistics
 from dataclasses import asdict
 from typing import Any, Optional, Sequence
 
-from trimtab.rebalancer.signals import mem_used_pct
+from trimtab.rebalancer.signals import mem_used_pct, step_share_pct, time_base
 from trimtab.rebalancer.placement import GpuLoad, propose_placement
 from trimtab.rebalancer.window import JobStep
 
@@ -20,9 +20,12 @@ SCORERS = ("reward", "critic", "ref")
 
 
 def component_shares(device_map: dict[str, list[int]], steps: Sequence[JobStep]) -> dict[str, float]:
-    """Each declared component's estimated share of a step's busy time (fractions)."""
+    """Each declared component's estimated share of a step's busy time (fractions), on the time the rules grade
+    (GPU time where the steps carry it)."""
+    base = time_base(steps)
+
     def mean_share(phase: str) -> float:
-        values = [s.share_pct(phase) for s in steps]
+        values = [step_share_pct(s, phase, base) for s in steps]
         known = [v for v in values if v is not None]
         return statistics.fmean(known) / 100.0 if known else 0.0
 

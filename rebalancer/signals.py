@@ -4,7 +4,9 @@ GPUs (GPU scope), graded against the rule, with the figures that go into a decis
 Hysteresis lives here: a job signal fires only when it is above ``act_above`` over the whole window *and* over
 each half of it (so one slow step cannot fire a rule, yet a phase that happens every few steps — a weight sync
 every 2nd step — is judged by its share of the time, not by the steps that lack it). Phase shares are time-weighted
-(phase seconds / step seconds); fragmentation and latency are means of the steps that carry them. A GPU signal
+(phase seconds / step seconds), on GPU time where the window's steps carry it (:func:`time_base`: a phase that
+launches kernels and returns takes no wall time, the phase that next waits for the GPU would take the blame), on
+wall time otherwise; fragmentation and latency are means of the steps that carry them. A GPU signal
 fires when its window mean is above the line, with enough samples on every GPU. Missing data never fires
 (``status == "no_data"``).
 """
@@ -15,10 +17,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
+from trimtab.contract.step_report import GPU_PHASES, NAMED_PHASES, OTHER_PHASE
 from trimtab.rebalancer.rules import Rule
 from trimtab.rebalancer.window import JobStep
 
 NO_DATA = "no_data"
+GPU_TIME, WALL_TIME = "gpu", "wall"  # what a window's phase shares are measured on
+TIME_BASE_WORDS = {GPU_TIME: "GPU time (CUDA events)", WALL_TIME: "wall time"}
 
 
 class GpuWindow(Protocol):
@@ -104,20 +109,75 @@ def _sustained(rule: Rule, window: Sequence[JobStep], aggregate: Aggregate, valu
                    detail={"steps": [s.step for s in window], "halves": [_round(h) for h in halves]}, **base)
 
 
-def phase_share_pct(steps: Sequence[JobStep], phase: str) -> Optional[float]:
+def _gpu_s(step: JobStep, phase: str) -> Optional[float]:
+    return step.reported.get(f"gpu_{phase}_s") if phase in GPU_PHASES else None
+
+
+def _gpu_timed(step: JobStep) -> bool:
+    return any(_gpu_s(step, p) is not None for p in GPU_PHASES)
+
+
+def _timed(step: JobStep) -> bool:
+    return any(v is not None for v in step.phases_s.values())
+
+
+def time_base(steps: Sequence[JobStep]) -> str:
+    """``"gpu"`` when every step of ``steps`` that reports phases also reports their GPU time (the hook's CUDA
+    events), else ``"wall"``: one base for a whole window (and its halves), never a mix of the two."""
+    timed = [s for s in steps if _timed(s)]
+    return GPU_TIME if timed and all(_gpu_timed(s) for s in timed) else WALL_TIME
+
+
+def time_base_words(steps: Sequence[JobStep]) -> str:
+    """What the window's shares are measured on, as check says it: "GPU time for update, evaluation; wall time for
+    wait" (a phase without events — waiting, a framework's host-side timer — keeps its wall time) or "wall time"."""
+    if time_base(steps) != GPU_TIME:
+        return TIME_BASE_WORDS[WALL_TIME]
+    on_gpu = [p for p in GPU_PHASES if any(_gpu_s(s, p) is not None for s in steps)]
+    on_wall = [p for p in NAMED_PHASES if p not in on_gpu and any(s.phases_s.get(p) for s in steps)]
+    return f"GPU time for {', '.join(on_gpu)}" + (f"; wall time for {', '.join(on_wall)}" if on_wall else "")
+
+
+def phase_seconds(step: JobStep, phase: str, base: str = WALL_TIME) -> Optional[float]:
+    """The step's seconds in ``phase`` on ``base``. On GPU time a phase takes its GPU seconds where it has them and
+    its wall seconds where it has not (waiting for rollout; a framework's host-side timer), and "other" is what the
+    step's wall time leaves after the named phases so measured."""
+    if base != GPU_TIME:
+        return step.phases_s.get(phase)
+    if phase == OTHER_PHASE:
+        if not _timed(step):
+            return None
+        named = sum(phase_seconds(step, p, base) or 0.0 for p in NAMED_PHASES)
+        return max(0.0, step.step_time_s - named)
+    gpu = _gpu_s(step, phase)
+    return gpu if gpu is not None else step.phases_s.get(phase)
+
+
+def step_share_pct(step: JobStep, phase: str, base: str = WALL_TIME) -> Optional[float]:
+    """One step's share of ``phase`` on ``base``, % (None when the step does not report it)."""
+    value = phase_seconds(step, phase, base)
+    if value is None or step.step_time_s <= 0:
+        return None
+    return min(100.0, 100.0 * value / step.step_time_s)
+
+
+def phase_share_pct(steps: Sequence[JobStep], phase: str, base: Optional[str] = None) -> Optional[float]:
     """``phase``'s seconds over *all* the steps' seconds, capped at 100 %; None when no step reports it. A step
     that reports other phases but not this one spent no time in it (the hook leaves out phases a step never
-    entered): a sync every 8th step is a share of every step's time, not only of the 8th step's."""
-    timed = [s for s in steps if any(v is not None for v in s.phases_s.values())]
-    if not any(s.phases_s.get(phase) is not None for s in timed):
+    entered): a sync every 8th step is a share of every step's time, not only of the 8th step's. ``base``: GPU or
+    wall time (default: :func:`time_base` of ``steps``) — the one place step composition is measured."""
+    base = base or time_base(steps)
+    timed = [s for s in steps if _timed(s)]
+    if not any(s.phases_s.get(phase) is not None or (base == GPU_TIME and _gpu_s(s, phase) is not None)
+               for s in timed):
         return None
     seconds = sum(s.step_time_s for s in timed)
-    spent = sum(s.phases_s.get(phase) or 0.0 for s in timed)
+    spent = sum(phase_seconds(s, phase, base) or 0.0 for s in timed)
     return min(100.0, 100.0 * spent / seconds) if seconds > 0 else None
 
 
-def _share(phase: str) -> Aggregate:
-    return lambda steps: phase_share_pct(steps, phase)
+def _share(phase: str, base: str) -> Aggregate:
+    return lambda steps: phase_share_pct(steps, phase, base)
 
 
 def _mean_of(values_of: Callable[[JobStep], Optional[float]]) -> Aggregate:
@@ -166,8 +226,11 @@ def job_reading(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Readi
 
         return _sustained(rule, window, _mean_of(frag), [frag(s) for s in window], "allocator fragmentation")
     phase = signal.removesuffix("_share_pct")
-    return _sustained(rule, window, _share(phase), [s.share_pct(phase) for s in window], f"{phase} share",
-                      ctx.period, absent_is_zero=True)
+    base = time_base(window)
+    reading = _sustained(rule, window, _share(phase, base), [step_share_pct(s, phase, base) for s in window],
+                         f"{phase} share ({TIME_BASE_WORDS[base]})", ctx.period, absent_is_zero=True)
+    reading.detail["time_base"] = base
+    return reading
 
 
 def alloc_retries(window: Sequence[JobStep], ctx: JobContext) -> int:

@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -50,6 +51,9 @@ log = logging.getLogger("trimtab.trainer")
 SLUG = re.compile(NAME_PATTERN)
 MODES = (None, *SERVER_MODES)  # None: keep the mode the server has
 ChangeCallback = Callable[[str, Number, Number, Optional[int]], None]
+# A report waits at most this many step boundaries for its step's CUDA events (one or two in a loop that syncs every
+# step); past that it goes without GPU time, so a stream that never drains cannot hold the job's reports back.
+GPU_WAIT_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ class Hook:
         self._declared_max = {k: self._knobs[k].max for k in self._knobs.names}  # as the server knows them
         self._oom_knob = oom_knob
         self._timer = PhaseTimer(cuda_events)
+        self._held: deque[tuple[int, StepReport]] = deque()  # (boundary, report) waiting for its GPU time
         self._memory = MemorySampler(memory_every_s)
         self._sync = KnobSync(knob_sync_every)
         self._probe = LatencyProbe(probe_every, probe_baseline_n)
@@ -240,6 +245,11 @@ class Hook:
             return
         self._closed = True
         atexit.unregister(self.close)
+        try:  # the last steps' GPU time: waiting for the GPU is fine now, the loop is done
+            self._send_held(wait=True)
+        except Exception:
+            self._say("gpu-close", "trimtab: could not resolve the last steps' GPU time", exc_info=True)
+            self._send_held(give_up=True)
         if self._reporter is not None:
             self._reporter.close(timeout_s)
 
@@ -407,13 +417,36 @@ class Hook:
             step=step, rank=self.rank, step_time_s=step_time_s, phases_s=phases, samples=samples, tokens=tokens,
             pid=self._pid, hostname=self._hostname, local_gpu=gpu, memory=memory,
             collective_latency_us=latency_us, component=self._component(gpu),
-            collective_baseline_us=self._probe.baseline_us, gpu_phases_s=self._timer.resolve(),
+            collective_baseline_us=self._probe.baseline_us,
             oom=oom_report, rollout_slowest_s=(rollout_s or (None, None))[0],
             rollout_mean_s=(rollout_s or (None, None))[1],
             **{k: v for k, v in (framework or {}).items() if k in FRAMEWORK_FIELDS})
         self.last_report = report
-        if self._reporter is not None:
+        if self._timer.pending(step) or self._held:  # its GPU time is still to come (or an earlier report's is)
+            self._held.append((self._boundaries, report))
+        elif self._reporter is not None:
             self._reporter.submit(report.to_wire())
+        self._send_held()
+
+    def _send_held(self, wait: bool = False, give_up: bool = False) -> None:
+        """Sends the held reports, in step order, whose step's CUDA events completed (``resolve`` only queries
+        them: no sync), or that waited ``GPU_WAIT_STEPS`` boundaries (then without GPU time). ``wait``: wait for
+        the GPU (at close); ``give_up``: send everything as it is."""
+        if not self._held:
+            return
+        resolved = {} if give_up else self._timer.resolve(wait)
+        for _, report in self._held:
+            if report.step in resolved:
+                report.gpu_phases_s = resolved[report.step]
+        while self._held:
+            held_at, report = self._held[0]
+            if self._timer.pending(report.step):
+                if not give_up and self._boundaries - held_at < GPU_WAIT_STEPS:
+                    break
+                self._timer.forget(report.step)
+            self._held.popleft()
+            if self._reporter is not None:
+                self._reporter.submit(report.to_wire())
 
     def _declaration(self, values: Optional[Mapping[str, Number]] = None) -> dict:
         knobs = self._knobs.declaration()

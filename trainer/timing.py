@@ -2,8 +2,11 @@
 
 Events are only *recorded* on the hot path (~11 µs each on the H200) and resolved later with ``Event.query()``
 (~1 µs, never blocks): calling ``synchronize()`` or ``elapsed_time()`` on an unfinished event would stall the
-training loop until the GPU drains, which is exactly the cost the hook must not add. So a step's GPU time shows
-up in a later report, once its last event has completed.
+training loop until the GPU drains, which is exactly the cost the hook must not add. So a step's GPU time is
+known once its last event has completed — at its own ``step_end`` when the step ended in a host sync, a step or
+two later when it did not — and the hook holds the step's report until then (:meth:`PhaseTimer.pending`).
+
+Waiting for rollout (``WALL_ONLY_PHASES``) gets no events: an idle wait launches no kernels, its cost is wall time.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from trimtab.contract.step_report import NAMED_PHASES, PHASES
+from trimtab.contract.step_report import NAMED_PHASES, PHASES, WALL_ONLY_PHASES
 
 MAX_UNRESOLVED_STEPS = 32  # a step whose events never complete (a hung stream) must not grow memory forever
 
@@ -36,7 +39,7 @@ class Phase:
         timer = self._timer
         if timer.first_entry_s is None:
             timer.first_entry_s = time.perf_counter()
-        if timer.cuda_events and cuda_in_use():
+        if timer.cuda_events and self._name not in WALL_ONLY_PHASES and cuda_in_use():
             self._ev0 = torch.cuda.Event(enable_timing=True)
             self._ev0.record()
         self._t0 = time.perf_counter()
@@ -89,11 +92,24 @@ class PhaseTimer:
                 self.unresolved_dropped += 1
         return phases
 
-    def resolve(self) -> dict[int, dict[str, float]]:
-        """GPU seconds per phase of every earlier step whose events have all completed (oldest first); steps that
-        have not completed yet stay for a later call. Never blocks."""
+    def pending(self, step: int) -> bool:
+        """True while ``step`` has events not resolved yet (its GPU time is still to come)."""
+        return step in self._unresolved
+
+    def forget(self, step: int) -> None:
+        """Stop waiting for ``step``'s events (its report goes without GPU time)."""
+        if self._unresolved.pop(step, None) is not None:
+            self.unresolved_dropped += 1
+
+    def resolve(self, wait: bool = False) -> dict[int, dict[str, float]]:
+        """GPU seconds per phase of every step whose events have all completed (oldest first); steps that have not
+        completed yet stay for a later call. Never blocks, unless ``wait`` (at close: the GPU's work is done then
+        or nearly, and the last reports should carry their GPU time)."""
         done: dict[int, dict[str, float]] = {}
         for step, events in list(self._unresolved.items()):
+            if wait:
+                for _, _, ev1 in events:
+                    ev1.synchronize()
             if not all(ev1.query() for _, _, ev1 in events):
                 break  # the stream runs in order: later steps cannot have finished either
             gpu_s: dict[str, float] = {}

@@ -48,12 +48,20 @@ def job_families(data: JobScrape) -> Iterator[Metric]:
         Spec("trimtab_job_collective_latency_baseline_seconds", "The job's own collective-latency baseline: median "
              "of its first probes (the collective_latency rule compares against it). Unit: seconds.",
              lambda j: None if j.probe_baseline_us is None else j.probe_baseline_us / 1e6),
+        Spec("trimtab_job_composition_gpu_time", "1 when the job's phase shares are graded on GPU time (the hook's "
+             "CUDA events around each phase), 0 when on wall time (no CUDA, or phases timed on the host).",
+             lambda j: None if j.window_steps is None else float(j.time_base == "gpu")),
         Spec("trimtab_job_last_report_timestamp_seconds", "When the job's newest step report arrived (Unix time).",
              lambda j: None if j.last_report_ms is None else j.last_report_ms / 1000),
     ), jobs, _base, _simulated)
     yield from gauges((
         Spec("trimtab_job_phase_share_ratio", f"Share of step time spent in a phase (generation, evaluation, "
-             f"communication, update, other) {_WINDOW}. Unit: ratio 0-1.", lambda jp: jp[0].phase_shares.get(jp[1])),
+             f"communication, update, other) {_WINDOW}, as step composition is graded: on GPU time where the job "
+             f"reports it (trimtab_job_composition_gpu_time 1), on wall time otherwise. Unit: ratio 0-1.",
+             lambda jp: jp[0].phase_shares.get(jp[1])),
+        Spec("trimtab_job_phase_wall_share_ratio", f"Share of step time spent in a phase {_WINDOW} on wall time "
+             f"(when the host returned), beside the graded share. Unit: ratio 0-1.",
+             lambda jp: jp[0].wall_phase_shares.get(jp[1])),
     ), [(j, p) for j in jobs for p in PHASES], lambda jp: {**_base(jp[0]), "phase": jp[1]}, _simulated)
     knobs = [(j, k, spec) for j in jobs for k, spec in sorted(j.knobs.items())]
     yield from gauges((

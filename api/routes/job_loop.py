@@ -43,12 +43,14 @@ def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
     step number far ahead of the job's newest (it would stay "newest" in every later window)."""
     ctl = ctx.rules.controller
     phases = {k: v for k, v in body.phases.model_dump().items() if v is not None}
+    gpu = {k: v for k, v in (body.gpu_phases.model_dump() if body.gpu_phases else {}).items() if v is not None}
     slack_s = ctl.report_phase_slack_s
-    for phase, seconds in phases.items():
-        if seconds > body.step_time_s * ctl.report_phase_max_x_step + slack_s:
-            raise invalid(("body", "phases", phase), f"{phase} {seconds:g} s is more than "
-                                                     f"{ctl.report_phase_max_x_step:g}× the step (step_time_s "
-                                                     f"{body.step_time_s:g} s)")
+    for group, timed in (("phases", phases), ("gpu_phases", gpu)):
+        for phase, seconds in timed.items():
+            if seconds > body.step_time_s * ctl.report_phase_max_x_step + slack_s:
+                raise invalid(("body", group, phase), f"{phase} {seconds:g} s is more than "
+                                                      f"{ctl.report_phase_max_x_step:g}× the step (step_time_s "
+                                                      f"{body.step_time_s:g} s)")
     if sum(phases.values()) > body.step_time_s * ctl.report_phases_sum_max_x_step + slack_s:
         raise invalid(("body", "phases"), f"phases add up to {sum(phases.values()):g} s, more than "
                                           f"{ctl.report_phases_sum_max_x_step:g}× the step (step_time_s "

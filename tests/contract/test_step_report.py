@@ -8,9 +8,9 @@ import math
 
 from sqlalchemy import JSON, BigInteger, Double, Integer, String
 
-from trimtab.api.job_schemas import MemoryIn, Phases, ReportIn, ReportOut
+from trimtab.api.job_schemas import GpuPhases, MemoryIn, Phases, ReportIn, ReportOut
 from trimtab.contract import step_report as contract
-from trimtab.contract.step_report import (BY_RANK, COLUMNS, COUNT_RANKS, GROUPS, MEMORY_KEYS, PHASES,
+from trimtab.contract.step_report import (BY_RANK, COLUMNS, COUNT_RANKS, GPU_PHASES, GROUPS, MEMORY_KEYS, PHASES,
                                           REPORT_FIELDS, SUM, fold_ranks, to_columns, to_wire, top_level)
 from trimtab.rebalancer.job_report import job_summary
 from trimtab.rebalancer.window import load_steps
@@ -40,9 +40,10 @@ def example(f: contract.ReportField, i: int):
 
 def full_report() -> StepReport:
     """A hook's report with every field of the contract set."""
-    values = {f.name: example(f, i) for i, f in enumerate(REPORT_FIELDS)}
-    top = {f.name: values[f.name] for f in top_level()}
-    return StepReport(**top, phases_s={p: values[p] for p in PHASES},
+    values = {f.column: example(f, i) for i, f in enumerate(REPORT_FIELDS)}
+    top = {f.name: values[f.column] for f in top_level()}
+    return StepReport(**top, phases_s={p: values[f"{p}_s"] for p in PHASES},
+                      gpu_phases_s={p: values[f"gpu_{p}_s"] for p in GPU_PHASES},
                       memory={k: values[k] for k in MEMORY_KEYS} | {"cached_free_fraction": 0.1})
 
 
@@ -60,9 +61,10 @@ def test_the_apis_models_are_the_contracts_fields():
     groups = list(dict.fromkeys(f.group for f in REPORT_FIELDS if f.group))
     assert set(ReportIn.model_fields) == {f.name for f in top_level()} | set(groups) and set(groups) == set(GROUPS)
     assert list(Phases.model_fields) == list(PHASES) and list(MemoryIn.model_fields) == list(MEMORY_KEYS)
+    assert list(GpuPhases.model_fields) == list(GPU_PHASES)
     assert set(ReportOut.model_fields) == {"received_ms", *COLUMNS}
     for f in REPORT_FIELDS:
-        model = {"phases": Phases, "memory": MemoryIn}.get(f.group, ReportIn)
+        model = {"phases": Phases, "gpu_phases": GpuPhases, "memory": MemoryIn}.get(f.group, ReportIn)
         assert model.model_fields[f.name].description == f.doc
         assert model.model_fields[f.name].is_required() is f.required, f.name
 
@@ -71,6 +73,7 @@ def test_the_wire_form_is_the_contracts_fields_and_nothing_else():
     wire = full_report().to_wire()
     assert set(wire) == {f.name for f in top_level()} | set(GROUPS)
     assert list(wire["phases"]) == list(PHASES) and list(wire["memory"]) == list(MEMORY_KEYS)  # not the local keys
+    assert list(wire["gpu_phases"]) == list(GPU_PHASES)
     assert ReportIn.model_validate(wire).model_dump(exclude_none=True) == wire
     assert set(to_columns(wire)) == set(COLUMNS)
 

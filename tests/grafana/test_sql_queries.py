@@ -308,3 +308,41 @@ def test_decisions_of_every_outcome_show_in_table_and_annotations(store: Store):
     assert {r[cols.index("tags")].split(",")[1] for r in rows} == {"advised", "kept", "pending", "rolled_back"}
     throughput = _panel("rebalancer.json", "Throughput")
     assert ann["filter"]["ids"] == [throughput["id"]]
+
+
+def test_step_composition_is_graded_on_gpu_time_where_the_steps_report_it(store: Store):
+    """Issue 22: a job whose evaluation launches kernels and returns (wall 0 s, GPU 0.6 s of a 1.1 s step): the
+    composition panel shows the GPU shares the rebalancer grades (waiting keeps its wall time), and says the steps
+    are on GPU time. (Runs last in this module: it adds a job, and removes it.)"""
+    from sqlalchemy import delete, insert
+
+    from trimtab.rebalancer.signals import phase_share_pct, time_base
+    from trimtab.rebalancer.window import fold_step
+    from trimtab.store.models import job_reports, jobs
+
+    name, engine = "gpu-async", open_engine(store.url)
+    wall = dict(generation_s=0.2, evaluation_s=0.0, update_s=0.8, wait_s=0.1, other_s=0.0)
+    gpu = dict(gpu_generation_s=0.2, gpu_evaluation_s=0.6, gpu_update_s=0.2)
+    try:
+        with engine.begin() as c:
+            job_id = simrun._job(c, name, 1, {"actor": [0]}, [simrun.HOST_A], {}, "advise", store.now_ms - 600_000)
+            rows = [dict(job_id=job_id, step=i, rank=0, received_ms=store.now_ms - 60_000 + 1000 * i, step_time_s=1.1,
+                         samples=8, **wall, **gpu) for i in range(10)]
+            c.execute(insert(job_reports), rows)
+        steps = [fold_step(r["step"], [r]) for r in rows]
+        assert time_base(steps) == "gpu"
+        tr = TimeRange(store.now_ms - 5 * 60_000, store.now_ms)
+        sql = _panel("job.json", "Step composition")["targets"][0]["rawSql"]
+        variables = resolve_variables(store, DASHES["job.json"], tr, 1000, {"job": name})
+        cols, out = store.run(expand_sql(sql.replace("$__interval", "1000w"), variables, tr, 1000))
+        assert len(out) == 1
+        got = dict(zip(cols, out[0]))
+        for phase in ("generation", "evaluation", "update", "wait", "other"):
+            assert float(got[phase]) == pytest.approx(phase_share_pct(steps, phase), abs=1e-6), phase
+        assert float(got["evaluation"]) == pytest.approx(100 * 0.6 / 1.1)
+        assert float(got["wait"]) == pytest.approx(100 * 0.1 / 1.1)
+        assert float(got["steps on GPU time"]) == 100
+    finally:
+        with engine.begin() as c:
+            c.execute(delete(jobs).where(jobs.c.name == name))
+        engine.dispose()
