@@ -214,6 +214,16 @@ TARGETS: dict[str, Callable[[Any], None]] = {
 }
 
 
+def _async_targets() -> None:
+    """The async trainers' ``async def fit`` overrides (and their knob points): :mod:`.verl_async`."""
+    from trimtab.trainer.adapters.verl_async import TARGETS as ASYNC
+
+    TARGETS.update(ASYNC)
+
+
+_async_targets()
+
+
 class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, loader: importlib.abc.Loader, patch: Callable[[Any], None]):
         self._loader, self._patch = loader, patch
