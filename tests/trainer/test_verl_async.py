@@ -63,6 +63,9 @@ def test_a_fully_async_run_reports_trainer_and_rollouter_each_version_with_phase
         assert r["step_time_s"] > 0
         assert (r["generation_s"] or 0) + (r["wait_s"] or 0) == pytest.approx(r["step_time_s"], rel=1e-6)
     assert sum(r["samples"] or 0 for r in rollout.values()) <= run.rollouter.total_generated_samples
+    res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
+    print(res.output)  # the README's async subsection shows this output
+    assert f"job {job}" in res.output and "prefetch" in res.output and "sync_every" in res.output
 
 
 def _queue(api, job: str, knob: str, value) -> int:
@@ -106,13 +109,18 @@ def test_prefetch_and_sync_every_reach_their_owner_take_effect_where_verl_reads_
             ids["unsafe"] = _queue(api, job, "prefetch", 3)
             eventually(lambda: _settled(api, job, ids["unsafe"]), timeout_s=30)
             seen["staleness_after_refusal"] = rollouter.staleness_threshold
+            # back to 2 with prefetch 0: the rollouter may lower its bound only once the trainer's cycles are shorter
+            ids["shorter"] = _queue(api, job, "sync_every", 2)
+            eventually(lambda: _settled(api, job, ids["shorter"]), timeout_s=30)
+            eventually(lambda: rollouter.max_required_samples == 4, timeout_s=30)
 
         await asyncio.to_thread(script)
 
     run = run_fully_async(tmp_path, job=job, samples=4000, staleness=1, trigger=2, gen_s=0.03, during=operator,
                           overrides=attached(api, tmp_path, job))
     steps = steps_of(run)
-    prefetch, sync_every, unsafe = (_change(api, job, ids[k]) for k in ("prefetch", "sync_every", "unsafe"))
+    prefetch, sync_every, unsafe, shorter = (_change(api, job, ids[k])
+                                             for k in ("prefetch", "sync_every", "unsafe", "shorter"))
 
     # prefetch 1 → 0: applied by the rollouter through verl's set_max_required_samples (2 × (0+1) × 2 = 4) ...
     assert prefetch["status"] == "applied", prefetch
@@ -129,18 +137,23 @@ def test_prefetch_and_sync_every_reach_their_owner_take_effect_where_verl_reads_
     global_step = {s: d["training/global_step"] for s, d in sorted(steps.items())}
     cycles = {s: global_step[s] - global_step[s - 1] for s in global_step if s - 1 in global_step}
     assert all(n == 2 for s, n in cycles.items() if s < s_step), cycles
-    later = [n for s, n in cycles.items() if s_step <= s < max(steps)]  # the last cycle may be cut by the data's end
-    assert later and all(n == 3 for n in later), cycles
-    assert run.trainer.trigger_parameter_sync_step == 3
-    # the rollouter re-derived its bound from the new cycle length too: 2 × (0 + 1) × 3
-    assert max(d["fully_async/static/max_required_samples"] for s, d in steps.items() if s > s_step) == 6
+    assert shorter["status"] == "applied", shorter
+    back = shorter["applied_step"]
+    longer = [n for s, n in cycles.items() if s_step <= s < back]
+    assert longer and all(n == 3 for n in longer), cycles
+    # the last cycle may be cut by the data's end
+    assert all(n == 2 for s, n in cycles.items() if back <= s < max(steps)), cycles
+    assert run.trainer.trigger_parameter_sync_step == 2
+    # the rollouter re-derived its bound from the cycle length too: 2 × (0 + 1) × 3, then back to 2 × 1 × 2
+    assert max(d["fully_async/static/max_required_samples"] for s, d in steps.items() if s_step < s < back) == 6
+    assert run.rollouter.max_required_samples == 4
     # prefetch 0 → 3 with sync_every 3 would need 24 queued samples: refused, with verl's reason, nothing moved
     assert unsafe["status"] == "refused" and unsafe["acks"] == []
     assert "MessageQueue holds 8" in unsafe["refused_reason"] and "drop the oldest samples" in unsafe["refused_reason"]
     assert seen["staleness_after_refusal"] == 0 and run.rollouter.staleness_threshold == 0
     assert 3 not in staleness.values()
     knobs = api.get(f"/v1/jobs/{job}").json()["knobs"]
-    assert (knobs["prefetch"]["value"], knobs["sync_every"]["value"]) == (0, 3)
+    assert (knobs["prefetch"]["value"], knobs["sync_every"]["value"]) == (0, 2)
 
 
 def test_with_verls_dynamic_scheduling_on_trimtab_reports_declares_nothing_and_says_why_in_check(served, tmp_path):
@@ -188,3 +201,28 @@ def test_with_verls_dynamic_scheduling_on_trimtab_reports_declares_nothing_and_s
     res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
     print(res.output)
     assert f"job {job}" in res.output and "DynamicResourceController" in res.output
+
+
+def test_a_one_step_off_run_is_attached_and_every_step_reported_with_phases_adding_up(served, tmp_path):
+    """verl's OneStepOffRayTrainer and its real ``async def fit``; stubbed: batch generation, the actor update, the
+    weight sync (``verl_async_harness.run_one_step_off``)."""
+    from tests.trainer.verl_async_harness import run_one_step_off
+
+    api, start = served
+    start()
+    job = "verl-one-step-off"
+    run = run_one_step_off(tmp_path, job=job, steps=4, overrides=attached(api, tmp_path, job))
+    steps = steps_of(run)
+    assert sorted(steps) == [1, 2, 3, 4]
+    reports = eventually(lambda: len(by_rank(api, job, 0)) == 4 and by_rank(api, job, 0), timeout_s=20)
+    for step, data in steps.items():
+        r, t = reports[step], {k[len("timing_s/"):]: v for k, v in data.items() if k.startswith("timing_s/")}
+        assert r["step_time_s"] == pytest.approx(t["step"] + t["start_profile"] + t["stop_profile"])
+        assert sum(r[c] or 0.0 for c in PHASE_COLUMNS) == pytest.approx(r["step_time_s"], rel=1e-6)
+        assert r["wait_s"] == pytest.approx(t["gen"])  # the batch generated one step ahead, awaited
+        # the weight sync once (update_weights runs inside sync_rollout_weights); the next batch's generation
+        # (generate_async) ran beside the step and is in no phase
+        assert r["communication_s"] == pytest.approx(t["sync_rollout_weights"])
+        assert r["update_s"] == pytest.approx(t["update_actor"] + t["adv"])
+    assert run.trainer.checkpoint_manager.versions  # verl's own weight syncs ran (stubbed transport)
+    assert api.get(f"/v1/jobs/{job}").json()["knobs"] == {}  # reported only: generation is fixed one step ahead

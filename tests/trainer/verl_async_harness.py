@@ -243,3 +243,56 @@ def steps_of(run: AsyncRun) -> dict[int, dict]:
 
 def dump(run: AsyncRun) -> str:
     return json.dumps(run.records, default=str)[:4000]
+
+
+class _StubBatchRollout(_StubRollout):
+    """GPU: the agent loop manager generating a whole batch (one-step-off calls ``generate_sequences``)."""
+
+    async def generate_sequences(self, prompts):
+        out = await self.generate_sequences_single(prompts)
+        out.meta_info.pop("metrics")
+        out.meta_info["timing"] = {}
+        return out
+
+
+class _SyncCheckpointManager:
+    """GPU: the NCCL weight sync one-step-off runs before each step's generation is launched."""
+
+    def __init__(self):
+        self.versions: list[int] = []
+
+    def update_weights(self, global_steps=None):
+        time.sleep(SYNC_SLEEP_S)
+        self.versions.append(global_steps)
+
+
+class _ActorGroup:
+    """GPU: the actor worker group (only its presence is asked for by verl's ``_fit_prepare_step``)."""
+
+
+def run_one_step_off(tmp_path, *, job: str, steps: int = 4, overrides: Sequence[str] = ()) -> AsyncRun:
+    """verl's ``OneStepOffRayTrainer`` built by its real ``__init__`` from verl's ``ppo_trainer`` config plus what
+    ``one_step_off_ppo_trainer.yaml`` sets, then its real ``async def fit``. Stubbed (GPU): the batch generation
+    (``async_rollout_manager.generate_sequences``), ``_update_actor``, the weight sync and the actor worker group."""
+    from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+    from verl.single_controller.ray.base import ResourcePoolManager
+    from verl.utils import hf_tokenizer
+
+    verl_harness._ensure_ray()
+    config = verl_harness.build_config(tmp_path, v1=False, steps=steps, test_freq=-1, save_freq=-1, overrides=[
+        "actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.free_cache_engine=False",
+        "actor_rollout_ref.rollout.calculate_log_probs=True", "algorithm.rollout_correction.bypass_mode=True",
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=False", "trainer.balance_batch=False",
+        "trainer.logger=['file']", f"trainer.experiment_name={job}", *overrides])
+    jsonl = verl_harness._with_logger_path(tmp_path, job)
+    with verl_harness._file_logger_at(jsonl):
+        trainer = OneStepOffRayTrainer(config, hf_tokenizer(config.actor_rollout_ref.model.path),
+                                       role_worker_mapping={},
+                                       resource_pool_manager=ResourcePoolManager({"global_pool": [1]}, mapping={}),
+                                       device_name="cpu")
+        trainer.async_rollout_manager = _StubBatchRollout(GEN_SLEEP_S)
+        trainer.checkpoint_manager = _SyncCheckpointManager()
+        trainer.actor_rollout_wg = trainer.actor_wg = _ActorGroup()
+        trainer._update_actor = _update_actor_stub
+        asyncio.run(trainer.fit())
+    return AsyncRun(trainer, None, verl_harness._read_jsonl(jsonl), config)

@@ -10,7 +10,8 @@ verl 0.9.1 ships two trainers whose ``fit`` is ``async def`` and overrides the `
   the trainer's ``Tracking.log`` of its sync cycle, summed over ``trigger_parameter_sync_step`` micro-steps; the
   rollouter's window between two ``reset_staleness()`` calls, generating vs. paused on its staleness bound).
 * ``verl/experimental/one_step_off_policy/``: ``OneStepOffRayTrainer.fit`` runs in one process; it attaches like the
-  legacy trainer (same session, its own phase mapping in :mod:`~trimtab.trainer.adapters.verl_metrics`).
+  legacy trainer (same session, its own phase mapping in :mod:`~trimtab.trainer.adapters.verl_metrics`), reporting
+  only: its generation is fixed one step ahead, so it has neither knob.
 
 The two knobs, by their trimtab names so that ``rebalancer/rules.toml`` moves them unchanged:
 
@@ -120,6 +121,11 @@ class _Channel:
             self._seen.update(mine)
         return max(mine.items()) if mine else None
 
+    def put_back(self, knob: str, cid: int, value: Any) -> None:
+        """A change its owner cannot apply yet (the other process first): staged again for the next point."""
+        with self._lock:
+            self._staged.setdefault(cid, (knob, value))
+
     def report(self, record: Any) -> None:
         from trimtab.trainer.report import StepReport
 
@@ -188,12 +194,19 @@ class TrainerSession:
         if staged is None:
             return None
         cid, value = staged
-        # The rollouter's staleness now, from verl's own get_statistics() (the samples' copy lags by a queue's worth)
+        # The rollouter's state now, from verl's own get_statistics() (the samples' copy lags by a queue's worth)
         stats = await asyncio.wrap_future(trainer.rollouter.get_statistics.remote().future())
-        why = self.limits.refusal(float(stats["static/staleness_threshold"]), value)
+        staleness = float(stats["static/staleness_threshold"])
+        why = self.limits.refusal(staleness, value)
         if why is not None:
             log.warning("trimtab: refused sync_every → %s: %s", value, why)
             self.channel.reporter.refuse(cid, TRAINER_RANK, why)
+            return None
+        needed = int(self.limits.required_samples * (staleness + 1) * int(value))
+        if int(value) > trainer.trigger_parameter_sync_step and (stats["static/max_required_samples"] or 0) < needed:
+            # A longer cycle needs more samples per version than the rollouter's bound lets it make: it re-derives
+            # first (at its next sync), or this cycle would wait forever on a paused rollouter.
+            self.channel.put_back(SYNC_EVERY, cid, value)
             return None
         trainer.trigger_parameter_sync_step = int(value)
         trainer.dynamic_schedule_ctx.trigger_parameter_sync_step = int(value)  # verl's own copy for its policy
@@ -216,6 +229,8 @@ class RolloutSession:
         owned = () if self.dynamic or not options["knobs"] else (PREFETCH, SYNC_EVERY)
         self.channel = _Channel(options, ROLLOUT_RANK, owned, None)
         self.syncs = 0
+        self._sync_target: Optional[int] = None   # a sync_every the trainer takes; re-derived here when safe
+        self._taken: Optional[int] = None         # samples the trainer had taken from the queue at the last sync
         log.warning("trimtab: attached to verl's FullyAsyncRollouter as job %r rank 1 (rollout)", options["job"])
 
     def on_reset(self, timing: dict) -> None:
@@ -234,14 +249,21 @@ class RolloutSession:
         """Right after verl reset its staleness count at a sync, under no lock: ``set_max_required_samples`` takes it."""
         r = self.rollouter
         trigger = int(r.config.async_training.trigger_parameter_sync_step)
+        taken = r.total_generated_samples - await r.message_queue_client.get_queue_size()
+        cycle_samples, self._taken = (None if self._taken is None else taken - self._taken), taken
         staged_sync = self.channel.take(SYNC_EVERY)
         if staged_sync is not None and self.limits.refusal(float(r.staleness_threshold), staged_sync[1]) is None:
+            self._sync_target = int(staged_sync[1])  # the trainer acknowledges; here only what verl derives from it
+        target = self._sync_target
+        # A longer cycle: re-derive now (the trainer waits for it). A shorter one: only once the trainer's last cycle
+        # took that many samples (it switched), or the rollouter would pause short of what the trainer still needs.
+        if target is not None and (target > trigger or cycle_samples == self.limits.required_samples * target):
             from omegaconf import open_dict
 
-            trigger = int(staged_sync[1])
-            with open_dict(r.config):  # the trainer acknowledges; here only what verl derives from it
-                r.config.async_training.trigger_parameter_sync_step = trigger
+            with open_dict(r.config):
+                r.config.async_training.trigger_parameter_sync_step = target
             await r.set_max_required_samples()
+            trigger, self._sync_target = target, None
         staged = self.channel.take(PREFETCH)
         if staged is None:
             return
@@ -365,8 +387,11 @@ def patch_rollouter(module: Any) -> None:
 def patch_one_step_off(module: Any) -> None:
     from trimtab.trainer.adapters.verl_plugin import VerlSession, _install
 
+    # Report only: its worker calls go through the same proxies as the legacy trainer's, but no test here shows a
+    # micro-batch change reaching them (and bypass mode makes some calls moot), so none is declared yet.
     _install(module.OneStepOffRayTrainer, "fit",
-             lambda f: _wrap_async_fit(f, lambda trainer, options: VerlSession(trainer, "one_step_off", options)),
+             lambda f: _wrap_async_fit(f, lambda trainer, options: VerlSession(trainer, "one_step_off",
+                                                                               {**options, "knobs": False})),
              ("self",))
 
 

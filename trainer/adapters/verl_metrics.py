@@ -48,7 +48,8 @@ PHASE_OF: dict[str, dict[str, str]] = {
     # logs it as timing_s/timing_s/param_sync; wait_for_enough_samples is dynamic scheduling waiting for rollout.
     FULLY_ASYNC: {**_COMMON, "gen": "wait", "timing_s/param_sync": "communication",
                   "wait_for_enough_samples": "wait"},
-    ONE_STEP_OFF: {**_COMMON, "gen": "wait", "sync_rollout_weights": "communication"},
+    ONE_STEP_OFF: {**{k: v for k, v in _COMMON.items() if k != "update_weights"}, "gen": "wait",
+                   "sync_rollout_weights": "communication"},
 }
 # Timers verl runs after ``timing_s/step`` closed, per trainer: they belong to the step all the same.
 OUTSIDE_STEP: dict[str, tuple[str, ...]] = {
@@ -57,8 +58,9 @@ OUTSIDE_STEP: dict[str, tuple[str, ...]] = {
     FULLY_ASYNC: ("save_checkpoint", "start_profile", "stop_profile"),
     ONE_STEP_OFF: ("testing", "save_checkpoint", "start_profile", "stop_profile"),
 }
-# Timers of work that ran beside the step, not in it: one-step-off's next batch is generated while this one trains.
-OVERLAPPED: dict[str, tuple[str, ...]] = {ONE_STEP_OFF: ("generate_async",)}
+# Timers counted in no phase: one-step-off generates its next batch beside the step (generate_async) and times
+# update_weights inside sync_rollout_weights (counting both would count the sync twice).
+NOT_COUNTED: dict[str, tuple[str, ...]] = {ONE_STEP_OFF: ("generate_async", "update_weights")}
 SLOWEST_SAMPLE = "agent_loop/slowest/generate_sequences"
 MEAN_SAMPLE = "agent_loop/generate_sequences/mean"
 
@@ -100,7 +102,7 @@ def _phases(timing: Mapping[str, float], trainer: str) -> tuple[dict[str, float]
         if phase is not None:
             phases[phase] = phases.get(phase, 0.0) + max(0.0, seconds)
         elif name != "step" and not name.startswith("agent_loop/") and name not in OUTSIDE_STEP[trainer] \
-                and name not in OVERLAPPED.get(trainer, ()):
+                and name not in NOT_COUNTED.get(trainer, ()):
             unknown.append(name)
     return phases, tuple(sorted(unknown))
 
