@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import time
 from pathlib import Path
@@ -163,8 +162,7 @@ class _InProcessHandle:
     def __getattr__(self, name: str):
         import ray
 
-        method = getattr(self._target, name)
-        target, loop = self._target, self._loop
+        method, loop = getattr(self._target, name), self._loop
 
         class _Method:
             @staticmethod
@@ -173,7 +171,6 @@ class _InProcessHandle:
                     return _Call(asyncio.run_coroutine_threadsafe(method(*args, **kwargs), loop))
                 return ray.put(method(*args, **kwargs))
 
-        del target
         return _Method
 
 
@@ -239,10 +236,6 @@ def run_fully_async(tmp_path, *, job: str, samples: int = 24, staleness: float =
 def steps_of(run: AsyncRun) -> dict[int, dict]:
     """The trainer's logged sync cycles (the lines with ``timing_s/step``), by step."""
     return {r["step"]: r["data"] for r in run.records if "timing_s/step" in r["data"]}
-
-
-def dump(run: AsyncRun) -> str:
-    return json.dumps(run.records, default=str)[:4000]
 
 
 class _StubBatchRollout(_StubRollout):

@@ -246,7 +246,8 @@ class RolloutSession:
                                      samples=None if samples is None else int(samples)))
 
     async def apply(self) -> None:
-        """Right after verl reset its staleness count at a sync, under no lock: ``set_max_required_samples`` takes it."""
+        """Right after verl reset its staleness count at a sync, holding no lock (``set_max_required_samples`` takes
+        verl's): the staged changes, where safe."""
         r = self.rollouter
         trigger = int(r.config.async_training.trigger_parameter_sync_step)
         taken = r.total_generated_samples - await r.message_queue_client.get_queue_size()
@@ -273,6 +274,7 @@ class RolloutSession:
             log.warning("trimtab: refused prefetch → %s: %s", value, why)
             self.channel.reporter.refuse(cid, ROLLOUT_RANK, why)
             return
+        # The trainer's copy of staleness_threshold is read only by dynamic scheduling, when trimtab declares nothing.
         r.staleness_threshold = float(value) if not float(value).is_integer() else int(value)
         await r.set_max_required_samples()  # verl's own re-derivation, under its lock
         self.channel.reporter.ack(cid, self.syncs + 1, ROLLOUT_RANK)  # in effect for the next version's window
