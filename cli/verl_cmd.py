@@ -17,7 +17,7 @@ import click
 def verl_tail(ctx: click.Context) -> None:
     """Tail verl's `trainer.logger=['console','file']` JSONL and report each step to a trimtab server, with no
     change to verl. Usage: trimtab verl-tail PATH --job NAME --server URL [--token-file FILE | --token T]
-    [--trainer v1|legacy] [--device-map actor=0,1 …]
+    [--trainer v1|legacy|fully_async|one_step_off] [--device-map actor=0,1 …]
     (--help shows all options)."""
     try:
         from trimtab.trainer.adapters.verl import main

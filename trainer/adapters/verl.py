@@ -132,7 +132,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--poll-s", type=float, default=0.5)
     parser.add_argument("--trainer", choices=TRAINERS, default=V1,
                         help="which verl fit loop writes the file: v1 (verl's default, trainer.use_v1=true; "
-                             "timing_s/gen is the wait for rollout) or legacy (timing_s/gen is generation)")
+                             "timing_s/gen is the wait for rollout), legacy (timing_s/gen is generation), "
+                             "fully_async (the FullyAsyncTrainer's log: one line per parameter version) or "
+                             "one_step_off")
     args = parser.parse_args(argv)
     from trimtab.paths import EXIT_MISCONFIGURED, BadToken, token_from
 

@@ -29,7 +29,8 @@ from typing import Any, Mapping, Optional
 
 GIB = 1024 ** 3
 V1, LEGACY = "v1", "legacy"
-TRAINERS = (V1, LEGACY)
+FULLY_ASYNC, ONE_STEP_OFF = "fully_async", "one_step_off"   # verl/experimental/: see verl_async.py
+TRAINERS = (V1, LEGACY, FULLY_ASYNC, ONE_STEP_OFF)
 
 # verl timer → trimtab phase, per trainer ("gen" is the one that differs).
 _COMMON: dict[str, str] = {
@@ -42,12 +43,24 @@ _COMMON: dict[str, str] = {
 PHASE_OF: dict[str, dict[str, str]] = {
     V1: {**_COMMON, "gen": "wait"},
     LEGACY: {**_COMMON, "gen": "generation"},
+    # The async trainers generate elsewhere (the rollouter, or a task one step ahead): their "gen" is the wait for
+    # a batch. Fully-async times its parameter sync as "timing_s/param_sync" inside its own timer dict, so verl
+    # logs it as timing_s/timing_s/param_sync; wait_for_enough_samples is dynamic scheduling waiting for rollout.
+    FULLY_ASYNC: {**_COMMON, "gen": "wait", "timing_s/param_sync": "communication",
+                  "wait_for_enough_samples": "wait"},
+    ONE_STEP_OFF: {**{k: v for k, v in _COMMON.items() if k != "update_weights"}, "gen": "wait",
+                   "sync_rollout_weights": "communication"},
 }
 # Timers verl runs after ``timing_s/step`` closed, per trainer: they belong to the step all the same.
 OUTSIDE_STEP: dict[str, tuple[str, ...]] = {
     V1: ("testing", "dump_rollout_generations"),
     LEGACY: ("testing", "start_profile", "stop_profile"),
+    FULLY_ASYNC: ("save_checkpoint", "start_profile", "stop_profile"),
+    ONE_STEP_OFF: ("testing", "save_checkpoint", "start_profile", "stop_profile"),
 }
+# Timers counted in no phase: one-step-off generates its next batch beside the step (generate_async) and times
+# update_weights inside sync_rollout_weights (counting both would count the sync twice).
+NOT_COUNTED: dict[str, tuple[str, ...]] = {ONE_STEP_OFF: ("generate_async", "update_weights")}
 SLOWEST_SAMPLE = "agent_loop/slowest/generate_sequences"
 MEAN_SAMPLE = "agent_loop/generate_sequences/mean"
 
@@ -88,7 +101,8 @@ def _phases(timing: Mapping[str, float], trainer: str) -> tuple[dict[str, float]
         phase = phase_of.get(name)
         if phase is not None:
             phases[phase] = phases.get(phase, 0.0) + max(0.0, seconds)
-        elif name != "step" and not name.startswith("agent_loop/") and name not in OUTSIDE_STEP[trainer]:
+        elif name != "step" and not name.startswith("agent_loop/") and name not in OUTSIDE_STEP[trainer] \
+                and name not in NOT_COUNTED.get(trainer, ()):
             unknown.append(name)
     return phases, tuple(sorted(unknown))
 

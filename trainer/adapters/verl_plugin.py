@@ -3,7 +3,7 @@
 ``import verl`` loads every registered ``verl.plugins`` entry point in every process that imports it — the driver,
 the ``TaskRunner`` Ray actor that runs ``fit``, the workers (``verl/__init__.py``; ``VERL_USE_EXTERNAL_PLUGINS=none``
 turns plugins off). Installing trimtab registers this module there. Loading it only arranges, through a post-import
-hook, that three verl functions are wrapped once their modules are imported:
+hook, that these verl functions are wrapped once their modules are imported:
 
 * ``PPOTrainer.fit`` (V1, ``verl/trainer/ppo/v1/trainer_base.py``) and ``RayPPOTrainer.fit`` (legacy,
   ``verl/trainer/ppo/ray_trainer.py``): at the start of ``fit`` a session attaches the hook (if the run is
@@ -13,6 +13,8 @@ hook, that three verl functions are wrapped once their modules are imported:
 * ``Tracking.log`` (``verl/utils/tracking.py``), which both fit loops call once per step with every metric (the
   same dict the ``file`` logger writes): the session turns it into the step report
   (:mod:`~trimtab.trainer.adapters.verl_metrics`, shared with ``trimtab verl-tail``) and ends the hook's step.
+* The experimental async trainers' ``async def fit`` overrides (``FullyAsyncTrainer``, ``FullyAsyncRollouter``,
+  ``OneStepOffRayTrainer``) and the fully-async knob points: :mod:`~trimtab.trainer.adapters.verl_async`.
 
 Nothing changes verl's behaviour or its trainer name. The wrapped signatures are checked when the wrappers are
 installed: a verl release that changes them leaves trimtab detached with a warning (and fails trimtab's tests,
@@ -212,6 +214,16 @@ TARGETS: dict[str, Callable[[Any], None]] = {
     "verl.trainer.ppo.ray_trainer": _patch_legacy,
     "verl.utils.tracking": _patch_tracking,
 }
+
+
+def _async_targets() -> None:
+    """The async trainers' ``async def fit`` overrides (and their knob points): :mod:`.verl_async`."""
+    from trimtab.trainer.adapters.verl_async import TARGETS as ASYNC
+
+    TARGETS.update(ASYNC)
+
+
+_async_targets()
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -1,0 +1,228 @@
+"""trimtab attached to verl 0.9.1's fully-async trainer and rollouter the way the README says (installed, plus the
+``+trimtab.server`` override), while verl's own ``async def fit`` loops run on CPU against a live API with the
+rebalancer in the loop. ``tests/trainer/verl_async_harness.py`` says what is stubbed: generation (the rollout
+replicas), the actor's update on its GPU workers and the NCCL weight sync; trainer and rollouter share this process's
+event loop instead of being two Ray actors (the Ray transport between them is an in-process stand-in).
+
+Shown: each side reports each parameter version as its own rank/component (trainer = actor, rollouter = rollout)
+with phases that add up; a ``prefetch`` (staleness_threshold) and a ``sync_every`` (trigger_parameter_sync_step)
+change reach the process that owns the attribute, take effect where verl reads them (visible in verl's own metrics
+of the following steps) and are acknowledged only then; a pair verl's MessageQueue cannot hold is refused with the
+reason; with verl's dynamic scheduling on, trimtab declares nothing, says why in ``trimtab check`` and reports."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("verl")
+
+from click.testing import CliRunner  # noqa: E402
+
+from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
+from tests.trainer.test_verl_e2e import PHASE_COLUMNS, attached, served  # noqa: E402,F401
+from tests.trainer.verl_async_harness import run_fully_async, steps_of  # noqa: E402
+from trimtab.cli.main import cli  # noqa: E402
+from trimtab.trainer.adapters.verl_async import DYNAMIC_REASON  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("verl_ray")
+OUTSIDE_STEP = ("start_profile", "stop_profile", "save_checkpoint")  # fully-async times these after timing_s/step
+
+
+def by_rank(api, job: str, rank: int) -> dict[int, dict]:
+    return {r["step"]: r for r in reports_of(api, job) if r["rank"] == rank}
+
+
+def test_a_fully_async_run_reports_trainer_and_rollouter_each_version_with_phases_adding_up(served, tmp_path):
+    api, start = served
+    start()
+    job = "verl-fully-async"
+    run = run_fully_async(tmp_path, job=job, samples=16, staleness=1, trigger=2,
+                          overrides=attached(api, tmp_path, job))
+    steps = steps_of(run)
+    assert len(steps) >= 3, steps
+    registered = api.get(f"/v1/jobs/{job}").json()
+    assert registered["ranks"] == 2
+    # queue = 2 samples/step × (1 + 1) × 2 = 8: each knob alone may go as far as the queue holds with the other at 1/0
+    assert registered["knobs"] == {"prefetch": {"value": 1, "min": 0, "max": 3},
+                                   "sync_every": {"value": 2, "min": 1, "max": 4}}
+    trainer = eventually(lambda: len(by_rank(api, job, 0)) == len(steps) and by_rank(api, job, 0), timeout_s=20)
+    for step, data in steps.items():
+        r, t = trainer[step], {k[len("timing_s/"):]: v for k, v in data.items() if k.startswith("timing_s/")}
+        assert r["step_time_s"] == pytest.approx(t["step"] + sum(t.get(k, 0.0) for k in OUTSIDE_STEP))
+        assert sum(r[c] or 0.0 for c in PHASE_COLUMNS) == pytest.approx(r["step_time_s"], rel=1e-6)
+        assert r["wait_s"] == pytest.approx(t["gen"])  # waiting on the MessageQueue for the rollouter's samples
+        assert r["update_s"] == pytest.approx(t["update_actor"] + t["adv"])
+        assert r["evaluation_s"] == pytest.approx(t["reward"])
+        assert r["communication_s"] == (pytest.approx(t["timing_s/param_sync"]) if "timing_s/param_sync" in t
+                                        else None)
+    assert any(r["communication_s"] for r in trainer.values())  # verl's timing_s/param_sync, as communication
+    rollout = eventually(lambda: len(by_rank(api, job, 1)) >= len(steps) - 1 and by_rank(api, job, 1), timeout_s=20)
+    for r in rollout.values():  # the rollouter's window per version: generating, or paused on its staleness bound
+        assert r["step_time_s"] > 0
+        assert (r["generation_s"] or 0) + (r["wait_s"] or 0) == pytest.approx(r["step_time_s"], rel=1e-6)
+    assert sum(r["samples"] or 0 for r in rollout.values()) <= run.rollouter.total_generated_samples
+    res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
+    print(res.output)  # the README's async subsection shows this output
+    assert f"job {job}" in res.output and "prefetch" in res.output and "sync_every" in res.output
+
+
+def _queue(api, job: str, knob: str, value) -> int:
+    r = api.post(f"/v1/jobs/{job}/changes", {"knob": knob, "value": value}, scope="admin")
+    assert r.status_code in (200, 201), r.text
+    return r.json()["change_id"]
+
+
+def _change(api, job: str, cid: int) -> dict:
+    return next(c for c in api.get(f"/v1/jobs/{job}/changes").json()["changes"] if c["change_id"] == cid)
+
+
+def _settled(api, job: str, cid: int):
+    c = _change(api, job, cid)
+    return c if c["status"] in ("applied", "refused") else None
+
+
+def test_prefetch_and_sync_every_reach_their_owner_take_effect_where_verl_reads_them_and_an_unsafe_pair_is_refused(
+        served, tmp_path):
+    api, start = served
+    start()
+    job = "verl-async-knobs"
+    ids: dict[str, int] = {}
+    seen: dict[str, object] = {}
+
+    async def operator(trainer, rollouter):
+        def script():
+            try:
+                changes()
+            finally:  # the data ends here: verl's feed loop stops at its next sample, the run drains and ends
+                rollouter.total_rollout_steps = rollouter.global_steps
+
+        def changes():
+            eventually(lambda: len(by_rank(api, job, 0)) >= 1, timeout_s=60)
+            ids["prefetch"] = _queue(api, job, "prefetch", 0)  # owned by the rollouter
+            eventually(lambda: _settled(api, job, ids["prefetch"]), timeout_s=30)
+            seen["max_required_after_prefetch"] = rollouter.max_required_samples
+            ids["sync_every"] = _queue(api, job, "sync_every", 3)  # owned by the trainer
+            eventually(lambda: _settled(api, job, ids["sync_every"]), timeout_s=30)
+            # 2 × (3 + 1) × 3 = 24 samples ahead: verl's MessageQueue (maxlen 8, fixed at start-up) would drop some
+            ids["unsafe"] = _queue(api, job, "prefetch", 3)
+            eventually(lambda: _settled(api, job, ids["unsafe"]), timeout_s=30)
+            seen["staleness_after_refusal"] = rollouter.staleness_threshold
+            # back to 2 with prefetch 0: the rollouter may lower its bound only once the trainer's cycles are shorter
+            ids["shorter"] = _queue(api, job, "sync_every", 2)
+            eventually(lambda: _settled(api, job, ids["shorter"]), timeout_s=30)
+            eventually(lambda: rollouter.max_required_samples == 4, timeout_s=30)
+
+        await asyncio.to_thread(script)
+
+    run = run_fully_async(tmp_path, job=job, samples=4000, staleness=1, trigger=2, gen_s=0.03, during=operator,
+                          overrides=attached(api, tmp_path, job))
+    steps = steps_of(run)
+    prefetch, sync_every, unsafe, shorter = (_change(api, job, ids[k])
+                                             for k in ("prefetch", "sync_every", "unsafe", "shorter"))
+
+    # prefetch 1 → 0: applied by the rollouter through verl's set_max_required_samples (2 × (0+1) × 2 = 4) ...
+    assert prefetch["status"] == "applied", prefetch
+    assert seen["max_required_after_prefetch"] == 4
+    p_step = prefetch["applied_step"]
+    staleness = {s: d["fully_async/static/staleness_threshold"] for s, d in steps.items()}
+    # ... acknowledged for the version after the sync where it landed: samples of earlier versions say 1 ...
+    assert all(v == 1 for s, v in staleness.items() if s < p_step), staleness
+    assert staleness[max(steps)] == 0  # ... and verl's own rollout statistics of later steps say 0
+    # sync_every 2 → 3: the trainer's cycles grow from the version it was acknowledged for (verl's
+    # training/global_step advances by one per micro-step, so its step between two logged versions is the cycle)
+    assert sync_every["status"] == "applied", sync_every
+    s_step = sync_every["applied_step"]
+    global_step = {s: d["training/global_step"] for s, d in sorted(steps.items())}
+    cycles = {s: global_step[s] - global_step[s - 1] for s in global_step if s - 1 in global_step}
+    assert all(n == 2 for s, n in cycles.items() if s < s_step), cycles
+    assert shorter["status"] == "applied", shorter
+    back = shorter["applied_step"]
+    longer = [n for s, n in cycles.items() if s_step <= s < back]
+    assert longer and all(n == 3 for n in longer), cycles
+    # the last cycle may be cut by the data's end
+    assert all(n == 2 for s, n in cycles.items() if back <= s < max(steps)), cycles
+    assert run.trainer.trigger_parameter_sync_step == 2
+    # the rollouter re-derived its bound from the cycle length too: 2 × (0 + 1) × 3, then back to 2 × 1 × 2
+    assert max(d["fully_async/static/max_required_samples"] for s, d in steps.items() if s_step < s < back) == 6
+    assert run.rollouter.max_required_samples == 4
+    # prefetch 0 → 3 with sync_every 3 would need 24 queued samples: refused, with verl's reason, nothing moved
+    assert unsafe["status"] == "refused" and unsafe["acks"] == []
+    assert "MessageQueue holds 8" in unsafe["refused_reason"] and "drop the oldest samples" in unsafe["refused_reason"]
+    assert seen["staleness_after_refusal"] == 0 and run.rollouter.staleness_threshold == 0
+    assert 3 not in staleness.values()
+    knobs = api.get(f"/v1/jobs/{job}").json()["knobs"]
+    assert (knobs["prefetch"]["value"], knobs["sync_every"]["value"]) == (0, 2)
+
+
+def test_with_verls_dynamic_scheduling_on_trimtab_reports_declares_nothing_and_says_why_in_check(served, tmp_path):
+    """Stubbed beyond the harness: the trainer's ``fit_step`` (dynamic scheduling needs hybrid rollout replicas on the
+    trainer's GPUs); verl's real ``fit`` runs around it and logs one sync cycle through verl's ``Tracking``."""
+    from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer, TrainingStopException
+    from verl.single_controller.ray.base import ResourcePoolManager
+    from verl.utils import hf_tokenizer
+
+    from tests.trainer import verl_harness
+    from tests.trainer.verl_async_harness import build_async_config
+
+    api, start = served
+    start()
+    job = "verl-dynamic"
+    config = build_async_config(tmp_path, job=job, samples=8, staleness=1, trigger=2,
+                                overrides=[*attached(api, tmp_path, job),
+                                           "async_training.use_dynamic_resource_scheduling=True"])
+    jsonl = verl_harness._with_logger_path(tmp_path, job)
+    with verl_harness._file_logger_at(jsonl):
+        trainer = FullyAsyncTrainer.__ray_actor_class__(
+            config, hf_tokenizer(config.actor_rollout_ref.model.path), role_worker_mapping={},
+            resource_pool_manager=ResourcePoolManager({"trainer_pool": [1]}, mapping={}), device_name="cpu")
+        trainer.message_queue_client, trainer.rollouter = object(), object()
+        trainer.set_total_train_steps(1)
+        calls = []
+
+        async def fit_step():  # one cycle as verl's dynamic branch logs it, then the queue's end
+            calls.append(1)
+            if len(calls) > 1:
+                raise TrainingStopException()
+            trainer.current_param_version = 1
+            trainer.logger.log(data={"timing_s/step": 0.5, "timing_s/wait_for_enough_samples": 0.2,
+                                     "timing_s/gen": 0.1, "timing_s/update_actor": 0.15}, step=1)
+
+        trainer.fit_step = fit_step
+        asyncio.run(trainer.fit())
+    registered = eventually(lambda: api.get(f"/v1/jobs/{job}").json() if reports_of(api, job) else None)
+    assert registered["knobs"] == {} and registered["advise_only_reason"] == DYNAMIC_REASON
+    report = reports_of(api, job)[0]
+    assert report["wait_s"] == pytest.approx(0.3) and report["step_time_s"] == pytest.approx(0.5)
+    # what verl's controller governs is not trimtab's to move: the API has no such knob to queue, verl's values stay
+    assert api.post(f"/v1/jobs/{job}/changes", {"knob": "prefetch", "value": 0}, scope="admin").status_code >= 400
+    assert (trainer.staleness_threshold, trainer.trigger_parameter_sync_step) == (1, 2)
+    res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
+    print(res.output)
+    assert f"job {job}" in res.output and "DynamicResourceController" in res.output
+
+
+def test_a_one_step_off_run_is_attached_and_every_step_reported_with_phases_adding_up(served, tmp_path):
+    """verl's OneStepOffRayTrainer and its real ``async def fit``; stubbed: batch generation, the actor update, the
+    weight sync (``verl_async_harness.run_one_step_off``)."""
+    from tests.trainer.verl_async_harness import run_one_step_off
+
+    api, start = served
+    start()
+    job = "verl-one-step-off"
+    run = run_one_step_off(tmp_path, job=job, steps=4, overrides=attached(api, tmp_path, job))
+    steps = steps_of(run)
+    assert sorted(steps) == [1, 2, 3, 4]
+    reports = eventually(lambda: len(by_rank(api, job, 0)) == 4 and by_rank(api, job, 0), timeout_s=20)
+    for step, data in steps.items():
+        r, t = reports[step], {k[len("timing_s/"):]: v for k, v in data.items() if k.startswith("timing_s/")}
+        assert r["step_time_s"] == pytest.approx(t["step"] + t["start_profile"] + t["stop_profile"])
+        assert sum(r[c] or 0.0 for c in PHASE_COLUMNS) == pytest.approx(r["step_time_s"], rel=1e-6)
+        assert r["wait_s"] == pytest.approx(t["gen"])  # the batch generated one step ahead, awaited
+        # the weight sync once (update_weights runs inside sync_rollout_weights); the next batch's generation
+        # (generate_async) ran beside the step and is in no phase
+        assert r["communication_s"] == pytest.approx(t["sync_rollout_weights"])
+        assert r["update_s"] == pytest.approx(t["update_actor"] + t["adv"])
+    assert run.trainer.checkpoint_manager.versions  # verl's own weight syncs ran (stubbed transport)
+    assert api.get(f"/v1/jobs/{job}").json()["knobs"] == {}  # reported only: generation is fixed one step ahead
