@@ -144,8 +144,12 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
                        status_every_s=max(window_s, 1.0))
         click.echo(f"sampling {len(runner.sampler.gpus)} GPUs live for {window_s:g} s …", err=True)
         runner.run(threading.Event(), duration_s=window_s)
-        # The live window ends now; widen it by one interval so the first tick is inside it.
-        return _reports_from_store(url, window_s + interval_s + 1, runner.node.hostname, rules)
+        # The live window ends now; widen the read by one interval so the first tick is inside it. The samples
+        # still span the window_s seconds sampled, and the report says so.
+        reports = _reports_from_store(url, window_s + interval_s + 1, runner.node.hostname, rules)
+        for r in reports:
+            r.window_s = window_s
+        return reports
 
 
 @click.command()

@@ -82,6 +82,33 @@ def test_agent_without_a_driver_says_how_to_simulate(monkeypatch):
     assert "--simulate" in res.output
 
 
+def test_up_falling_back_to_simulation_does_not_tell_the_user_to_simulate(caplog):
+    """`up` (fallback_gpus) already simulates: its warning says why, not "run `trimtab agent --simulate N`"."""
+    from trimtab.agent.nvml import NvmlSource
+    from trimtab.agent.runner import make_sources
+    from trimtab.agent.source import SourceUnavailable
+
+    try:
+        NvmlSource().close()
+        pytest.skip("this machine has an NVIDIA driver")
+    except SourceUnavailable:
+        pass
+    with caplog.at_level("WARNING", logger="trimtab.agent.runner"):
+        sources = make_sources(fallback_gpus=2)
+    for source in sources:
+        source.close()
+    warning = " ".join(r.getMessage() for r in caplog.records)
+    assert "starting a SIMULATED node of 2 GPUs" in warning and "--simulate" not in warning, warning
+
+
+def test_live_check_reports_the_window_it_was_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIMTAB_STATE_DIR", str(tmp_path))
+    res = run("check", "--simulate", "2", "--window", "1.5", "--interval", "0.1")
+    assert "window: last 1.5 s," in res.stdout, res.stdout
+    res = run("check", "--simulate", "2", "--window", "1.5", "--interval", "0.1", "--json")
+    assert json.loads(res.stdout)["nodes"][0]["window_s"] == 1.5
+
+
 def test_check_live_without_a_driver_suggests_check_simulate(tmp_path, monkeypatch):
     from trimtab.agent.nvml import NvmlSource
     from trimtab.agent.source import SourceUnavailable
