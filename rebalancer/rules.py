@@ -55,6 +55,14 @@ class Action:
         by = abs(self.by) if self.op == "add" else self.by
         return f"{self.knob} {sym}{by:g}"
 
+    def describe_move(self, old: float, new: float) -> str:
+        """The move from ``old`` to ``new`` in this action's terms: ``×4`` for a strong-evidence step of a ×2 rule,
+        ``×2`` for a ×4 step cut at the knob's bound. A decision's reason says what was done, not the rule's step."""
+        if self.op in ("mul", "div") and old > 0 and new > 0:
+            sym, ratio = ("×", new / old) if self.op == "mul" else ("÷", old / new)
+            return f"{self.knob} {sym}{ratio:.3g}"
+        return f"{self.knob} {'+' if new >= old else '−'}{abs(new - old):g}"
+
 
 @dataclass(frozen=True)
 class Rule:
