@@ -1,6 +1,7 @@
 """`trimtab check` grades each simulated scenario correctly, in JSON and as a table, with the documented exit codes."""
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -176,3 +177,51 @@ def test_check_on_an_empty_postgresql_database_says_to_start_trimtab_once_not_sq
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+
+
+def test_a_stopped_agent_makes_check_exit_non_zero_at_once_naming_the_node_and_the_age(tmp_path):
+    """A script gating on `check` must not pass on a dead node: once the newest sample is older than
+    stale_after_intervals sampling intervals, check exits 2 naming the node and the age — not 30 s later, when the
+    window empties. (stale_min_s = 0 here, so that 5 intervals of 0.2 s decide; the shipped floor is 3 s.)"""
+    import signal
+    import time
+
+    from tests.support.procs import stop, trimtab
+
+    db = f"sqlite:///{tmp_path}/t.db"
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[controller]\nstale_after_intervals = 5\nstale_min_s = 0\n")
+    agent = trimtab("agent", "--db", db, "--simulate", "2", "--interval", "0.2", "--hostname", "node-7",
+                    "--spool-dir", str(tmp_path / "spool"))
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the agent has stored a few ticks
+            res = run("check", "--db", db, "--rules-file", str(rules), "--json")
+            if res.exit_code == 0 and json.loads(res.stdout)["nodes"][0]["gpus"][0]["n_samples"] >= 4:
+                break
+            assert time.monotonic() < deadline and agent.poll() is None, res.output
+            time.sleep(0.3)
+        node = json.loads(res.stdout)["nodes"][0]
+        assert node["stale"] is False and node["sample_interval_s"] == pytest.approx(0.2, abs=0.1)
+    finally:
+        stop(agent, signal.SIGKILL)  # the agent dies
+    time.sleep(1.5)  # > 5 × 0.2 s, far less than the 30 s window
+    res = run("check", "--db", db, "--rules-file", str(rules))
+    assert res.exit_code == 2, res.output
+    age = float(re.search(r"node node-7 is STALE: its newest sample is ([0-9.]+) s old", res.stderr).group(1))
+    assert 1.5 <= age < 30, res.stderr
+    assert "STALE" in res.stdout and "BALANCED" not in res.stdout
+    body = json.loads(run("check", "--db", db, "--rules-file", str(rules), "--json").stdout)
+    assert body["status"] == "stale" and body["balanced"] is False and body["nodes"][0]["stale"] is True
+
+
+def test_the_shipped_freshness_rule_is_five_intervals_and_at_least_three_seconds(tmp_path):
+    from trimtab.rebalancer.rules import default_rules
+
+    ctl = default_rules().controller
+    assert (ctl.stale_after_intervals, ctl.stale_min_s) == (5.0, 3.0)
+    db = f"sqlite:///{tmp_path}/t.db"
+    assert run("agent", "--db", db, "--simulate", "1", "--interval", "1", "--duration", "2.5",
+               "--spool-dir", str(tmp_path / "spool")).exit_code == 0
+    node = json.loads(run("check", "--db", db, "--json").stdout)["nodes"][0]
+    assert node["stale"] is False and node["stale_after_s"] == pytest.approx(5 * node["sample_interval_s"])
