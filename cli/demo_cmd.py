@@ -11,7 +11,6 @@ change rolled back, what the pipeline itself counted. Needs the `[trainer]` extr
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 
@@ -102,9 +101,7 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
         job_out = story.api_get(daemon, f"/v1/jobs/{job}")
         changes = list(reversed(story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=200")["changes"]))
     finally:
-        daemon.stop()
-        if not keep_state:
-            shutil.rmtree(daemon.state_dir, ignore_errors=True)
+        daemon.close(keep_state)
     records = run.records + after
     after_tp = story.throughput(after) or 0.0
     final = dict(zip(KNOBS, story.knob_tuple(after[-1])))
