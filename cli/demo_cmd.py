@@ -86,7 +86,8 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
             before_tp, before = story.measure_static(pipe, defaults, warmup=1, steps=before_steps)
             say(f"before: {before_tp:,.1f} samples/s at {_knobs_text(story.knob_tuple(before[-1]))} "
                 f"({len(before)} steps)")
-            say("handing the job to the rebalancer (mode auto) …")
+            say("handing the job to the rebalancer (mode auto); one line per change it makes, with the throughput it "
+                "measured over its own windows of steps (as the decisions below) …")
             hook = attach(job=job, server=daemon.url, token=daemon.token, device_map=devices.as_hook_map(),
                           knobs=story.declaration(defaults, config), mode="auto")
             progress = _progress(say, daemon, job, story.knob_tuple(before[-1]))
@@ -128,7 +129,9 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
 
 
 def _progress(say, daemon, job: str, start: tuple):
-    """One line per knob change, marking a rollback (its change's reason says so)."""
+    """One line per knob change, with the rebalancer's own figures — the windows of steps its decisions and verdicts
+    are measured over (a single step's rate right after a change is no measure: a deeper prefetch starts on batches
+    already generated, so its first steps run fast whatever the verdict will be)."""
     from trimtab.trainer.pipeline import story
 
     last = [start]
@@ -137,14 +140,40 @@ def _progress(say, daemon, job: str, start: tuple):
         knobs = story.knob_tuple(record)
         if knobs == last[0]:
             return
+        moved = [(name, old, new) for name, old, new in zip(KNOBS, last[0], knobs) if old != new]
         last[0] = knobs
         try:
-            newest = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=1")["changes"]
+            changes = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=5")["changes"]
+            decisions = story.api_get(daemon, f"/v1/decisions?job={job}&limit=20")["decisions"]
         except Exception:
-            newest = []
-        rolled = " (rolled back)" if newest and newest[0]["reason"].startswith("rollback:") else ""
-        say(f"  step {record.step:4d}: knobs now {_knobs_text(knobs)} — {record.samples_per_s:,.1f} samples/s{rolled}")
+            changes, decisions = [], []
+        say(f"  step {record.step:4d}: {_change_line(moved, changes, decisions)}")
     return show
+
+
+def _change_line(moved, changes: list, decisions: list) -> str:
+    """``batch_size 16 → 64 (generation_bound at 117.6 samples/s over steps 17–24)``, or for a rollback the verdict's
+    before → after; the knobs alone where the API had nothing to match (a manual change)."""
+    what = ", ".join(f"{name} {old} → {new}" for name, old, new in moved)
+    name, _, new = moved[-1]
+    change = next((c for c in changes if c["knob"] == name and c["value"] == new), None)
+    if change is None:
+        return what
+    if change["reason"].startswith("rollback:"):
+        d = next((d for d in decisions if d["outcome"] == "rolled_back" and d["knob"] == name), None)
+        if d is None:
+            return f"{what}, rolled back"
+        ev = d["evidence"]
+        before = (ev.get("before_window") or {}).get("samples_per_s") or d["throughput_before_samples_per_s"]
+        gain = f" ({ev['gain_pct']:+.1f} %)" if ev.get("gain_pct") is not None else ""
+        return (f"{what}, rolled back: decision #{d['id']} measured {_fmt(before)} → "
+                f"{_fmt(d['throughput_after_samples_per_s'])} samples/s{gain}")
+    d = next((d for d in decisions if d["change_id"] == change["change_id"]), None)
+    if d is None:
+        return what
+    steps = (d["evidence"].get("window") or {}).get("steps")
+    over = f" over steps {steps[0]}–{steps[1]}" if steps else ""
+    return f"{what} (decision #{d['id']}, {d['rule']}, at {_fmt(d['throughput_before_samples_per_s'])} samples/s{over})"
 
 
 def _regenerated(d: dict, records) -> tuple[int, int]:
