@@ -17,6 +17,7 @@ import time
 import click
 
 KNOBS = ("batch_size", "prefetch", "sync_every")
+CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"  # as the README says
 
 
 def _fmt(value, unit: str = "") -> str:
@@ -59,7 +60,8 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
         from trimtab.trainer.pipeline.config import parse_device_map, preset
         from trimtab.trainer.pipeline.loop import Pipeline, set_cpu_threads
     except ImportError as exc:
-        raise click.ClickException(f"demo needs the trainer extra (pip install 'trimtab[trainer]'): {exc}") from exc
+        raise click.ClickException(f"demo needs the trainer extra: pip install '.[trainer]' in trimtab's checkout; "
+                                   f"without a GPU install the CPU build of torch first, {CPU_TORCH} ({exc})") from exc
 
     def say(msg: str) -> None:
         click.echo(msg, err=as_json)
@@ -163,11 +165,12 @@ def _change_line(moved, changes: list, decisions: list) -> str:
         d = next((d for d in decisions if d["outcome"] == "rolled_back" and d["knob"] == name), None)
         if d is None:
             return f"{what}, rolled back"
-        ev = d["evidence"]
-        before = (ev.get("before_window") or {}).get("samples_per_s") or d["throughput_before_samples_per_s"]
-        gain = f" ({ev['gain_pct']:+.1f} %)" if ev.get("gain_pct") is not None else ""
-        return (f"{what}, rolled back: decision #{d['id']} measured {_fmt(before)} → "
-                f"{_fmt(d['throughput_after_samples_per_s'])} samples/s{gain}")
+        v = d["evidence"].get("verdict") or {}
+        if not v:
+            return f"{what}, rolled back (decision #{d['id']})"
+        said = "not told apart from noise and no better" if d["evidence"].get("back_to_known") else "worse"
+        return (f"{what}, rolled back on decision #{d['id']}'s verdict: {100 * (v['ratio'] - 1):+.1f} % "
+                f"({v['confidence_pct']:.0f} % sure), {said}")
     d = next((d for d in decisions if d["change_id"] == change["change_id"]), None)
     if d is None:
         return what

@@ -95,7 +95,8 @@ def test_progress_lines_show_the_rebalancers_figures_not_a_single_steps_rate(mon
     rolled = {**pending, "outcome": "rolled_back", "throughput_before_samples_per_s": 262.3,
               "throughput_after_samples_per_s": 152.3,
               "evidence": {"window": {"steps": [41, 57]}, "gain_pct": -42.0,
-                           "before_window": {"samples_per_s": 262.3}}}
+                           "before_window": {"samples_per_s": 262.3},
+                           "verdict": {"ratio": 0.58, "confidence_pct": 100.0, "ci_pct": [-46.2, -37.4]}}}
     api = {"changes": [forward], "decisions": [pending]}
     monkeypatch.setattr(story, "api_get", lambda _daemon, path: {
         "changes": api["changes"]} if "/changes" in path else {"decisions": api["decisions"]})
@@ -107,4 +108,4 @@ def test_progress_lines_show_the_rebalancers_figures_not_a_single_steps_rate(mon
     show(SimpleNamespace(step=71, batch_size=64, prefetch=1, sync_every=1, samples_per_s=297.0))
     assert lines == [
         "  step   59: prefetch 1 → 3 (decision #5, generation_bound, at 262.3 samples/s over steps 41–57)",
-        "  step   71: prefetch 3 → 1, rolled back: decision #5 measured 262.3 → 152.3 samples/s (-42.0 %)"]
+        "  step   71: prefetch 3 → 1, rolled back on decision #5's verdict: -42.0 % (100 % sure), worse"]

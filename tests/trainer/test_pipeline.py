@@ -187,4 +187,4 @@ def test_cli_without_torch_says_what_to_install_in_one_line():
     result = subprocess.run([sys.executable, "-c", blocked], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "pip install 'trimtab[trainer]'" in result.stderr and "download.pytorch.org/whl/cpu" in result.stderr
+    assert "pip install '.[trainer]'" in result.stderr and "download.pytorch.org/whl/cpu" in result.stderr

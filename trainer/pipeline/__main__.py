@@ -8,8 +8,8 @@ try:
 except ModuleNotFoundError as exc:
     if exc.name not in ("torch", "numpy"):
         raise
-    sys.exit(f"python -m trimtab.trainer.pipeline needs the trainer extra (torch and numpy): "
-             f"pip install 'trimtab[trainer]' ('.[trainer]' in a clone); on a machine without a GPU install the CPU "
-             f"build of torch first, pip install torch --index-url https://download.pytorch.org/whl/cpu ({exc})")
+    sys.exit(f"python -m trimtab.trainer.pipeline needs the trainer extra (torch and numpy): pip install "
+             f"'.[trainer]' in trimtab's checkout; without a GPU install the CPU build of torch first, pip install "
+             f"torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu ({exc})")
 
 sys.exit(main())
