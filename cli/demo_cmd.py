@@ -175,7 +175,7 @@ def _change_line(moved, changes: list, decisions: list) -> str:
     if d is None:
         return what
     steps = (d["evidence"].get("window") or {}).get("steps")
-    over = f" over steps {steps[0]}–{steps[1]}" if steps else ""
+    over = "" if not steps else f" over step {steps[0]}" if steps[0] == steps[1] else f" over steps {steps[0]}–{steps[1]}"
     return f"{what} (decision #{d['id']}, {d['rule']}, at {_fmt(d['throughput_before_samples_per_s'])} samples/s{over})"
 
 
