@@ -36,14 +36,16 @@ def make_sources(
 
     if simulate:
         return [SimulatedNode(simulate, scenario=scenario, seed=seed, hostname=hostname), HostSource()]
-    from trimtab.agent.nvml import NvmlSource
+    from trimtab.agent.nvml import NO_DRIVER_HINT, NvmlSource
 
     try:
         return [NvmlSource(indices=gpu_indices), HostSource()]
     except SourceUnavailable as exc:
         if not fallback_gpus:
             raise
-        log.warning("%s — starting a SIMULATED node of %d GPUs (scenario %s) instead", exc, fallback_gpus, scenario)
+        # The hint ("run `trimtab agent --simulate N`") is what this fallback already does: leave it out.
+        why = str(exc).replace(NO_DRIVER_HINT, "").strip().rstrip(".")
+        log.warning("%s — starting a SIMULATED node of %d GPUs (scenario %s) instead", why, fallback_gpus, scenario)
         return [SimulatedNode(fallback_gpus, scenario=scenario, seed=seed, hostname=hostname), HostSource()]
 
 

@@ -43,7 +43,28 @@ def require_scope(scope: str):
         return token
 
     dependency.__name__ = f"require_{scope}"
-    return dependency
+    dependency.trimtab_scope = scope  # read by the error handlers: a body that cannot be parsed is refused after
+    return dependency                 # the token check, not before it (see :func:`refused_token`)
+
+
+async def refused_token(request: Request) -> Optional[HTTPException]:
+    """The 401/403 the route's token check gives this request, or None (no check, or it passes).
+
+    FastAPI parses a JSON body before it runs a route's dependencies, so without this a malformed body from a
+    client without a token would get 422 instead of the 401 every other tokenless write gets."""
+    route = request.scope.get("route")
+    pending = list(getattr(getattr(route, "dependant", None), "dependencies", []))
+    while pending:
+        dep = pending.pop()
+        scope = getattr(dep.call, "trimtab_scope", None)
+        if scope is not None:
+            try:
+                dep.call(request, await bearer(request))
+            except HTTPException as exc:
+                return exc
+            return None
+        pending.extend(dep.dependencies)
+    return None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from trimtab.api.deps import refused_token
 from trimtab.api.writers import StoreBusy
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,10 @@ def _json(status: int, detail, headers=None) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
-async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    refused = await refused_token(request)  # a tokenless write is 401 whatever its body
+    if refused is not None:
+        return await http_exception_handler(request, refused)
     errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
               for e in exc.errors()]
     return _json(422, jsonable_encoder(errors))
@@ -46,6 +50,9 @@ async def _http(request: Request, exc: StarletteHTTPException):
     # nesting past the recursion limit, an integer over the digit limit): for the client that is malformed
     # JSON like any other, so it gets the same 422.
     if exc.status_code == 400 and exc.detail == _FASTAPI_UNPARSABLE_BODY:
+        refused = await refused_token(request)
+        if refused is not None:
+            return await http_exception_handler(request, refused)
         return _json(422, [{"loc": ["body"], "msg": "the body could not be parsed as JSON (invalid UTF-8, too deep, or a number too long)", "type": "json_invalid"}])
     if exc.status_code == 405:
         # Starlette's Allow names the methods of the one route it tried; a path is often several routes (GET and

@@ -254,11 +254,20 @@ class BalanceReportOut(Model):
     status: Literal["ok", "watch", "act"] = Field(description="The worst verdict of the node.")
     gpus: list[BalanceGpuOut] = Field(description="Per-GPU window means.")
     verdicts: list[VerdictOut] = Field(description="One verdict per check.")
+    stale: bool = Field(description="True when the node's newest sample is older than stale_after_s: its agent "
+                                    "stopped or cannot reach the store, and the verdicts are no current ones.")
+    newest_sample_age_s: Optional[float] = Field(description="Age of the node's newest sample, seconds.")
+    sample_interval_s: Optional[float] = Field(description="The node's sampling interval, measured from its samples "
+                                                           "(null: one sample only).")
+    stale_after_s: Optional[float] = Field(description="Older than this the node is stale: stale_after_intervals "
+                                                       "sampling intervals, at least stale_min_s (rules.toml "
+                                                       "[controller]); null: not judged.")
 
 
 class BalanceOut(Model):
-    status: Literal["ok", "watch", "act", "no_data"] = Field(
-        description="Worst status over the nodes; no_data when no node has samples in the window.")
+    status: Literal["ok", "watch", "act", "no_data", "stale"] = Field(
+        description="Worst status over the nodes; no_data when no node has samples in the window; stale when a "
+                    "node's samples are too old to be a current verdict (its report says how old).")
     simulated: bool = Field(description="True when any reported node is simulated.")
     window_s: float = Field(description="Length of the graded window, seconds.")
     reports: list[BalanceReportOut] = Field(description="One report per node with samples in the window.")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -174,6 +175,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"phases": phases, "rows": results, "unsupported": unsup}, fh, indent=2)
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0 if agent.returncode == 0 else 1
 
 

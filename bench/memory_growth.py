@@ -128,6 +128,8 @@ def main() -> int:
     ap.add_argument("--tail", type=int, default=60, help="steps in a row with nothing to change that end the run")
     ap.add_argument("--daemon-args", default="--interval 1", help="extra `trimtab up` arguments")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--keep-state", action="store_true",
+                    help="keep the daemon's state directory (store, log) instead of removing it at the end")
     args = ap.parse_args()
     small = args.tiny or args.device_map == "cpu"
     args.hidden = args.hidden or (128 if small else 8192)
@@ -190,7 +192,7 @@ def main() -> int:
         print(f"hook: {hook.stats}", flush=True)  # reports sent/dropped: a step rate the reporter keeps up with
         decisions = story.api_get(daemon, f"/v1/decisions?job={name}&limit=200")["decisions"]
     finally:
-        daemon.stop()
+        daemon.close(args.keep_state)
 
     path = []
     for s in steps:

@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -558,6 +559,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"gpus": gpus, "topology": topo, "health": health, "phases": out,
                                          "rows": [dict(zip(ROW_HEADER, r)) for r in rows]}, indent=1, default=str))
+    shutil.rmtree(work, ignore_errors=True)  # the daemon's store and log, the all-reduce ranks' files
     return 0
 
 

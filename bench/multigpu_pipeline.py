@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -446,6 +447,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.json.write_text(json.dumps({**report, "ranks": ranks, "placement_ranks": placement_ranks,
                                          "changes": changes, "decisions": decisions, "reports": reports},
                                         indent=1, default=str))
+    shutil.rmtree(work, ignore_errors=True)  # the daemon's store and log, the ranks' result files
     return 0
 
 

@@ -47,6 +47,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=420.0, help="bound on the auto run")
     ap.add_argument("--daemon-args", default="--interval 1", help="extra `trimtab up` arguments")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--keep-state", action="store_true",
+                    help="keep the daemon's state directory (store, log) instead of removing it at the end")
     args = ap.parse_args()
 
     from trimtab.trainer import attach
@@ -85,7 +87,7 @@ def main() -> int:
         decisions = story.api_get(daemon, f"/v1/decisions?job={job}&limit=100")["decisions"]
         changes = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]
     finally:
-        daemon.stop()
+        daemon.close(args.keep_state)
     records = run.records
     best_tp = (best_before + best_after) / 2
     default_records = default_records + [r for r in records[:len(records)] if story.knob_tuple(r) == (1, 0, 1)]

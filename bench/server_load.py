@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,34 @@ def store_url(kind: str, tmp: Path) -> tuple[str, callable]:
 
     sep = "&" if "?" in PG_BASE else "?"
     return f"{PG_BASE}{sep}options={quote(f'-csearch_path={schema}')}", drop
+
+
+def agent_token(url: str) -> str:
+    """An ``agent`` token made in the store itself, as `trimtab token create` does: the server's own first admin
+    token goes to a file named after its store (``admin-<database>-<hash>.token`` for a --db of its own)."""
+    from trimtab.api.auth import create_token
+    from trimtab.store.engine import migrate, open_engine
+
+    engine = open_engine(url)
+    try:
+        migrate(engine)
+        return create_token(engine, "bench/server_load.py", "agent")[1]
+    finally:
+        engine.dispose()
+
+
+def wait_until_serving(base: str, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"trimtab server exited with {server.returncode} before serving")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"trimtab server did not answer {base}/healthz within {timeout_s:g} s")
 
 
 def count_rows(url: str) -> int:
@@ -119,17 +148,12 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "TRIMTAB_STATE_DIR": str(tmp / "state"), "TRIMTAB_LOG_LEVEL": "warning"}
+    token = agent_token(url)
     server = subprocess.Popen([sys.executable, "-m", "trimtab.cli.main", "server", "--db", url, "--port", str(port)],
                               env=env, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        token = (tmp / "state" / "admin.token").read_text().strip()
+        wait_until_serving(base, server)
         run_id = secrets.token_hex(2)
         results, stored_before = [], 0
         print(f"server: {args.db}, {args.seconds:g} s per step, 8 GPUs per node, 1 batch/node/s; cores: {os.cpu_count()}")
@@ -149,6 +173,7 @@ def main() -> int:
         server.terminate()
         server.wait(10)
         cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -1,7 +1,9 @@
 """`trimtab check`: grade this node's (or every node's) balance over a window; exit 0 / 1 / 2.
 
 Exit codes are the contract for scripts: 0 balanced (possibly with rows to watch), 1 out of balance (a check
-crossed its "act" threshold), 2 could not tell (store unreachable, no samples in the window, bad arguments).
+crossed its "act" threshold), 2 could not tell (store unreachable, no samples in the window, a node whose newest
+sample is stale — older than a few of its sampling intervals, rules.toml's ``stale_after_intervals`` — bad
+arguments).
 """
 
 from __future__ import annotations
@@ -144,8 +146,12 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
                        status_every_s=max(window_s, 1.0))
         click.echo(f"sampling {len(runner.sampler.gpus)} GPUs live for {window_s:g} s …", err=True)
         runner.run(threading.Event(), duration_s=window_s)
-        # The live window ends now; widen it by one interval so the first tick is inside it.
-        return _reports_from_store(url, window_s + interval_s + 1, runner.node.hostname, rules)
+        # The live window ends now; widen the read by one interval so the first tick is inside it. The samples
+        # still span the window_s seconds sampled, and the report says so.
+        reports = _reports_from_store(url, window_s + interval_s + 1, runner.node.hostname, rules)
+        for r in reports:
+            r.window_s = window_s
+        return reports
 
 
 @click.command()
@@ -166,7 +172,8 @@ def _reports_live(window_s: float, interval_s: float, simulate, scenario, seed, 
             help="Sampling period with --live.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def check(db_url, window, node, live, server_url, rules_file, simulate, scenario, seed, interval, as_json):
-    """Print the balance report and exit 0 balanced, 1 out of balance, 2 error.
+    """Print the balance report and exit 0 balanced, 1 out of balance, 2 error (a stale node included: its newest
+    sample older than stale_after_intervals of its sampling intervals, rules.toml).
 
     Per GPU: utilization, SM activity, memory %, PCIe GB/s and % of link peak, NVLink. Verdicts: utilization
     spread (act > 40 pts), PCIe (act > 90 % of peak), memory (act > 98 %). Then one section per job that reported
@@ -194,9 +201,10 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
         sys.exit(EXIT_ERROR)
 
     statuses = [r.status for r in reports] + [j.status for j in jobs]
-    balanced = "act" not in statuses
+    stale = [r for r in reports if r.stale]
+    balanced = "act" not in statuses and not stale
     if as_json:
-        status = "act" if not balanced else ("watch" if "watch" in statuses else "ok")
+        status = "stale" if stale else "act" if "act" in statuses else ("watch" if "watch" in statuses else "ok")
         click.echo(json.dumps({"status": status, "balanced": balanced, "window_s": window,
                                "generated_at_ms": int(time.time() * 1000),
                                "simulated": any(r.simulated for r in reports) or any(j.simulated for j in jobs),
@@ -206,4 +214,6 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
         from trimtab.cli.render import render_job, render_report
 
         click.echo("\n\n".join([render_report(r) for r in reports] + [render_job(j) for j in jobs]))
-    sys.exit(EXIT_OK if balanced else EXIT_IMBALANCE)
+    for r in stale:
+        click.echo(f"trimtab check: {r.staleness()}", err=True)
+    sys.exit(EXIT_ERROR if stale else EXIT_OK if balanced else EXIT_IMBALANCE)

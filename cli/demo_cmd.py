@@ -11,13 +11,13 @@ change rolled back, what the pipeline itself counted. Needs the `[trainer]` extr
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 
 import click
 
 KNOBS = ("batch_size", "prefetch", "sync_every")
+CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"  # as the README says
 
 
 def _fmt(value, unit: str = "") -> str:
@@ -60,7 +60,8 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
         from trimtab.trainer.pipeline.config import parse_device_map, preset
         from trimtab.trainer.pipeline.loop import Pipeline, set_cpu_threads
     except ImportError as exc:
-        raise click.ClickException(f"demo needs the trainer extra (pip install 'trimtab[trainer]'): {exc}") from exc
+        raise click.ClickException(f"demo needs the trainer extra: pip install '.[trainer]' in trimtab's checkout; "
+                                   f"without a GPU install the CPU build of torch first, {CPU_TORCH} ({exc})") from exc
 
     def say(msg: str) -> None:
         click.echo(msg, err=as_json)
@@ -87,7 +88,8 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
             before_tp, before = story.measure_static(pipe, defaults, warmup=1, steps=before_steps)
             say(f"before: {before_tp:,.1f} samples/s at {_knobs_text(story.knob_tuple(before[-1]))} "
                 f"({len(before)} steps)")
-            say("handing the job to the rebalancer (mode auto) …")
+            say("handing the job to the rebalancer (mode auto); one line per change it makes, with the throughput it "
+                "measured over its own windows of steps (as the decisions below) …")
             hook = attach(job=job, server=daemon.url, token=daemon.token, device_map=devices.as_hook_map(),
                           knobs=story.declaration(defaults, config), mode="auto")
             progress = _progress(say, daemon, job, story.knob_tuple(before[-1]))
@@ -102,9 +104,7 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
         job_out = story.api_get(daemon, f"/v1/jobs/{job}")
         changes = list(reversed(story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=200")["changes"]))
     finally:
-        daemon.stop()
-        if not keep_state:
-            shutil.rmtree(daemon.state_dir, ignore_errors=True)
+        daemon.close(keep_state)
     records = run.records + after
     after_tp = story.throughput(after) or 0.0
     final = dict(zip(KNOBS, story.knob_tuple(after[-1])))
@@ -131,7 +131,9 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
 
 
 def _progress(say, daemon, job: str, start: tuple):
-    """One line per knob change, marking a rollback (its change's reason says so)."""
+    """One line per knob change, with the rebalancer's own figures — the windows of steps its decisions and verdicts
+    are measured over (a single step's rate right after a change is no measure: a deeper prefetch starts on batches
+    already generated, so its first steps run fast whatever the verdict will be)."""
     from trimtab.trainer.pipeline import story
 
     last = [start]
@@ -140,14 +142,41 @@ def _progress(say, daemon, job: str, start: tuple):
         knobs = story.knob_tuple(record)
         if knobs == last[0]:
             return
+        moved = [(name, old, new) for name, old, new in zip(KNOBS, last[0], knobs) if old != new]
         last[0] = knobs
         try:
-            newest = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=1")["changes"]
+            changes = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=5")["changes"]
+            decisions = story.api_get(daemon, f"/v1/decisions?job={job}&limit=20")["decisions"]
         except Exception:
-            newest = []
-        rolled = " (rolled back)" if newest and newest[0]["reason"].startswith("rollback:") else ""
-        say(f"  step {record.step:4d}: knobs now {_knobs_text(knobs)} — {record.samples_per_s:,.1f} samples/s{rolled}")
+            changes, decisions = [], []
+        say(f"  step {record.step:4d}: {_change_line(moved, changes, decisions)}")
     return show
+
+
+def _change_line(moved, changes: list, decisions: list) -> str:
+    """``batch_size 16 → 64 (generation_bound at 117.6 samples/s over steps 17–24)``, or for a rollback the verdict's
+    before → after; the knobs alone where the API had nothing to match (a manual change)."""
+    what = ", ".join(f"{name} {old} → {new}" for name, old, new in moved)
+    name, _, new = moved[-1]
+    change = next((c for c in changes if c["knob"] == name and c["value"] == new), None)
+    if change is None:
+        return what
+    if change["reason"].startswith("rollback:"):
+        d = next((d for d in decisions if d["outcome"] == "rolled_back" and d["knob"] == name), None)
+        if d is None:
+            return f"{what}, rolled back"
+        v = d["evidence"].get("verdict") or {}
+        if not v:
+            return f"{what}, rolled back (decision #{d['id']})"
+        said = "not told apart from noise and no better" if d["evidence"].get("back_to_known") else "worse"
+        return (f"{what}, rolled back on decision #{d['id']}'s verdict: {100 * (v['ratio'] - 1):+.1f} % "
+                f"({v['confidence_pct']:.0f} % sure), {said}")
+    d = next((d for d in decisions if d["change_id"] == change["change_id"]), None)
+    if d is None:
+        return what
+    steps = (d["evidence"].get("window") or {}).get("steps")
+    over = "" if not steps else f" over step {steps[0]}" if steps[0] == steps[1] else f" over steps {steps[0]}–{steps[1]}"
+    return f"{what} (decision #{d['id']}, {d['rule']}, at {_fmt(d['throughput_before_samples_per_s'])} samples/s{over})"
 
 
 def _regenerated(d: dict, records) -> tuple[int, int]:

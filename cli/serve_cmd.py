@@ -34,17 +34,24 @@ def rebalancer_options(f):
     return f
 
 
-def _start_rebalancer(ctx, rules_file, enabled: bool):
-    """Load the rules (a bad file stops start-up with its line and the reason) and start the rebalancer."""
+def _load_rules(rules_file):
+    """The rules, loaded before anything starts: a file that cannot be read or parsed, or a value it may not hold,
+    stops start-up with the file, line and reason, exit 78 (waiting cannot fix it: no restart loop under systemd)."""
     from trimtab.rebalancer.rules import RulesError, load_rules
-    from trimtab.rebalancer.service import Rebalancer
 
     obj = click.get_current_context().find_root().obj or {}
     try:
-        ctx.rules = load_rules(rules_file, obj.get("rules_overrides"),
-                               overrides_source=str(obj.get("config_path") or "trimtab.toml"))
+        return load_rules(rules_file, obj.get("rules_overrides"),
+                          overrides_source=str(obj.get("config_path") or "trimtab.toml"))
     except RulesError as exc:
-        raise click.ClickException(f"rules rejected: {exc}") from None
+        raise misconfigured(f"rules rejected: {exc}") from None
+
+
+def _start_rebalancer(ctx, rules, enabled: bool):
+    """Give the API the rules (:func:`_load_rules`) and start the rebalancer."""
+    from trimtab.rebalancer.service import Rebalancer
+
+    ctx.rules = rules
     if not enabled:
         return None
     rebalancer = Rebalancer(ctx.engine, ctx.rules).start()
@@ -95,7 +102,8 @@ def _guard_bind(engine, host: str, sd: Path) -> None:
         raise click.ClickException(str(exc)) from None
     if path is not None:
         click.echo(f"created the first admin API token in {path} (mode 0600); agents and jobs need tokens of their own "
-                   f"(`trimtab token create --scope agent`)", err=True)
+                   f"(`trimtab token create --name agents --scope agent`, `trimtab token create --name my-job "
+                   f"--scope job --out job.token` for a training job)", err=True)
 
 
 def _serve(ctx, host: str, port: int):
@@ -128,6 +136,7 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     from trimtab.daemon import StatusPinger
     from trimtab.sdnotify import Notifier
 
+    rules = _load_rules(rules_file)  # before anything starts: a bad file leaves no store, token or sample behind
     url = db_url or default_db_url()
     sd = state_dir()
     engine = _open_store(url)
@@ -140,7 +149,7 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     ctx = ApiContext(engine=engine, mode="up", state_dir=sd)
     runner = Agent(sources, StoreSink(url), spool_dir or default_spool_dir(), interval_s=interval, hostname=hostname,
                    status_every_s=status_every, spool_max_bytes=spool_max_mb * 1024 * 1024, on_batch=ctx.snapshot.update)
-    rebalancer = _start_rebalancer(ctx, rules_file, rebalance)
+    rebalancer = _start_rebalancer(ctx, rules, rebalance)
     ctx.component_status = lambda: {"agent": runner.health(),
                                     "rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}
     api = _serve(ctx, host, port)
@@ -183,12 +192,13 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
     from trimtab.store.engine import mask_url
     from trimtab.store.rollup import Upkeep
 
+    rules = _load_rules(rules_file)
     url = db_url or default_db_url()
     sd = state_dir()
     engine = _open_store(url)
     _guard_bind(engine, host, sd)
     ctx = ApiContext(engine=engine, mode="server", state_dir=sd)
-    rebalancer = _start_rebalancer(ctx, rules_file, rebalance)
+    rebalancer = _start_rebalancer(ctx, rules, rebalance)
     ctx.component_status = lambda: {"rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}
     api = _serve(ctx, host, port)
     notifier = Notifier()

@@ -40,6 +40,11 @@ class BalanceReport:
     window_s: float
     gpus: list[GpuRow]
     verdicts: list[Verdict] = field(default_factory=list)
+    # Freshness (node_report.py): how old the node's newest sample was when graded, the node's sampling interval
+    # measured from its samples, and the age past which its samples are no current verdict (None: not judged).
+    newest_sample_age_s: Optional[float] = None
+    sample_interval_s: Optional[float] = None
+    stale_after_s: Optional[float] = None
 
     @property
     def status(self) -> str:
@@ -50,9 +55,24 @@ class BalanceReport:
     def balanced(self) -> bool:
         return self.status != ACT
 
+    @property
+    def stale(self) -> bool:
+        """The node's newest sample is too old to grade it now: its agent stopped or cannot reach the store."""
+        return (self.newest_sample_age_s is not None and self.stale_after_s is not None
+                and self.newest_sample_age_s > self.stale_after_s)
+
+    def staleness(self) -> str:
+        """One line saying why the node is stale (empty when it is not)."""
+        if not self.stale:
+            return ""
+        return (f"node {self.hostname} is STALE: its newest sample is {self.newest_sample_age_s:.1f} s old, more than "
+                f"{self.stale_after_s:.1f} s ({self.sample_interval_s:g} s sampling interval): is `trimtab agent` "
+                f"still running there and reaching the store?")
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["status"] = self.status
+        d["stale"] = self.stale
         return d
 
     @classmethod
@@ -64,7 +84,9 @@ class BalanceReport:
 
         return cls(hostname=d["hostname"], simulated=bool(d["simulated"]), window_s=float(d["window_s"]),
                    gpus=[pick(GpuRow, g) for g in d.get("gpus", [])],
-                   verdicts=[pick(Verdict, v) for v in d.get("verdicts", [])])
+                   verdicts=[pick(Verdict, v) for v in d.get("verdicts", [])],
+                   newest_sample_age_s=d.get("newest_sample_age_s"), sample_interval_s=d.get("sample_interval_s"),
+                   stale_after_s=d.get("stale_after_s"))
 
 
 def gpu_rows(windows: Sequence[GpuWindow]) -> list[GpuRow]:

@@ -260,7 +260,7 @@ def plan(state: JobState, rules: RuleSet,
             action, new = choice
             old = float(job.knobs[action.knob]["value"])
             how = "bracket search" if any(isinstance(n, str) and n.startswith("bracket search") for n in policy) \
-                else action.describe()
+                else action.describe_move(old, new)
             change = NewChange(rule.name, action.knob, old, new,
                                f"{rule.name}: {reading.message} → {how} ({old:g} → {new:g})")
             if job.mode == "auto":

@@ -24,12 +24,14 @@ def any_live_job(engine, window_s: float, now_ms: int) -> bool:
 
 
 def node_reports(engine, window_s: float, hostname: Optional[str] = None, now_ms: Optional[int] = None,
-                 rules: Optional[RuleSet] = None, live_jobs: Optional[bool] = None) -> list[BalanceReport]:
+                 rules: Optional[RuleSet] = None, live_jobs: Optional[bool] = None,
+                 freshness: bool = True) -> list[BalanceReport]:
     """One report per node with samples in the last ``window_s`` seconds (all nodes, or just ``hostname``), graded
     by ``rules`` (default: the shipped rules).
 
     ``live_jobs``: whether jobs are graded separately (their rows then leave the node reports); None: look it up
-    (any job that reported within the window, or the last 10 minutes)."""
+    (any job that reported within the window, or the last 10 minutes). ``freshness``: judge whether each node's
+    samples are stale (:func:`_judge_freshness`; a node with one sample in the window costs one more query)."""
     from trimtab.store.queries import gpu_aggregates
 
     end_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -39,9 +41,37 @@ def node_reports(engine, window_s: float, hostname: Optional[str] = None, now_ms
         if agg.n_samples:
             by_node[(agg.hostname, agg.simulated)].append(agg)
     rules = rules or default_rules()
-    reports = [assess(host, sim, window_s, aggs, rules) for (host, sim), aggs in sorted(by_node.items())]
+    reports = []
+    for (host, sim), aggs in sorted(by_node.items()):
+        report = assess(host, sim, window_s, aggs, rules)
+        if freshness:
+            _judge_freshness(engine, report, aggs, end_ms, rules)
+        reports.append(report)
     if reports and (live_jobs if live_jobs is not None else any_live_job(engine, window_s, end_ms)):
         rows = set(job_checks(rules))
         for r in reports:
             r.verdicts = [v for v in r.verdicts if not (v.check in rows and v.status == NO_DATA)]
     return reports
+
+
+def _judge_freshness(engine, report: BalanceReport, aggs, now_ms: int, rules: RuleSet) -> None:
+    """Set the report's newest-sample age and the age past which it is stale: ``stale_after_intervals`` of the
+    node's sampling interval (the mean spacing of its samples in the window; with one sample there, the gap to the
+    one before), at least ``stale_min_s``. A node with a single sample ever is not judged."""
+    from trimtab.store.queries import previous_sample_ms
+
+    newest = max(aggs, key=lambda a: a.last_ts_ms or 0)
+    if newest.last_ts_ms is None:
+        return
+    report.newest_sample_age_s = round(max(0, now_ms - newest.last_ts_ms) / 1000, 3)
+    spacings = sorted((a.last_ts_ms - a.first_ts_ms) / (a.n_samples - 1) for a in aggs if a.n_samples >= 2)
+    if spacings:
+        interval_ms = spacings[len(spacings) // 2]
+    else:
+        before = previous_sample_ms(engine, newest.gpu_uuid, newest.last_ts_ms)
+        if before is None:
+            return
+        interval_ms = newest.last_ts_ms - before
+    ctl = rules.controller
+    report.sample_interval_s = round(interval_ms / 1000, 3)
+    report.stale_after_s = round(max(ctl.stale_after_intervals * interval_ms / 1000, ctl.stale_min_s), 3)

@@ -55,6 +55,14 @@ class Action:
         by = abs(self.by) if self.op == "add" else self.by
         return f"{self.knob} {sym}{by:g}"
 
+    def describe_move(self, old: float, new: float) -> str:
+        """The move from ``old`` to ``new`` in this action's terms: ``×4`` for a strong-evidence step of a ×2 rule,
+        ``×2`` for a ×4 step cut at the knob's bound. A decision's reason says what was done, not the rule's step."""
+        if self.op in ("mul", "div") and old > 0 and new > 0:
+            sym, ratio = ("×", new / old) if self.op == "mul" else ("÷", old / new)
+            return f"{self.knob} {sym}{ratio:.3g}"
+        return f"{self.knob} {'+' if new >= old else '−'}{abs(new - old):g}"
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -112,6 +120,8 @@ class ControllerSettings:
     report_phase_max_x_step: float = 20.0
     report_phases_sum_max_x_step: float = 40.0
     report_max_steps_ahead: int = 10_000
+    stale_after_intervals: float = 5.0
+    stale_min_s: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -230,6 +240,10 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         ctl[f.name] = value
     if ctl["window_min_steps"] < 1 or ctl["window_max_steps"] < ctl["window_min_steps"]:
         raise RulesError(f"{source}: controller needs 1 ≤ window_min_steps ≤ window_max_steps")
+    if ctl["stale_after_intervals"] < 1:
+        raise RulesError(f"{source}{_line_of(text, 'controller', 'stale_after_intervals')}: "
+                         f"controller.stale_after_intervals: must be ≥ 1 (a sample is at most one interval old while "
+                         f"its agent runs), got {ctl['stale_after_intervals']:g}")
     rules = []
     for name, d in data.get("rules", {}).items():
         def where(key: Optional[str] = None) -> str:

@@ -84,6 +84,8 @@ class GpuAggregate(GpuLabel):
     n_samples: int
     mean: dict[str, Number]  # every GPU metric; None where it was NULL in every sample of the window
     max: dict[str, Number]
+    first_ts_ms: Optional[int] = None  # the oldest and newest sample in the window (how fresh, at which cadence)
+    last_ts_ms: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,8 @@ def gpu_aggregates(engine: Engine, start_ms: int, end_ms: int, hostname: Optiona
     aggregates = []
     for m in GPU_METRIC_NAMES:
         aggregates += [cast(func.avg(s[m]), Double).label(f"mean_{m}"), func.max(s[m]).label(f"max_{m}")]
-    per_gpu = (select(s.gpu_id, func.count().label("n_samples"), *aggregates)
+    per_gpu = (select(s.gpu_id, func.count().label("n_samples"), func.min(s.ts_ms).label("first_ts_ms"),
+                      func.max(s.ts_ms).label("last_ts_ms"), *aggregates)
                .where(s.ts_ms >= start_ms, s.ts_ms < end_ms).group_by(s.gpu_id).subquery())
     query = select(*_LABEL_COLUMNS, per_gpu).join_from(gpus, nodes).join(per_gpu, per_gpu.c.gpu_id == gpus.c.id)
     query = _node_filter(query, hostname).order_by(nodes.c.hostname, gpus.c.gpu_index)
@@ -222,8 +225,18 @@ def gpu_aggregates(engine: Engine, start_ms: int, end_ms: int, hostname: Optiona
         rows = conn.execute(query).mappings().all()
     return [GpuAggregate(**_label(r), n_samples=r["n_samples"],
                          mean={m: _float(r[f"mean_{m}"]) for m in GPU_METRIC_NAMES},
-                         max={m: _float(r[f"max_{m}"]) for m in GPU_METRIC_NAMES})
+                         max={m: _float(r[f"max_{m}"]) for m in GPU_METRIC_NAMES},
+                         first_ts_ms=r["first_ts_ms"], last_ts_ms=r["last_ts_ms"])
             for r in rows]
+
+
+def previous_sample_ms(engine: Engine, gpu_uuid: str, before_ms: int) -> Optional[int]:
+    """The time of the GPU's newest sample before ``before_ms`` (one backwards step on its primary key), or None."""
+    s = gpu_samples.c
+    query = (select(func.max(s.ts_ms)).join_from(gpu_samples, gpus, s.gpu_id == gpus.c.id)
+             .where(gpus.c.uuid == gpu_uuid, s.ts_ms < before_ms))
+    with engine.connect() as conn:
+        return conn.execute(query).scalar()
 
 
 def _float(value) -> Number:

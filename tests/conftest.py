@@ -1,5 +1,9 @@
 """Fixtures shared across test folders: the real PostgreSQL schema-per-test fixture lives with the store tests."""
 
+import os
+
+import pytest
+
 from tests.store.conftest import pg_url, store_engine  # noqa: F401  (re-exported fixtures)
 # The live API on loopback (uvicorn thread, fresh SQLite store), for the trainer hook's tests.
 from tests.api.conftest import make_api, migrated_sqlite, sqlite_api, stopping_servers  # noqa: F401,E402
@@ -7,3 +11,18 @@ from tests.api.conftest import make_api, migrated_sqlite, sqlite_api, stopping_s
 from tests.support.tmpfs import small_disk  # noqa: F401,E402
 # One torch thread for the reference pipeline's tests (pytestmark = pytest.mark.usefixtures("one_cpu_thread")).
 from tests.support.torch_threads import one_cpu_thread  # noqa: F401,E402
+
+
+@pytest.fixture(autouse=True, scope="session")
+def torch_cache_in_this_run(tmp_path_factory):
+    """torch makes its compile cache directory (``torchinductor_<user>``) in the temporary directory when the first
+    optimizer is built; keep it in this run's pytest directory (children inherit it), so a suite run leaves nothing
+    of its own in /tmp."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("torchinductor"))
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)

@@ -44,4 +44,5 @@ def read_store(engine, rules, window_s: float) -> tuple[list[BalanceReport], Job
     from trimtab.rebalancer.node_report import node_reports
 
     jobs = read_jobs(engine, rules)
-    return node_reports(engine, window_s, rules=rules, live_jobs=bool(jobs.summaries)), jobs
+    # Freshness is not a series (a scrape's own timestamps say how old a target's data is): not judged here.
+    return node_reports(engine, window_s, rules=rules, live_jobs=bool(jobs.summaries), freshness=False), jobs

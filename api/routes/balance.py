@@ -25,11 +25,14 @@ WINDOW_DOC = "Grade the means of the last window_s seconds."
                         "of peak, memory), graded against the rule's thresholds (ok / watch / act). While no job "
                         "reports through the trainer hook the job-level checks appear here as no_data rows; once jobs report they are graded per job "
                         "(GET /v1/balance/jobs). The overall status is the worst; no_data when no node has samples "
-                        "in the window.")
+                        "in the window; stale when a node's newest sample is older than a few of its sampling "
+                        "intervals (its report's stale_after_s): its verdicts are then no current ones.")
 def balance(window_s: float = Query(30.0, ge=1, le=90 * 86400, description=WINDOW_DOC),
             node: Optional[str] = node_query(), ctx: ApiContext = Depends(get_ctx)) -> BalanceOut:
     reports = node_reports(ctx.engine, window_s, hostname=node, rules=ctx.rules)
     status = max((r.status for r in reports), key=SEVERITY.__getitem__) if reports else "no_data"
+    if any(r.stale for r in reports):
+        status = "stale"
     return BalanceOut(status=status, simulated=any(r.simulated for r in reports), window_s=window_s,
                       reports=[BalanceReportOut.model_validate(r.to_dict()) for r in reports])
 

@@ -120,6 +120,22 @@ def test_balance_grades_each_node_and_the_worst_status_wins(api):
     assert api.get("/v1/balance", window_s=0.5).status_code == 422
 
 
+def test_a_node_whose_samples_stopped_is_stale_with_its_age(api):
+    """Samples 20 s old in a 60 s window: graded, but no current verdict (5 intervals of 1 s have passed)."""
+    end = now_ms() - 20_000
+    r = api.ingest(make_batch([end - 2000, end - 1000, end], n_gpus=2, node=REAL_NODE, uuid_prefix="GPU-old-",
+                              util_pct=50.0))
+    assert r.status_code < 300, r.text
+    body = api.get("/v1/balance", window_s=60).json()
+    assert body["status"] == "stale"
+    report = body["reports"][0]
+    assert report["stale"] is True and report["sample_interval_s"] == 1.0 and report["stale_after_s"] == 5.0
+    assert 20 <= report["newest_sample_age_s"] < 40
+    api.ingest(recent_batch(REAL_NODE, n_gpus=2))  # the agent is back
+    body = api.get("/v1/balance", window_s=60).json()
+    assert body["status"] == "ok" and body["reports"][0]["stale"] is False
+
+
 def test_events_are_paginated_newest_first_and_filtered(api):
     batch = recent_batch(n_gpus=1, seconds=1)
     base = batch.gpu_samples[0].ts_ms - 10_000

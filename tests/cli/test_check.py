@@ -1,6 +1,7 @@
 """`trimtab check` grades each simulated scenario correctly, in JSON and as a table, with the documented exit codes."""
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -82,6 +83,33 @@ def test_agent_without_a_driver_says_how_to_simulate(monkeypatch):
     assert "--simulate" in res.output
 
 
+def test_up_falling_back_to_simulation_does_not_tell_the_user_to_simulate(caplog):
+    """`up` (fallback_gpus) already simulates: its warning says why, not "run `trimtab agent --simulate N`"."""
+    from trimtab.agent.nvml import NvmlSource
+    from trimtab.agent.runner import make_sources
+    from trimtab.agent.source import SourceUnavailable
+
+    try:
+        NvmlSource().close()
+        pytest.skip("this machine has an NVIDIA driver")
+    except SourceUnavailable:
+        pass
+    with caplog.at_level("WARNING", logger="trimtab.agent.runner"):
+        sources = make_sources(fallback_gpus=2)
+    for source in sources:
+        source.close()
+    warning = " ".join(r.getMessage() for r in caplog.records)
+    assert "starting a SIMULATED node of 2 GPUs" in warning and "--simulate" not in warning, warning
+
+
+def test_live_check_reports_the_window_it_was_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIMTAB_STATE_DIR", str(tmp_path))
+    res = run("check", "--simulate", "2", "--window", "1.5", "--interval", "0.1")
+    assert "window: last 1.5 s," in res.stdout, res.stdout
+    res = run("check", "--simulate", "2", "--window", "1.5", "--interval", "0.1", "--json")
+    assert json.loads(res.stdout)["nodes"][0]["window_s"] == 1.5
+
+
 def test_check_live_without_a_driver_suggests_check_simulate(tmp_path, monkeypatch):
     from trimtab.agent.nvml import NvmlSource
     from trimtab.agent.source import SourceUnavailable
@@ -149,3 +177,51 @@ def test_check_on_an_empty_postgresql_database_says_to_start_trimtab_once_not_sq
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+
+
+def test_a_stopped_agent_makes_check_exit_non_zero_at_once_naming_the_node_and_the_age(tmp_path):
+    """A script gating on `check` must not pass on a dead node: once the newest sample is older than
+    stale_after_intervals sampling intervals, check exits 2 naming the node and the age — not 30 s later, when the
+    window empties. (stale_min_s = 0 here, so that 5 intervals of 0.2 s decide; the shipped floor is 3 s.)"""
+    import signal
+    import time
+
+    from tests.support.procs import stop, trimtab
+
+    db = f"sqlite:///{tmp_path}/t.db"
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[controller]\nstale_after_intervals = 5\nstale_min_s = 0\n")
+    agent = trimtab("agent", "--db", db, "--simulate", "2", "--interval", "0.2", "--hostname", "node-7",
+                    "--spool-dir", str(tmp_path / "spool"))
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the agent has stored a few ticks
+            res = run("check", "--db", db, "--rules-file", str(rules), "--json")
+            if res.exit_code == 0 and json.loads(res.stdout)["nodes"][0]["gpus"][0]["n_samples"] >= 4:
+                break
+            assert time.monotonic() < deadline and agent.poll() is None, res.output
+            time.sleep(0.3)
+        node = json.loads(res.stdout)["nodes"][0]
+        assert node["stale"] is False and node["sample_interval_s"] == pytest.approx(0.2, abs=0.1)
+    finally:
+        stop(agent, signal.SIGKILL)  # the agent dies
+    time.sleep(1.5)  # > 5 × 0.2 s, far less than the 30 s window
+    res = run("check", "--db", db, "--rules-file", str(rules))
+    assert res.exit_code == 2, res.output
+    age = float(re.search(r"node node-7 is STALE: its newest sample is ([0-9.]+) s old", res.stderr).group(1))
+    assert 1.5 <= age < 30, res.stderr
+    assert "STALE" in res.stdout and "BALANCED" not in res.stdout
+    body = json.loads(run("check", "--db", db, "--rules-file", str(rules), "--json").stdout)
+    assert body["status"] == "stale" and body["balanced"] is False and body["nodes"][0]["stale"] is True
+
+
+def test_the_shipped_freshness_rule_is_five_intervals_and_at_least_three_seconds(tmp_path):
+    from trimtab.rebalancer.rules import default_rules
+
+    ctl = default_rules().controller
+    assert (ctl.stale_after_intervals, ctl.stale_min_s) == (5.0, 3.0)
+    db = f"sqlite:///{tmp_path}/t.db"
+    assert run("agent", "--db", db, "--simulate", "1", "--interval", "1", "--duration", "2.5",
+               "--spool-dir", str(tmp_path / "spool")).exit_code == 0
+    node = json.loads(run("check", "--db", db, "--json").stdout)["nodes"][0]
+    assert node["stale"] is False and node["stale_after_s"] == pytest.approx(5 * node["sample_interval_s"])

@@ -80,3 +80,32 @@ def test_the_story_counts_what_moved_what_was_kept_and_what_was_rolled_back():
             {"knob": "prefetch", "outcome": "rolled_back"}, {"knob": None, "outcome": "advised"}]
     assert _story(rows) == {"knobs_moved": ["batch_size", "prefetch"], "knobs_kept": ["batch_size", "prefetch"],
                             "kept": 2, "rolled_back": 1}
+
+
+def test_progress_lines_show_the_rebalancers_figures_not_a_single_steps_rate(monkeypatch):
+    """Issue 23: "step 71: … prefetch 3 — 297.0 samples/s" read as a gain while decision #5 below it said −42 % and
+    rolled it back. Each line now gives the figures the decisions are measured over, never one step's rate."""
+    from trimtab.cli import demo_cmd
+
+    forward = {"change_id": 9, "knob": "prefetch", "value": 3, "reason": "generation_bound: … → prefetch +2"}
+    back = {"change_id": 10, "knob": "prefetch", "value": 1, "reason": "rollback: decision 5: worse"}
+    pending = {"id": 5, "rule": "generation_bound", "change_id": 9, "knob": "prefetch", "outcome": "pending",
+               "throughput_before_samples_per_s": 262.3, "throughput_after_samples_per_s": None,
+               "evidence": {"window": {"steps": [41, 57]}}}
+    rolled = {**pending, "outcome": "rolled_back", "throughput_before_samples_per_s": 262.3,
+              "throughput_after_samples_per_s": 152.3,
+              "evidence": {"window": {"steps": [41, 57]}, "gain_pct": -42.0,
+                           "before_window": {"samples_per_s": 262.3},
+                           "verdict": {"ratio": 0.58, "confidence_pct": 100.0, "ci_pct": [-46.2, -37.4]}}}
+    api = {"changes": [forward], "decisions": [pending]}
+    monkeypatch.setattr(story, "api_get", lambda _daemon, path: {
+        "changes": api["changes"]} if "/changes" in path else {"decisions": api["decisions"]})
+    lines = []
+    show = demo_cmd._progress(lines.append, None, "demo-1", (64, 1, 1))
+    show(SimpleNamespace(step=59, batch_size=64, prefetch=3, sync_every=1, samples_per_s=195.3))
+    show(SimpleNamespace(step=60, batch_size=64, prefetch=3, sync_every=1, samples_per_s=310.0))  # no change: quiet
+    api.update(changes=[back, forward], decisions=[rolled])
+    show(SimpleNamespace(step=71, batch_size=64, prefetch=1, sync_every=1, samples_per_s=297.0))
+    assert lines == [
+        "  step   59: prefetch 1 → 3 (decision #5, generation_bound, at 262.3 samples/s over steps 41–57)",
+        "  step   71: prefetch 3 → 1, rolled back on decision #5's verdict: -42.0 % (100 % sure), worse"]

@@ -108,3 +108,34 @@ def test_up_opens_one_engine_for_its_store_that_the_api_and_the_agent_share(tmp_
     with engine.connect() as conn:  # the agent did write, through that engine
         assert conn.execute(text("SELECT count(*) FROM gpu_samples")).scalar_one() > 0
     engine.dispose()
+
+
+def test_the_commands_the_first_start_suggests_run_as_printed(tmp_path, capsys, monkeypatch):
+    """The first-start line names `trimtab token create …` commands: each works as printed (with --db added)."""
+    import re
+    import shlex
+
+    from click.testing import CliRunner
+
+    from trimtab.cli.main import cli
+    from trimtab.cli.serve_cmd import _guard_bind
+    from trimtab.store.engine import migrate, open_engine
+
+    db = f"sqlite:///{tmp_path}/t.db"
+    engine = open_engine(db)
+    migrate(engine)
+    try:
+        _guard_bind(engine, "127.0.0.1", tmp_path)
+    finally:
+        engine.dispose()
+    line = capsys.readouterr().err
+    suggested = re.findall(r"`(trimtab token create[^`]*)`", line)
+    assert suggested, line
+    scopes = set()
+    monkeypatch.chdir(tmp_path)  # where a relative --out lands
+    for command in suggested:
+        words = shlex.split(command)[1:]
+        res = CliRunner().invoke(cli, [*words, "--db", db])
+        assert res.exit_code == 0, (command, res.output)
+        scopes.add(words[words.index("--scope") + 1])
+    assert scopes == {"agent", "job"}

@@ -74,8 +74,29 @@ def test_a_bad_rules_file_stops_the_daemon_with_its_line(tmp_path):
         _, err = proc.communicate(timeout=60)  # it must exit by itself, before serving anything
     finally:
         stop(proc)
-    assert proc.returncode == 1, err
+    assert proc.returncode == 78, err  # EX_CONFIG: systemd does not restart it in a loop
     assert f"rules rejected: {rules} (line 6): rules.pcie.healthy_below: healthy_below (99.0) is above act_above" in err
+
+
+@pytest.mark.parametrize("command", ["up", "server"])
+@pytest.mark.parametrize("content", [None, "[rules.pcie\nact_above = 95.0\n", b"\xff\xfe[rules]"])
+def test_a_rules_file_that_cannot_be_read_or_parsed_is_refused_before_anything_starts(tmp_path, command, content):
+    """Missing, a TOML syntax error, not UTF-8: exit 78 at once, naming the file; no store, token or sample."""
+    rules = tmp_path / "rules.toml"
+    if isinstance(content, bytes):
+        rules.write_bytes(content)
+    elif content is not None:
+        rules.write_text(content)
+    state = tmp_path / "state"
+    args = ["--simulate", "1", "--interval", "0.1"] if command == "up" else []
+    proc = trimtab(command, *args, "--port", "0", "--rules-file", str(rules), env={"TRIMTAB_STATE_DIR": str(state)})
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 78, err
+    assert f"rules rejected: {rules}" in err and "Traceback" not in err, err
+    assert not (state / "trimtab.db").exists() and not (state / "admin.token").exists()  # nothing was started
 
 
 def test_up_runs_the_rebalancer_and_says_so_on_healthz(tmp_path):
@@ -102,7 +123,7 @@ def test_rule_overrides_in_trimtab_toml_are_checked_at_start(tmp_path):
         _, err = proc.communicate(timeout=60)
     finally:
         stop(proc)
-    assert proc.returncode == 1, err
+    assert proc.returncode == 78, err
     assert f"rules rejected: {config}: rule 'pcie' has no key 'act_abov'" in err
 
 

@@ -98,6 +98,13 @@ def test_communication_far_above_its_line_takes_the_strong_step():
     p = plan(state(steps(0, 3, gen=10.0, ev=5.0, comm=27.0)), RULES)  # comm 60 % of the step
     acts(p, "communication_bound", "sync_every", 1, 4)
     assert p.evidence["step_policy"][0].startswith("strong evidence (60.0 > 40")
+    assert "sync_every ×4 (1 → 4)" in p.change.reason  # the move made, not the rule's normal ×2
+
+
+def test_a_step_cut_at_the_knobs_bound_says_the_move_made():
+    p = plan(state(steps(0, 3, gen=10.0, ev=5.0, comm=27.0), job(sync=2, sync_max=4)), RULES)  # ×4 → 8, max 4
+    acts(p, "communication_bound", "sync_every", 2, 4)
+    assert "sync_every ×2 (2 → 4)" in p.change.reason
 
 
 def test_communication_just_above_its_line_takes_the_normal_step():

@@ -178,3 +178,13 @@ def test_cli_runs_three_steps_and_writes_records(tmp_path):
     assert (data["records"][0]["batch_size"], data["records"][0]["prefetch"],
             data["records"][0]["sync_every"]) == (1, 0, 1)   # the deliberately bad defaults
     assert data["summary"]["samples"] == 3 * 64
+
+
+def test_cli_without_torch_says_what_to_install_in_one_line():
+    """As `trimtab demo` does: no traceback. torch is made unimportable in the child (sys.modules[...] = None)."""
+    blocked = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['pipeline', '--steps', '1']; "
+               "runpy.run_module('trimtab.trainer.pipeline', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", blocked], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "pip install '.[trainer]'" in result.stderr and "download.pytorch.org/whl/cpu" in result.stderr

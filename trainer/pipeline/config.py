@@ -88,7 +88,11 @@ CPU = replace(TINY, name="cpu", response_tokens=48)
 # benchmark of the old behaviour runs --config cpu.)
 DEMO = replace(CPU, name="demo", max_staleness=1, report_wait=True)
 
-PRESETS = {"tiny": TINY, "h200": H200, "cpu": CPU, "demo": DEMO}
+# The bench scripts' smoke runs in the test suite (tests/bench/test_smoke.py): the tiny models on a quarter of the
+# samples and a reward model barely pretrained, so a script's whole path runs in seconds; its figures mean nothing.
+SMOKE = replace(TINY, name="smoke", samples_per_step=16, train_micro_batch=8, reward_pretrain_steps=4)
+
+PRESETS = {"tiny": TINY, "h200": H200, "cpu": CPU, "demo": DEMO, "smoke": SMOKE}
 
 
 def preset(name: str, **overrides) -> PipelineConfig:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,13 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def close(self, keep_state: bool = False) -> None:
+        """Stop the daemon and remove its state directory (store, token, log) unless ``keep_state``: a run leaves
+        nothing in the temporary directory."""
+        self.stop()
+        if not keep_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 def start_daemon(state_dir: Optional[Path] = None, args: Sequence[str] = (), timeout_s: float = 90.0) -> Daemon:

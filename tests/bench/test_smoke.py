@@ -1,0 +1,78 @@
+"""Every script in ``bench/`` runs, at a tiny size, in the suite: a benchmark that no longer runs is a figure nobody
+can reproduce (issue 23: ``bench/server_load.py`` read a token file `trimtab server --db …` no longer writes).
+
+``SMOKE`` maps each script to the arguments of its smoke run and a line its output must show. A script that needs
+hardware this machine may not have runs the path that needs none (a simulated or stand-in source, ``--dry-run``,
+``--help``) and says in ``gpu`` why its real path is not run here. Each run gets a temporary directory of its own
+(``TMPDIR``) that must be empty when the script ends: a script cleans up after itself. A new ``bench/*.py`` needs an
+entry (the last test fails until it has one).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Smoke:
+    args: tuple[str, ...]
+    shows: str                    # a line fragment the run's stdout must contain
+    gpu: Optional[str] = None     # why the script's real path is not run here (it needs GPUs)
+
+
+SMOKE = {
+    "gpu_agreement.py": Smoke(("--help",), "--phase-s",
+                              gpu="drives a known load on a real GPU against nvidia-smi dmon: its arguments only"),
+    "hook_overhead.py": Smoke(("--config", "smoke", "--rounds", "1", "--block", "1", "--warmup", "0"),
+                              "overhead"),
+    "memory_growth.py": Smoke(("--device-map", "cpu", "--tiny", "--max-steps", "4", "--tail", "2", "--budget-s", "10"),
+                              "CUDA OOMs: 0"),
+    "multigpu_nvlink.py": Smoke(("--dry-run", "--gpus", "0,1"), "phases peer",
+                                gpu="moves bytes over NVLink between GPUs: the plan (--dry-run) only"),
+    "multigpu_pipeline.py": Smoke(("--dry-run", "--device-map", "cpu", "--world", "2"), "plan: 2 ranks",
+                                  gpu="its CPU run (2 gloo ranks) takes ~60 s on 2 busy cores: the plan only; "
+                                      "tests/trainer/test_pipeline_ddp.py runs the ranks and this script's helpers"),
+    "nvml_tick.py": Smoke(("--fake-nvml", "--fake-gpus", "2", "--ticks", "4", "--naive-ticks", "0", "--wait", "sleep",
+                           "--hz", "50"), "ratio ours/bare",
+                          gpu="times real NVML calls: here against its stand-in (--fake-nvml)"),
+    "pipeline_grid.py": Smoke(("--config", "smoke", "--batch-sizes", "1,4", "--prefetch", "0", "--sync-every", "1",
+                               "--steps", "1", "--warmup", "0"), "the default"),
+    "plan_cost.py": Smoke(("--rates", "21", "--seconds", "2"), "ratio"),
+    "rebalance.py": Smoke(("--config", "smoke", "--best", "4,0,1", "--max-steps", "2", "--best-steps", "1",
+                           "--tail", "1", "--budget-s", "3"), "best static"),
+    "server_load.py": Smoke(("--db", "sqlite", "--nodes", "1,2", "--seconds", "1"), "largest N with 0 drops"),
+    "store_ingest.py": Smoke(("--ticks", "20", "--repeats", "1", "--pg-url", ""), "sqlite"),
+    "workloads.py": Smoke(("--seeds", "1", "--workloads", "comm"), "communication-bound"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_each_bench_script_runs_at_a_tiny_size_and_leaves_no_temporary_files(script, tmp_path):
+    smoke = SMOKE[script]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch-cache")}  # torch's own cache, not the script's
+    proc = subprocess.run([sys.executable, f"bench/{script}", *smoke.args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    output = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, output
+    assert "Traceback" not in proc.stderr, output
+    assert smoke.shows in proc.stdout, output
+    assert sorted(p.name for p in tmp.iterdir()) == [], f"{script} left these in its TMPDIR"
+
+
+def test_every_bench_script_has_a_smoke_run():
+    scripts = {p.name for p in (REPO / "bench").glob("*.py") if p.name != "__init__.py"}
+    assert scripts - set(SMOKE) == set(), "add these scripts to SMOKE (tests/bench/test_smoke.py)"
+    assert set(SMOKE) - scripts == set(), "SMOKE names scripts that are gone"
+    assert all(s.gpu is None or s.gpu.strip() for s in SMOKE.values())
