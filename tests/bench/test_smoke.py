@@ -32,6 +32,8 @@ class Smoke:
 SMOKE = {
     "gpu_agreement.py": Smoke(("--help",), "--phase-s",
                               gpu="drives a known load on a real GPU against nvidia-smi dmon: its arguments only"),
+    "gpu_phases.py": Smoke(("--smoke",), "smoke ok",
+                           gpu="phases of known GPU duration need CUDA: here the grading path on wall time only"),
     "hook_overhead.py": Smoke(("--config", "smoke", "--rounds", "1", "--block", "1", "--warmup", "0"),
                               "overhead"),
     "memory_growth.py": Smoke(("--device-map", "cpu", "--tiny", "--max-steps", "4", "--tail", "2", "--budget-s", "10"),
