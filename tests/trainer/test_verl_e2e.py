@@ -89,7 +89,11 @@ def test_every_verl_step_is_reported_with_phases_adding_up_to_the_step_including
         "actor_update_micro_batch": {"value": 2, "min": 1, "max": 4},
         "log_prob_micro_batch": {"value": 2, "min": 1, "max": 8},
         "ref_log_prob_micro_batch": {"value": 2, "min": 1, "max": 8},
-    }  # no critic knobs: verl 0.9.1's critic engine batches by tokens whatever critic.ppo_micro_batch_size_per_gpu says
+        # verl 0.9.1's critic engine batches by tokens whatever critic.use_dynamic_bsz says: its token budgets
+        # (verl's default 32768; floor max_prompt_length 16 + max_response_length 16), not its micro-batch size
+        "critic_max_tokens": {"value": 32768, "min": 32, "max": 32768},
+        "critic_values_max_tokens": {"value": 32768, "min": 32, "max": 32768},
+    }
 
 
 def test_a_queued_change_reaches_the_next_worker_calls_data_and_is_acknowledged_only_then(served, tmp_path):
@@ -118,6 +122,58 @@ def test_a_queued_change_reaches_the_next_worker_calls_data_and_is_acknowledged_
     other_calls = [keys for step, name, keys in run.calls if name == "compute_ref_log_prob" and step >= first]
     assert other_calls and all(k.get("micro_batch_size_per_gpu") == 2 for k in other_calls)  # its own knob
     assert api.get(f"/v1/jobs/{job}").json()["knobs"]["log_prob_micro_batch"]["value"] == 4
+
+
+DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96",
+           "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=96",
+           "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=96", "critic.ppo_max_token_len_per_gpu=96")
+
+
+@pytest.mark.parametrize("fit, kind", [(run_v1_fit, "v1"), (run_legacy_fit, "legacy")], ids=["v1", "legacy"])
+def test_under_dynamic_batching_a_token_budget_change_reaches_the_next_calls_data_acknowledged_with_that_step(
+        served, tmp_path, fit, kind):
+    api, start = served
+    start()
+    job = f"verl-tokens-{kind}"
+    queued = {}
+
+    def operator():  # an admin's change, queued while the run is going (the rebalancer's go the same way)
+        eventually(lambda: len(reports_of(api, job)) >= 1, timeout_s=60)
+        r = api.post(f"/v1/jobs/{job}/changes", {"knob": "actor_update_max_tokens", "value": 32}, scope="admin")
+        queued["id"] = r.json()["change_id"]
+        too_small = api.post(f"/v1/jobs/{job}/changes", {"knob": "log_prob_max_tokens", "value": 31}, scope="admin")
+        queued["too_small"] = too_small.status_code, too_small.text
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    run = fit(tmp_path, steps=8, step_s=0.15, overrides=attached(api, tmp_path, job, *DYNAMIC))
+    thread.join(10)
+    knobs = api.get(f"/v1/jobs/{job}").json()["knobs"]
+    # max_prompt_length 16 + max_response_length 16 = 32 tokens: the floor; no micro-batch knob is moot-declared
+    # top: the per-GPU (mini-)batch at that length (mini 2 × n 2 = 4, batch 4 × n 2 = 8), or the start if larger;
+    # V1 builds the critic's training budget from ppo_infer_max_token_len_per_gpu (verl's default 32768)
+    assert {k: (v["min"], v["max"]) for k, v in knobs.items()} == {
+        "actor_update_max_tokens": (32, 128), "log_prob_max_tokens": (32, 256), "ref_log_prob_max_tokens": (32, 256),
+        "critic_max_tokens": (32, 32768 if kind == "v1" else 128), "critic_values_max_tokens": (32, 32768)}
+    # a budget below the longest sequence the run allows never reaches the job: 422 with the bounds
+    assert queued["too_small"][0] == 422 and "[32, 256]" in queued["too_small"][1]
+    update = [(step, keys) for step, name, keys in run.calls if name == "update_actor"]
+    carried = [step for step, keys in update if keys["received"].get("max_token_len_per_gpu") == 32]
+    assert carried, f"the change never reached update_actor: {update}"
+    first = carried[0]
+    assert all(keys["use_dynamic_bsz"] is True for _, keys in update)  # the worker batched by tokens throughout
+    before = [keys for step, keys in update if step < first]
+    assert before and all("max_token_len_per_gpu" not in k["received"] and k["max_token_len_per_gpu"] == 96
+                          for k in before)  # the worker's own engine budget
+    after = [keys for step, keys in update if step >= first]
+    assert all(k["max_token_len_per_gpu"] == 32 for k in after)  # every call from then on, as verl's worker read it
+    assert min(k["n_micro_batches"] for k in after) > max(k["n_micro_batches"] for k in before)  # smaller packs
+    change = next(c for c in api.get(f"/v1/jobs/{job}/changes").json()["changes"] if c["change_id"] == queued["id"])
+    assert change["status"] == "applied" and change["applied_step"] == first
+    log_prob = [keys for step, name, keys in run.calls if name == "compute_log_prob" and step >= first]
+    assert log_prob and all(k["max_token_len_per_gpu"] == 96 for k in log_prob)  # its own knob, untouched
+    assert knobs["actor_update_max_tokens"]["value"] == 32
 
 
 def only(rule: str, controller: dict) -> dict:

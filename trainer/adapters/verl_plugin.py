@@ -93,7 +93,8 @@ class VerlSession:
         config = trainer.config
         declared = declared_knobs(config, ref_in_actor=bool(getattr(trainer, "ref_in_actor", False)),
                                   use_critic=bool(getattr(trainer, "use_critic", False)),
-                                  use_reference=bool(getattr(trainer, "use_reference_policy", False))) \
+                                  use_reference=bool(getattr(trainer, "use_reference_policy", False)),
+                                  v1=kind == "v1") \
             if options["knobs"] else {}
         world = (getattr(getattr(trainer, "resource_pool_manager", None), "get_n_gpus", lambda: 1)() or 1)
         self.applier = VerlKnobApplier(declared, step_of=lambda: int(getattr(trainer, "global_steps", 0) or 0),
