@@ -125,7 +125,8 @@ def test_a_queued_change_reaches_the_next_worker_calls_data_and_is_acknowledged_
 
 
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
-           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96",
+           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96",
            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=96",
            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=96", "critic.ppo_max_token_len_per_gpu=96")
 

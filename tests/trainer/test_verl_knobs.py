@@ -247,7 +247,8 @@ def test_a_token_budget_reaches_the_next_calls_data_and_one_below_the_longest_se
         prepare_micro_batches(tiny)  # verl's own invariant: what trimtab must never send
     trainer = Trainer()
     trainer.actor_rollout_wg = TokenRecorder(engine_budget=96)
-    applier = VerlKnobApplier(declared_knobs(verl_config(*DYNAMIC), use_critic=False), step_of=lambda: trainer.global_steps)
+    applier = VerlKnobApplier(declared_knobs(verl_config(*DYNAMIC), use_critic=False),
+                              step_of=lambda: trainer.global_steps)
     wrap_worker_groups(trainer, applier)
     settled = []
     resolve = lambda c: settled.append((c.knob, c.status, c.applied_at_step, c.reason))  # noqa: E731
