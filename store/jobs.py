@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import Connection, Engine, func, insert, select, update
 
+from trimtab.contract.roles import RolePlacement
 from trimtab.store.engine import insert_for, write_transaction
 from trimtab.store.models import api_tokens, job_reports, jobs, knob_acks, knob_changes, nodes
 
@@ -44,6 +45,7 @@ class StoredJob:
     last_report_ms: Optional[int] = None
     rules: Optional[dict[str, Any]] = None  # the job's overrides of the rules file
     advise_only_reason: Optional[str] = None  # why the job declares no knobs (its framework cannot change them)
+    roles: tuple[RolePlacement, ...] = ()  # where its roles run (found by the job's adapter, or declared)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def number(value: Optional[float]):
 def _job(row, last_report_ms: Optional[int] = None) -> StoredJob:
     return StoredJob(row.id, row.name, row.ranks, row.device_map, row.hostnames, row.knobs, row.mode,
                      row.owner_token_id, row.created_ms, row.updated_ms, last_report_ms, row.rules or None,
-                     row.advise_only_reason)
+                     row.advise_only_reason, tuple(RolePlacement.from_wire(r) for r in row.roles or ()))
 
 
 def _last_report(job_id) -> Any:
@@ -110,14 +112,16 @@ def list_jobs(engine: Engine, limit: int, offset: int) -> list[StoredJob]:
 def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str, list[int]], hostnames: list[str],
                  knobs: Mapping[str, Mapping[str, float]], mode: str, token_id: Optional[int],
                  token_is_admin: bool, rules: Optional[Mapping[str, Any]] = None,
-                 advise_only_reason: Optional[str] = None) -> tuple[StoredJob, bool]:
+                 advise_only_reason: Optional[str] = None,
+                 roles: Sequence[RolePlacement] = ()) -> tuple[StoredJob, bool]:
     """Create the job or update it (a restarted job registers again): (job, created). A job token owns the jobs
     it registers; another job token may take one over only once the owner is revoked. A job an admin token
     registered has no owner and stays the admins' (no job token may take it). Pending changes that the new
     declaration no longer allows are cancelled."""
     values = dict(ranks=ranks, device_map=dict(device_map), hostnames=list(hostnames),
                   knobs={k: dict(v) for k, v in knobs.items()}, mode=mode, rules=dict(rules) if rules else None,
-                  advise_only_reason=advise_only_reason, updated_ms=now_ms())
+                  advise_only_reason=advise_only_reason, updated_ms=now_ms(),
+                  roles=[r.to_wire() for r in roles] or None)
     owner = None if token_is_admin else token_id
     with write_transaction(engine) as conn:
         row = conn.execute(select(jobs).where(jobs.c.name == name)).first()

@@ -8,6 +8,8 @@ stored as such and shown by ``GET /v1/decisions`` and ``trimtab check``."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 
@@ -18,6 +20,7 @@ pytest.importorskip("verl")
 from click.testing import CliRunner  # noqa: E402
 
 from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
+from tests.trainer import verl_harness as tests_harness  # noqa: E402
 from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
 from trimtab.cli.main import cli  # noqa: E402
 from trimtab.rebalancer.rules import load_rules  # noqa: E402
@@ -208,6 +211,55 @@ def test_a_change_verl_cannot_apply_is_refused_stored_and_shown(served, tmp_path
     assert f"job {job}  mode auto" in res.output
     assert "log_prob_micro_batch 2 → 6" in res.output and "refused" in res.output
     assert "does not divide the per-GPU batch of 8" in res.output
+
+
+def verl_workers(gpu_of_each: dict[str, list[str]]) -> dict[str, list]:
+    """verl's own ``Worker`` as Ray actors, one per GPU, with the environment ``RayWorkerGroup._create_worker`` gives
+    them. Stubbed: the GPU. On CPU Ray assigns none, so each actor's ``CUDA_VISIBLE_DEVICES`` is set by hand to what
+    Ray would set on a GPU node (and ``num_cpus=0``: the harness's two CPUs belong to TransferQueue)."""
+    import ray
+    from verl.single_controller.base.worker import Worker
+
+    out = {}
+    for pool, gpus in gpu_of_each.items():
+        out[pool] = [ray.remote(Worker).options(num_cpus=0, name=f"{pool}Worker_0:{rank}", runtime_env={"env_vars": {
+            "WORLD_SIZE": str(len(gpus)), "RANK": str(rank), "WG_PREFIX": pool, "WG_BACKEND": "ray",
+            "RAY_LOCAL_WORLD_SIZE": str(len(gpus)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555",
+            "CUDA_VISIBLE_DEVICES": gpu}}).remote() for rank, gpu in enumerate(gpus)]
+    return out
+
+
+def test_roles_are_found_from_verls_workers_and_shown_by_get_job_and_check_without_a_device_map(served, tmp_path):
+    import ray
+
+    api, start = served
+    start()
+    tests_harness._ensure_ray()
+    workers = verl_workers({"actor_pool": ["0", "1"], "critic_pool": ["2"]})
+    try:
+        def give_workers(trainer):  # what init_workers() would have built: RayWorkerGroup.workers
+            trainer.actor_rollout_wg.workers = workers["actor_pool"]
+            trainer.critic_wg.workers = workers["critic_pool"]
+
+        run_legacy_fit(tmp_path, steps=2, before_fit=give_workers, overrides=attached(api, tmp_path, "verl-roles"))
+        pids = {pool: sorted(ray.get([w.__ray_call__.remote(lambda _: os.getpid()) for w in ws]))
+                for pool, ws in workers.items()}
+    finally:
+        for ws in workers.values():
+            for w in ws:
+                ray.kill(w)
+    host = socket.gethostname()
+    job = api.get("/v1/jobs/verl-roles").json()
+    # ActorRolloutRef: one fused group, so actor, rollout and the reference share its GPUs
+    assert job["gpus_by_role"] == {"actor": {host: [0, 1]}, "rollout": {host: [0, 1]}, "ref": {host: [0, 1]},
+                                   "critic": {host: [2]}}
+    assert job["device_map"] == {"actor": [0, 1], "critic": [2], "ref": [0, 1], "rollout": [0, 1]}  # derived
+    roles = {r["role"]: r for r in job["roles"]}
+    assert roles["critic"] == {"role": "critic", "node": host, "gpus": [2], "pids": pids["critic_pool"],
+                               "source": "found"}
+    assert roles["actor"]["pids"] == pids["actor_pool"] and len(set(pids["actor_pool"])) == 2
+    res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
+    assert f"roles: actor+ref+rollout {host} GPUs 0,1 · critic {host} GPU 2" in res.output, res.output
 
 
 def reporter_threads(job: str) -> list:

@@ -197,19 +197,23 @@ def test_a_verl_whose_signatures_changed_leaves_trimtab_detached_and_says_so(cap
 
 
 def test_settings_come_from_hydra_overrides_or_the_environment_and_nothing_means_detached(monkeypatch, tmp_path):
-    for var in ("TRIMTAB_SERVER", "TRIMTAB_JOB", "TRIMTAB_TOKEN", "TRIMTAB_TOKEN_FILE", "TRIMTAB_MODE"):
+    for var in ("TRIMTAB_SERVER", "TRIMTAB_JOB", "TRIMTAB_TOKEN", "TRIMTAB_TOKEN_FILE", "TRIMTAB_MODE",
+                "TRIMTAB_DEVICE_MAP"):
         monkeypatch.delenv(var, raising=False)
     assert verl_plugin.settings(verl_config()) is None
     token = tmp_path / "job.token"
     token.write_text("s3cret\n")
     got = verl_plugin.settings(verl_config("+trimtab.server=http://head:9460", f"+trimtab.token_file={token}",
                                            "+trimtab.mode=auto", "trainer.experiment_name=qwen-grpo"))
-    assert got == {"server": "http://head:9460", "token": "s3cret", "job": "qwen-grpo", "mode": "auto", "knobs": True}
+    assert got == {"server": "http://head:9460", "token": "s3cret", "job": "qwen-grpo", "mode": "auto", "knobs": True,
+                   "device_map": None}  # none typed: found from verl's workers when fit starts
     monkeypatch.setenv("TRIMTAB_SERVER", "http://127.0.0.1:9460")
     monkeypatch.setenv("TRIMTAB_JOB", "from-env")
     monkeypatch.setenv("TRIMTAB_KNOBS", "false")
+    monkeypatch.setenv("TRIMTAB_DEVICE_MAP", "actor=0,1 critic=2")  # the override of the device map found
     got = verl_plugin.settings(verl_config())
     assert (got["server"], got["job"], got["knobs"]) == ("http://127.0.0.1:9460", "from-env", False)
+    assert got["device_map"] == {"actor": [0, 1], "critic": [2]}
 
 
 def nested_batch(lengths: list[int], **meta) -> TensorDict:
