@@ -241,7 +241,8 @@ def test_roles_are_found_from_verls_workers_and_shown_by_get_job_and_check_witho
             trainer.actor_rollout_wg.workers = workers["actor_pool"]
             trainer.critic_wg.workers = workers["critic_pool"]
 
-        run_legacy_fit(tmp_path, steps=2, before_fit=give_workers, overrides=attached(api, tmp_path, "verl-roles"))
+        run_legacy_fit(tmp_path, steps=3, before_fit=give_workers,
+                       overrides=attached(api, tmp_path, "verl-roles", *DYNAMIC))
         pids = {pool: sorted(ray.get([w.__ray_call__.remote(lambda _: os.getpid()) for w in ws]))
                 for pool, ws in workers.items()}
     finally:
@@ -259,6 +260,7 @@ def test_roles_are_found_from_verls_workers_and_shown_by_get_job_and_check_witho
                                "source": "found"}
     assert roles["actor"]["pids"] == pids["actor_pool"] and len(set(pids["actor_pool"])) == 2
     res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
+    print(res.output)  # the README's verl section shows this output
     assert f"roles: actor+ref+rollout {host} GPUs 0,1 · critic {host} GPU 2" in res.output, res.output
 
 
