@@ -45,7 +45,9 @@ _ROLE_DOCS = {
     "node": "The node (hostname) its workers run on.",
     "gpus": "Local GPU indices (NVML's on that node) holding the role; empty when the job could not tell.",
     "pids": "The role's worker processes on that node (NVML's process list shows them on their GPUs).",
-    "source": "found: from the framework's own workers (verl: its worker groups); declared: typed by the user.",
+    "source": "found: from the framework's own workers (verl: its worker groups); nvml: GPUs the job could not "
+              "tell, found by matching its pids to NVML's process list on the node (the agent's samples); "
+              "declared: typed by the user.",
 }
 
 

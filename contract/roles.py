@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-SOURCES = ("found", "declared")  # found: from the framework's own workers; declared: typed by the user
+# found: from the framework's own workers; nvml: their pids matched to NVML's process list on the node (the daemon
+# does it where the job could not tell the GPUs); declared: typed by the user
+SOURCES = ("found", "nvml", "declared")
 MAX_PLACEMENTS = 1024  # per job
 MAX_GPUS_PER_NODE = 64  # local GPU indices of one role on one node
 MAX_PIDS = 512  # worker processes of one role on one node

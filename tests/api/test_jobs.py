@@ -224,3 +224,30 @@ def test_roles_found_by_the_job_are_shown_as_gpus_by_role_and_give_the_device_ma
     api.post("/v1/jobs", JOB, scope="job")
     assert api.get("/v1/jobs/grpo-7b").json()["gpus_by_role"] == {
         "actor": {"node-a": [0, 1]}, "critic": {"node-a": [2]}, "reward": {"node-a": [3]}}
+
+
+def test_gpus_a_job_could_not_tell_are_found_by_matching_its_worker_pids_to_nvmls_process_list(api):
+    """A worker whose CUDA_VISIBLE_DEVICES holds GPU UUIDs registers its pid without GPU indices; the agent's NVML
+    process list on that node (written here through the store's own batch writer) names the GPUs."""
+    import time
+
+    from trimtab.agent.readings import Batch, GpuInfo, GpuProcess, NodeInfo
+    from trimtab.store.ingest import BatchWriter
+
+    now = int(time.time() * 1000)
+    writer = BatchWriter(api.ctx.engine)
+    try:
+        writer.write(Batch(node=NodeInfo("node-c"), gpus=[GpuInfo(f"GPU-c{i}", i, "H200") for i in range(4)],
+                           processes=[GpuProcess("GPU-c2", now, 5001), GpuProcess("GPU-c3", now, 5002),
+                                      GpuProcess("GPU-c0", now, 9999)]))  # 9999: someone else's process
+    finally:
+        writer.close()
+    roles = [{"role": "actor", "node": "node-c", "pids": [5001, 5002]},
+             {"role": "critic", "node": "node-c", "pids": [4242]}]  # not on any GPU NVML listed
+    assert api.post("/v1/jobs", {"name": "uuids", "ranks": 1, "hostnames": ["node-c"], "roles": roles},
+                    scope="job").status_code == 201
+    job = api.get("/v1/jobs/uuids").json()
+    assert job["roles"][0] == {"role": "actor", "node": "node-c", "gpus": [2, 3], "pids": [5001, 5002],
+                               "source": "nvml"}
+    assert job["roles"][1]["gpus"] == [] and job["roles"][1]["source"] == "found"
+    assert job["gpus_by_role"] == {"actor": {"node-c": [2, 3]}} and job["device_map"] == {"actor": [2, 3]}

@@ -4,8 +4,9 @@ verl places roles with a ``ResourcePoolManager`` (pool â†’ GPUs per node, Role â
 picks the GPUs when ``RayWorkerGroup`` starts one actor per GPU (``verl/single_controller/ray/base.py``,
 ``_create_worker``). So each worker is asked once, when ``fit`` starts, through Ray's ``__ray_call__`` (it runs a
 function in the actor, needing no method of verl's): its host, its pid and the GPU ids Ray gave it
-(``get_accelerator_ids``; ``CUDA_VISIBLE_DEVICES`` where Ray reports none). NVML numbers GPUs the same way on the
-node unless ``CUDA_DEVICE_ORDER`` differs; the pids let anyone match a worker to NVML's process list there.
+(``get_accelerator_ids``; ``CUDA_VISIBLE_DEVICES`` where Ray reports none). Ray's ids are the node's GPU indices,
+NVML's numbering; a worker whose ids are GPU UUIDs reports its pid alone, and the daemon finds its GPUs in NVML's
+process list on that node (``trimtab.store.jobs``, source ``nvml``).
 
 Roles by worker group (``ray_trainer.py`` and ``v1/trainer_base.py``, ``init_workers`` / ``_setup``):
 
