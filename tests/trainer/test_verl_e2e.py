@@ -213,6 +213,33 @@ def test_a_change_verl_cannot_apply_is_refused_stored_and_shown(served, tmp_path
     assert "does not divide the per-GPU batch of 8" in res.output
 
 
+def test_the_rebalancer_moves_a_token_budget_and_the_next_infer_call_carries_it_acknowledged_with_that_step(
+        served, tmp_path):
+    api, start = served
+    overrides = only("evaluation_bound", {"window_min_s": 0.05, "window_min_steps": 2, "window_max_steps": 4})
+    overrides["rules"]["evaluation_bound"] = {
+        "healthy_below": 0.0, "act_above": 0.0,  # scoring always "dominates" this tiny CPU run
+        "actions": [{"knob": "log_prob_max_tokens", "op": "div", "by": 2}]}  # 96 → 48, above the floor of 32
+    start(load_rules(None, overrides))
+    job = "verl-rebalanced-tokens"
+    run = run_legacy_fit(tmp_path, steps=8, step_s=0.1,
+                         overrides=attached(api, tmp_path, job, "+trimtab.mode=auto", *DYNAMIC))
+    changes = api.get(f"/v1/jobs/{job}/changes").json()["changes"]
+    first = min((c for c in changes if c["source"] == "rebalancer" and c["status"] == "applied"),
+                key=lambda c: c["change_id"], default=None)
+    assert first is not None, changes
+    assert (first["knob"], first["value"]) == ("log_prob_max_tokens", 48)
+    log_prob = [(step, keys) for step, name, keys in run.calls if name == "compute_log_prob"]
+    at = [keys for step, keys in log_prob if step == first["applied_step"]]
+    assert at and all(k["max_token_len_per_gpu"] == 48 and k["received"]["max_token_len_per_gpu"] == 48 for k in at)
+    assert all("max_token_len_per_gpu" not in k["received"] and k["max_token_len_per_gpu"] == 96
+               for step, k in log_prob if step < first["applied_step"])  # the worker's own budget until then
+    decision = next(d for d in api.get("/v1/decisions", job=job).json()["decisions"]
+                    if d["change_id"] == first["change_id"])
+    assert (decision["rule"], decision["knob"], decision["old_value"]) == \
+        ("evaluation_bound", "log_prob_max_tokens", 96)
+
+
 def verl_workers(gpu_of_each: dict[str, list[str]]) -> dict[str, list]:
     """verl's own ``Worker`` as Ray actors, one per GPU, with the environment ``RayWorkerGroup._create_worker`` gives
     them. Stubbed: the GPU. On CPU Ray assigns none, so each actor's ``CUDA_VISIBLE_DEVICES`` is set by hand to what
