@@ -253,6 +253,8 @@ def verl_workers(gpu_of_each: dict[str, list[str]]) -> dict[str, list]:
             "WORLD_SIZE": str(len(gpus)), "RANK": str(rank), "WG_PREFIX": pool, "WG_BACKEND": "ray",
             "RAY_LOCAL_WORLD_SIZE": str(len(gpus)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555",
             "CUDA_VISIBLE_DEVICES": gpu}}).remote() for rank, gpu in enumerate(gpus)]
+    # up, as init_workers() leaves them before fit: each is a new process importing verl (slow on a busy CPU)
+    ray.get([w.__ray_call__.remote(lambda _: None) for ws in out.values() for w in ws], timeout=600)
     return out
 
 
