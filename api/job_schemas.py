@@ -16,6 +16,7 @@ from trimtab.api.schemas import NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Mo
     input_type, message_model
 from trimtab.contract.knobs import ACK, KNOB_DECLARATION, KNOB_NAME, KNOB_VALUE, MAX_JOB_NAME, MAX_NAME, \
     PENDING_CHANGE, REFUSAL
+from trimtab.contract.roles import MAX_GPUS_PER_NODE, MAX_PIDS, MAX_PLACEMENTS, SOURCES
 from trimtab.contract.step_report import GPU_PHASES_GROUP, GROUPS, MEMORY_GROUP, PHASES_GROUP, REPORT_FIELDS
 
 JobName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_JOB_NAME, pattern=SLUG)]
@@ -38,6 +39,40 @@ KnobSpec = message_model("KnobSpec", KNOB_DECLARATION, "A knob as the job declar
                          _WithinBounds, inputs=True)
 
 
+RoleSource = Literal[SOURCES]  # type: ignore[valid-type]
+_ROLE_DOCS = {
+    "role": "The role (actor, rollout, ref, critic, reward, …): a component name, as device_map's keys.",
+    "node": "The node (hostname) its workers run on.",
+    "gpus": "Local GPU indices (NVML's on that node) holding the role; empty when the job could not tell.",
+    "pids": "The role's worker processes on that node (NVML's process list shows them on their GPUs).",
+    "source": "found: from the framework's own workers (verl: its worker groups); nvml: GPUs the job could not "
+              "tell, found by matching its pids to NVML's process list on the node (the agent's samples); "
+              "declared: typed by the user.",
+}
+
+
+class RoleIn(InputModel):
+    """One role of the job on one node (trimtab.contract.roles.RolePlacement)."""
+
+    role: ComponentName = Field(description=_ROLE_DOCS["role"])
+    node: Hostname = Field(description=_ROLE_DOCS["node"])
+    gpus: list[Annotated[int, Field(ge=0, le=4095)]] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE,
+                                                             description=_ROLE_DOCS["gpus"])
+    pids: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] = Field(default_factory=list, max_length=MAX_PIDS,
+                                                                  description=_ROLE_DOCS["pids"])
+    source: RoleSource = Field("found", description=_ROLE_DOCS["source"])
+
+
+class RoleOut(Model):
+    """One role of the job on one node."""
+
+    role: str = Field(description=_ROLE_DOCS["role"])
+    node: str = Field(description=_ROLE_DOCS["node"])
+    gpus: list[int] = Field(description=_ROLE_DOCS["gpus"])
+    pids: list[int] = Field(description=_ROLE_DOCS["pids"])
+    source: RoleSource = Field(description=_ROLE_DOCS["source"])
+
+
 class JobIn(InputModel):
     name: JobName = Field(description="The job's name (letters, digits, . _ -; ≤ 128): its identity.")
     ranks: int = Field(ge=1, le=4096, description="Number of ranks (processes) of the job.")
@@ -47,6 +82,11 @@ class JobIn(InputModel):
                     "component names, 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
                     "(^[A-Za-z0-9][A-Za-z0-9._-]*$); values: GPU indices 0-4095.")
     hostnames: list[Hostname] = Field(default_factory=list, max_length=4096, description="Nodes the job runs on.")
+    roles: list[RoleIn] = Field(
+        default_factory=list, max_length=MAX_PLACEMENTS,
+        description="Where each role runs: one entry per role and node, with its local GPUs and worker pids, as the "
+                    "job's adapter found them (the verl plugin: from verl's worker groups). An empty device_map is "
+                    "derived from them (role → GPUs); a device_map given beside them overrides it for attribution.")
     knobs: dict[KnobName, KnobSpec] = Field(
         default_factory=dict, max_length=32,
         description="Knobs the rebalancer may change (batch_size, prefetch, sync_every, …) with their bounds. "
@@ -70,6 +110,10 @@ class JobOut(Model):
     ranks: int = Field(description="Number of ranks.")
     device_map: dict[str, list[int]] = Field(description="Component → local GPU indices.")
     hostnames: list[str] = Field(description="Nodes the job runs on.")
+    roles: list[RoleOut] = Field(description="Where each role runs, one entry per role and node, as registered.")
+    gpus_by_role: dict[str, dict[str, list[int]]] = Field(
+        description="Role → node → local GPU indices, from roles (found or declared); where the job registered no "
+                    "roles, from device_map on its only node. Colocated roles list the same GPUs.")
     knobs: dict[str, KnobOut] = Field(description="Knobs with current value and bounds.")
     mode: Mode = Field(description="auto, advise or off.")
     rules: Optional[dict[str, Any]] = Field(None, description="The job's overrides of the rules, as registered.")

@@ -332,6 +332,9 @@ class JobCheckOut(Model):
     decisions: list[JobDecisionRowOut] = Field(description="The job's most recent rebalancer decisions, newest "
                                                            "first.")
     advise_only_reason: Optional[str] = Field(None, description="Why the job declares no knobs, as it registered.")
+    gpus_by_role: dict[str, dict[str, list[int]]] = Field(
+        default_factory=dict, description="Role → node → local GPU indices, as GET /v1/jobs/{name} shows them (found "
+                                          "by the job's adapter, or its typed device_map on its only node).")
     rl: dict[str, Optional[float]] = Field(
         default_factory=dict, description="Over the window (null: not reported): tokens_per_s; an RL trainer's "
                                           "prompts_per_step and completions_per_step, and the means of its logged "

@@ -78,6 +78,16 @@ def _rl_line(rl: dict) -> str:
     return "; ".join(parts)
 
 
+def roles_line(gpus_by_role) -> str:
+    """``actor+ref+rollout vm GPU 0 · critic vm GPU 1``: colocated roles (the same GPUs on a node) joined."""
+    together: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    for role, nodes in sorted(gpus_by_role.items()):
+        for node, gpus in sorted(nodes.items()):
+            together.setdefault((node, tuple(gpus)), []).append(role)
+    return " · ".join(f"{'+'.join(roles)} {node} GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}"
+                      for (node, gpus), roles in together.items())
+
+
 def render_job(j) -> str:
     """One job's section (a :class:`trimtab.rebalancer.job_report.JobSummary`): knobs, window, the three job rows
     and the recent decisions."""
@@ -85,6 +95,8 @@ def render_job(j) -> str:
     if j.simulated:
         head += "  [SIMULATED node]"
     lines = [head]
+    if getattr(j, "gpus_by_role", None):
+        lines.append(f"roles: {roles_line(j.gpus_by_role)}")
     knobs = ", ".join(f"{k} {_knob(v)}" for k, v in sorted(j.knobs.items())) or "none declared"
     lines.append(f"knobs: {knobs}" + (f" — {j.advise_only_reason}" if j.advise_only_reason else ""))
     if j.window_steps:

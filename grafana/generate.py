@@ -376,6 +376,21 @@ KNOBS_SQL = (
     "FROM jobs j CROSS JOIN LATERAL json_each(j.knobs) AS k(knob, spec)\n"
     f"WHERE {JOB_IS} ORDER BY 1")
 
+# GPUs by role: the roles the job found (verl: its worker groups), else its typed device_map on its first host.
+ROLES_SQL = (
+    "SELECT r ->> 'role' AS \"role\", r ->> 'node' AS \"node\",\n"
+    "  (SELECT string_agg(g, ',') FROM json_array_elements_text(r -> 'gpus') AS g) AS \"GPUs\",\n"
+    "  (SELECT string_agg(p, ',') FROM json_array_elements_text(r -> 'pids') AS p) AS \"worker pids\",\n"
+    "  r ->> 'source' AS \"source\"\n"
+    "FROM jobs j CROSS JOIN LATERAL json_array_elements(j.roles) AS r\n"
+    f"WHERE {JOB_IS} AND j.roles IS NOT NULL\n"
+    "UNION ALL\n"
+    "SELECT d.role, j.hostnames ->> 0, (SELECT string_agg(g, ',') FROM json_array_elements_text(d.gpus) AS g),\n"
+    "  NULL, 'declared'\n"
+    "FROM jobs j CROSS JOIN LATERAL json_each(j.device_map) AS d(role, gpus)\n"
+    f"WHERE {JOB_IS} AND j.roles IS NULL\n"
+    "ORDER BY 1, 2")
+
 KNOB_HISTORY_SQL = (
     "SELECT \"time\", metric, \"value\" FROM (\n"
     "  SELECT c.applied_ms AS \"time\", c.knob AS metric, c.value AS \"value\"\n"
@@ -464,6 +479,10 @@ def job_pg() -> dict:
                         override("step-time variation", unit="percent", decimals=1, thresholds={"mode": "absolute", "steps": [
                                      {"color": "green", "value": None}, {"color": "orange", "value": 5}]},
                                  color={"mode": "thresholds"})]),
+        table("GPUs by role", "Which GPUs hold each role (actor, rollout, ref, critic, …) on which node: found by "
+              "the job's adapter from its framework's workers (verl: each worker group's Ray actors, with their "
+              "pids as NVML lists them), or declared with --device-map. Colocated roles share GPUs.",
+              sql(ROLES_SQL, "table"), ["role", "node", "GPUs", "worker pids", "source"], w=12, h=6),
         table("Current knob values", "The job's knobs now, with the bounds it declared and its mode (auto: the "
               "rebalancer changes knobs; advise: it only records advice; off).", sql(KNOBS_SQL, "table"),
               ["knob", "value", "min", "max", "mode", "updated"], w=12, h=6),
@@ -475,7 +494,8 @@ def job_pg() -> dict:
               ["queued", "knob", "from", "to", "source", "status", "applied at step", "ranks acked", "reason"], h=8),
     ]
     return dashboard("trimtab-job", "trimtab · Job",
-                     "One training job: step time, throughput, step composition, collective latency, knobs.",
+                     "One training job: step time, throughput, step composition, collective latency, GPUs by "
+                     "role, knobs.",
                      [PG_JOB], panels, annotations=[{**DECISION_ANNOTATION, "_panels": [THROUGHPUT_TITLE]}],
                      tags=["job", "postgresql"])
 

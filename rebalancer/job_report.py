@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import Engine
 
+from trimtab.contract.roles import gpus_by_role
 from trimtab.rebalancer.grading import (ACT, LIVE_JOB_S, NO_DATA, OK, SEVERITY, WATCH, Verdict, job_checks,
                                         job_rows, live_since_ms, no_data, rules_for)
 from trimtab.rebalancer.rules import RuleSet, default_rules
@@ -88,6 +89,7 @@ class JobSummary:
     generation_cadence: Optional[dict[str, Any]] = None  # step_facts.generation_cadence: generation every k-th step
     time_base: str = WALL_TIME                   # what phase_shares (and the composition row) measure: gpu | wall
     wall_phase_shares: dict[str, Optional[float]] = field(default_factory=dict)  # the same on wall time, 0–1
+    gpus_by_role: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # role → node → local GPUs
 
     @property
     def status(self) -> str:
@@ -183,7 +185,8 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
     rules = rules_for(job, rules)
     base = dict(name=job.name, mode=job.mode, ranks=job.ranks, hostnames=list(job.hostnames), simulated=simulated,
                 knobs={k: dict(v) for k, v in job.knobs.items()}, last_report_ms=job.last_report_ms,
-                generated_at_ms=now_ms, decisions=list(decisions), advise_only_reason=job.advise_only_reason)
+                generated_at_ms=now_ms, decisions=list(decisions), advise_only_reason=job.advise_only_reason,
+                gpus_by_role=gpus_by_role(job.roles, job.device_map, job.hostnames))
     if not steps:
         return JobSummary(**base, window_steps=None, n_steps=0, window_s=0.0, full_window=False, samples_per_s=None,
                           step_time_s=None, phase_shares={p: None for p in PHASES}, fragmentation=None,

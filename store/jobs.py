@@ -8,13 +8,14 @@ The API fills these tables now; the rebalancer queues its changes through :func:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import Connection, Engine, func, insert, select, update
 
+from trimtab.contract.roles import RolePlacement, device_map_of
 from trimtab.store.engine import insert_for, write_transaction
-from trimtab.store.models import api_tokens, job_reports, jobs, knob_acks, knob_changes, nodes
+from trimtab.store.models import api_tokens, gpu_processes, gpus, job_reports, jobs, knob_acks, knob_changes, nodes
 
 PENDING, APPLIED, REFUSED, SUPERSEDED, CANCELLED = "pending", "applied", "refused", "superseded", "cancelled"
 MODES = ("auto", "advise", "off")
@@ -44,6 +45,7 @@ class StoredJob:
     last_report_ms: Optional[int] = None
     rules: Optional[dict[str, Any]] = None  # the job's overrides of the rules file
     advise_only_reason: Optional[str] = None  # why the job declares no knobs (its framework cannot change them)
+    roles: tuple[RolePlacement, ...] = ()  # where its roles run (found by the job's adapter, or declared)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,34 @@ def number(value: Optional[float]):
 def _job(row, last_report_ms: Optional[int] = None) -> StoredJob:
     return StoredJob(row.id, row.name, row.ranks, row.device_map, row.hostnames, row.knobs, row.mode,
                      row.owner_token_id, row.created_ms, row.updated_ms, last_report_ms, row.rules or None,
-                     row.advise_only_reason)
+                     row.advise_only_reason, tuple(RolePlacement.from_wire(r) for r in row.roles or ()))
+
+
+PROCESS_LOOKBACK_MS = 600_000  # verl's workers hold their GPUs (init_model) before fit starts and registers the job
+
+
+def _with_process_gpus(conn: Connection, job: StoredJob) -> StoredJob:
+    """Roles whose GPUs the job could not tell (GPU UUIDs in CUDA_VISIBLE_DEVICES, …) get them from NVML's process
+    list on their node: the GPUs where the agent saw one of their pids since shortly before the job registered.
+    An empty device map follows from them."""
+    missing = [p for p in job.roles if not p.gpus and p.pids]
+    if not missing:
+        return job
+    resolved = {}
+    for p in missing:
+        rows = conn.execute(
+            select(gpus.c.gpu_index).distinct()
+            .select_from(gpu_processes.join(gpus, gpus.c.id == gpu_processes.c.gpu_id)
+                         .join(nodes, nodes.c.id == gpus.c.node_id))
+            .where(nodes.c.hostname == p.node, gpu_processes.c.pid.in_(p.pids), gpus.c.gpu_index >= 0,
+                   gpu_processes.c.ts_ms >= job.created_ms - PROCESS_LOOKBACK_MS))
+        found = tuple(sorted(r.gpu_index for r in rows))
+        if found:
+            resolved[p] = replace(p, gpus=found, source="nvml")
+    if not resolved:
+        return job
+    roles = tuple(resolved.get(p, p) for p in job.roles)
+    return replace(job, roles=roles, device_map=job.device_map or device_map_of(roles))
 
 
 def _last_report(job_id) -> Any:
@@ -98,26 +127,28 @@ def _last_report(job_id) -> Any:
 def get_job(engine: Engine, name: str) -> Optional[StoredJob]:
     with engine.connect() as conn:
         row = conn.execute(select(jobs, _last_report(jobs.c.id)).where(jobs.c.name == name)).first()
-    return None if row is None else _job(row, row.last_report_ms)
+        return None if row is None else _with_process_gpus(conn, _job(row, row.last_report_ms))
 
 
 def list_jobs(engine: Engine, limit: int, offset: int) -> list[StoredJob]:
     with engine.connect() as conn:
         rows = conn.execute(select(jobs, _last_report(jobs.c.id)).order_by(jobs.c.name).limit(limit).offset(offset))
-        return [_job(r, r.last_report_ms) for r in rows]
+        return [_with_process_gpus(conn, _job(r, r.last_report_ms)) for r in rows.all()]
 
 
 def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str, list[int]], hostnames: list[str],
                  knobs: Mapping[str, Mapping[str, float]], mode: str, token_id: Optional[int],
                  token_is_admin: bool, rules: Optional[Mapping[str, Any]] = None,
-                 advise_only_reason: Optional[str] = None) -> tuple[StoredJob, bool]:
+                 advise_only_reason: Optional[str] = None,
+                 roles: Sequence[RolePlacement] = ()) -> tuple[StoredJob, bool]:
     """Create the job or update it (a restarted job registers again): (job, created). A job token owns the jobs
     it registers; another job token may take one over only once the owner is revoked. A job an admin token
     registered has no owner and stays the admins' (no job token may take it). Pending changes that the new
     declaration no longer allows are cancelled."""
     values = dict(ranks=ranks, device_map=dict(device_map), hostnames=list(hostnames),
                   knobs={k: dict(v) for k, v in knobs.items()}, mode=mode, rules=dict(rules) if rules else None,
-                  advise_only_reason=advise_only_reason, updated_ms=now_ms())
+                  advise_only_reason=advise_only_reason, updated_ms=now_ms(),
+                  roles=[r.to_wire() for r in roles] or None)
     owner = None if token_is_admin else token_id
     with write_transaction(engine) as conn:
         row = conn.execute(select(jobs).where(jobs.c.name == name)).first()
@@ -137,7 +168,7 @@ def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str,
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
             _cancel_disallowed(conn, job_id, values["knobs"], mode)
         row = conn.execute(select(jobs, _last_report(jobs.c.id)).where(jobs.c.id == job_id)).one()
-        job = _job(row, row.last_report_ms)
+        job = _with_process_gpus(conn, _job(row, row.last_report_ms))
     return job, created
 
 

@@ -229,6 +229,7 @@ jobs = Table(
     Column("mode", String(8), nullable=False),  # auto | advise | off
     Column("rules", JSON),  # the job's overrides of rules.toml ({"controller": …, "rules": {name: {key: value}}})
     Column("advise_only_reason", String(1024)),  # why the job declares no knobs (its framework cannot change them)
+    Column("roles", JSON),  # [{"role", "node", "gpus", "pids", "source"}, …] (trimtab.contract.roles); NULL: none
     Column("owner_token_id", Integer, ForeignKey("api_tokens.id", ondelete="SET NULL")),
     Column("created_ms", BigInteger, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),

@@ -37,6 +37,7 @@ import httpx
 import torch
 
 from trimtab.contract.knobs import MAX_JOB_NAME, MAX_NAME, MODES as SERVER_MODES, NAME_PATTERN, PendingChange
+from trimtab.contract.roles import RolePlacement
 from trimtab.contract.step_report import FRAMEWORK_FIELDS
 from trimtab.trainer.apply import APPLIED, KnobApplier, KnobChange
 from trimtab.trainer.dist import KnobSync, LatencyProbe, distributed, rank_and_world
@@ -99,7 +100,9 @@ class Hook:
     ``appliers`` knob → the :class:`~trimtab.trainer.apply.KnobApplier` that owns it (a framework adapter): a
     change of such a knob is acknowledged only once that applier says it took effect, and refused when it cannot
     apply it. Knobs without an applier are owned by the loop that reads ``hook.knobs``; ``advise_only_reason``
-    says why a job declares no knobs (its framework cannot change them between steps), for ``trimtab check``.
+    says why a job declares no knobs (its framework cannot change them between steps), for ``trimtab check``;
+    ``roles`` where each role runs (:class:`~trimtab.contract.roles.RolePlacement`, found by a framework adapter),
+    registered beside the device map (their nodes join the job's hostnames).
     """
 
     def __init__(self, job: str, server: Optional[str] = None, token: Optional[str] = None, *,
@@ -110,7 +113,7 @@ class Hook:
                  cuda_events: bool = True, queue_max: int = 256, timeout_s: float = 1.0,
                  backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
                  appliers: Optional[Mapping[str, KnobApplier]] = None,
-                 advise_only_reason: Optional[str] = None):
+                 advise_only_reason: Optional[str] = None, roles: Sequence[RolePlacement] = ()):
         for kind, name, limit in ([("job", job, MAX_JOB_NAME)] + [("knob", k, MAX_NAME) for k in (knobs or {})]
                                   + [("component", c, MAX_NAME) for c in (device_map or {})]):
             if not (isinstance(name, str) and len(name) <= limit and SLUG.match(name)):
@@ -121,6 +124,7 @@ class Hook:
         self.job, self._mode, self._advise_only_reason = job, mode, advise_only_reason
         self.rank, self.world_size, _ = rank_and_world()
         self.device_map = {str(c): [int(g) for g in gpus] for c, gpus in (device_map or {}).items()}
+        self.roles = list(roles)
         self._knobs = KnobSet(knobs)
         self._appliers = dict(appliers or {})
         unknown = sorted(set(self._appliers) - set(self._knobs.names))
@@ -452,8 +456,10 @@ class Hook:
         knobs = self._knobs.declaration()
         for name, value in (values or {}).items():
             knobs[name]["value"] = value
+        hostnames = [self._hostname] + sorted({p.node for p in self.roles} - {self._hostname})
         return {"name": self.job, "ranks": self.world_size, "device_map": self.device_map,
-                "hostnames": [self._hostname], "knobs": knobs, "mode": self._mode,
+                "hostnames": hostnames, "knobs": knobs, "mode": self._mode,
+                **({"roles": [p.to_wire() for p in self.roles]} if self.roles else {}),
                 **({"advise_only_reason": self._advise_only_reason[:1024]} if self._advise_only_reason else {})}
 
     def _gpu_without_cuda(self, local_gpu: Optional[int]) -> Optional[int]:

@@ -12,9 +12,10 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Response
 
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, require_scope
-from trimtab.api.job_schemas import JobIn, JobOut, JobsOut, ModeIn
+from trimtab.api.job_schemas import JobIn, JobOut, JobsOut, ModeIn, RoleOut
 from trimtab.api.errors import invalid
 from trimtab.api.schemas import SLUG
+from trimtab.contract.roles import RolePlacement, device_map_of, gpus_by_role, merge
 from trimtab.rebalancer.rules import RulesError, check_job_overrides
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob
@@ -29,6 +30,8 @@ def job_name_path() -> str:
 
 def job_out(job: StoredJob, simulated_hosts: set[str]) -> JobOut:
     return JobOut(name=job.name, ranks=job.ranks, device_map=job.device_map, hostnames=job.hostnames,
+                  roles=[RoleOut(**p.to_wire()) for p in job.roles],
+                  gpus_by_role=gpus_by_role(job.roles, job.device_map, job.hostnames),
                   knobs=job.knobs, mode=job.mode, rules=job.rules,
                   advise_only_reason=job.advise_only_reason, simulated=any(h in simulated_hosts for h in job.hostnames),
                   created_ms=job.created_ms, updated_ms=job.updated_ms, last_report_ms=job.last_report_ms)
@@ -53,7 +56,9 @@ def job_for_write(ctx: ApiContext, name: str, token: StoredToken) -> StoredJob:
 
 @router.post("", response_model=JobOut, status_code=200, summary="Register (or re-register) a job",
              responses={**WRITE, 201: {"model": JobOut, "description": "Registered for the first time."}},
-             description="Declares a job: ranks, device_map (component → local GPU indices), hostnames, knobs with "
+             description="Declares a job: ranks, device_map (component → local GPU indices), hostnames, roles "
+                         "(role → node, GPUs and worker pids, as the job found them; an empty device_map is derived "
+                         "from them), knobs with "
                          "bounds (min ≤ value ≤ max) and mode. Idempotent per name: registering again (a restarted "
                          "job) updates the declaration and answers 200; the first registration answers 201. Pending "
                          "changes the new bounds no longer allow are cancelled. Optional per-job rule overrides "
@@ -69,11 +74,12 @@ def register(body: JobIn, response: Response, ctx: ApiContext = Depends(get_ctx)
             check_job_overrides(ctx.rules, body.rules)
         except RulesError as exc:
             raise invalid(("body", "rules"), str(exc)) from None
+    roles = merge(RolePlacement(r.role, r.node, tuple(r.gpus), tuple(r.pids), r.source) for r in body.roles)
     try:
         job, created = job_store.register_job(
-            ctx.engine, body.name, body.ranks, body.device_map, body.hostnames,
+            ctx.engine, body.name, body.ranks, body.device_map or device_map_of(roles), body.hostnames,
             {k: v.model_dump() for k, v in body.knobs.items()}, body.mode, token.id, token.scope == "admin",
-            rules=body.rules, advise_only_reason=body.advise_only_reason)
+            rules=body.rules, advise_only_reason=body.advise_only_reason, roles=roles)
     except job_store.JobOwnedElsewhere as exc:
         raise HTTPException(403, str(exc)) from None
     if created:
@@ -91,7 +97,8 @@ def list_jobs(pages: Page = Depends(page), ctx: ApiContext = Depends(get_ctx)) -
 
 
 @router.get("/{name}", response_model=JobOut, responses={**READ, **NOT_FOUND}, summary="Get a job",
-            description="One job's declaration, knob values and when it last reported. 404 for an unknown job.")
+            description="One job's declaration (with its GPUs by role), knob values and when it last reported. "
+                        "404 for an unknown job.")
 def get_job(name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx)) -> JobOut:
     return job_out(find_job(ctx, name), job_store.simulated_hostnames(ctx.engine))
 

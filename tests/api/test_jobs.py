@@ -56,6 +56,9 @@ def test_jobs_are_listed_by_name_a_page_at_a_time(job_api):
     ({"knobs": {"batch_size": {"value": 1, "min": 2}}}, ["body", "knobs", "batch_size", "max"]),
     ({"device_map": {"actor": [-1]}}, ["body", "device_map", "actor", 0]),
     ({"hostnames": ["a" * 256]}, ["body", "hostnames", 0]),
+    ({"roles": [{"role": "actor", "node": "n", "gpus": [4096]}]}, ["body", "roles", 0, "gpus", 0]),
+    ({"roles": [{"role": "has space", "node": "n"}]}, ["body", "roles", 0, "role"]),
+    ({"roles": [{"role": "actor", "node": "n", "source": "guessed"}]}, ["body", "roles", 0, "source"]),
     ({"colour": "blue"}, ["body", "colour"]),
 ])
 def test_an_invalid_registration_is_422_naming_the_field(sqlite_api, change, loc):
@@ -194,3 +197,57 @@ def test_decisions_are_listed_newest_first_with_their_evidence(job_api):
     assert page["decisions"][0]["job"] == "grpo-7b" and page["decisions"][0]["outcome"] == "advised"
     assert len(api.get("/v1/decisions").json()["decisions"]) == 4
     assert api.get("/v1/decisions", job="nope").status_code == 404
+
+
+ROLES = [{"role": "actor", "node": "node-a", "gpus": [0], "pids": [101]},
+         {"role": "actor", "node": "node-a", "gpus": [1], "pids": [102]},  # a second worker of the same group
+         {"role": "rollout", "node": "node-a", "gpus": [0, 1], "pids": [101, 102]},
+         {"role": "critic", "node": "node-b", "gpus": [0], "pids": [7]}]
+
+
+def test_roles_found_by_the_job_are_shown_as_gpus_by_role_and_give_the_device_map_unless_one_is_typed(api):
+    r = api.post("/v1/jobs", {"name": "found", "ranks": 1, "hostnames": ["node-a"], "roles": ROLES}, scope="job")
+    assert r.status_code == 201, r.text
+    job = api.get("/v1/jobs/found").json()
+    assert job["gpus_by_role"] == {"actor": {"node-a": [0, 1]}, "rollout": {"node-a": [0, 1]},
+                                   "critic": {"node-b": [0]}}
+    assert job["roles"][0] == {"role": "actor", "node": "node-a", "gpus": [0, 1], "pids": [101, 102],
+                               "source": "found"}  # one entry per role and node
+    assert job["device_map"] == {"actor": [0, 1], "critic": [0], "rollout": [0, 1]}  # derived for attribution
+    typed = {"name": "typed", "ranks": 1, "hostnames": ["node-a"], "roles": ROLES, "device_map": {"actor": [3]}}
+    assert api.post("/v1/jobs", typed, scope="job").status_code == 201
+    job = api.get("/v1/jobs/typed").json()
+    assert job["device_map"] == {"actor": [3]}  # --device-map overrides what was found
+    assert job["gpus_by_role"]["critic"] == {"node-b": [0]}  # the roles found are still shown
+    # a job that typed only a device map, on one node: its GPUs by role come from it
+    assert api.get("/v1/jobs/grpo-7b").status_code == 404
+    api.post("/v1/jobs", JOB, scope="job")
+    assert api.get("/v1/jobs/grpo-7b").json()["gpus_by_role"] == {
+        "actor": {"node-a": [0, 1]}, "critic": {"node-a": [2]}, "reward": {"node-a": [3]}}
+
+
+def test_gpus_a_job_could_not_tell_are_found_by_matching_its_worker_pids_to_nvmls_process_list(api):
+    """A worker whose CUDA_VISIBLE_DEVICES holds GPU UUIDs registers its pid without GPU indices; the agent's NVML
+    process list on that node (written here through the store's own batch writer) names the GPUs."""
+    import time
+
+    from trimtab.agent.readings import Batch, GpuInfo, GpuProcess, NodeInfo
+    from trimtab.store.ingest import BatchWriter
+
+    now = int(time.time() * 1000)
+    writer = BatchWriter(api.ctx.engine)
+    try:
+        writer.write(Batch(node=NodeInfo("node-c"), gpus=[GpuInfo(f"GPU-c{i}", i, "H200") for i in range(4)],
+                           processes=[GpuProcess("GPU-c2", now, 5001), GpuProcess("GPU-c3", now, 5002),
+                                      GpuProcess("GPU-c0", now, 9999)]))  # 9999: someone else's process
+    finally:
+        writer.close()
+    roles = [{"role": "actor", "node": "node-c", "pids": [5001, 5002]},
+             {"role": "critic", "node": "node-c", "pids": [4242]}]  # not on any GPU NVML listed
+    assert api.post("/v1/jobs", {"name": "uuids", "ranks": 1, "hostnames": ["node-c"], "roles": roles},
+                    scope="job").status_code == 201
+    job = api.get("/v1/jobs/uuids").json()
+    assert job["roles"][0] == {"role": "actor", "node": "node-c", "gpus": [2, 3], "pids": [5001, 5002],
+                               "source": "nvml"}
+    assert job["roles"][1]["gpus"] == [] and job["roles"][1]["source"] == "found"
+    assert job["gpus_by_role"] == {"actor": {"node-c": [2, 3]}} and job["device_map"] == {"actor": [2, 3]}

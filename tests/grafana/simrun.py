@@ -94,9 +94,10 @@ def write_samples(engine: Engine, start_ms: int, end_ms: int) -> int:
 
 
 def _job(conn, name: str, ranks: int, device_map: dict, hostnames: list[str], knobs: dict, mode: str,
-         created_ms: int) -> int:
+         created_ms: int, roles: Optional[list] = None) -> int:
     return conn.execute(insert(jobs).values(name=name, ranks=ranks, device_map=device_map, hostnames=hostnames,
-                                            knobs=knobs, mode=mode, created_ms=created_ms, updated_ms=created_ms)
+                                            knobs=knobs, mode=mode, created_ms=created_ms, updated_ms=created_ms,
+                                            roles=roles)
                         .returning(jobs.c.id)).scalar_one()
 
 
@@ -125,7 +126,10 @@ def write_jobs(engine: Engine, now_ms: int) -> dict[str, int]:
     knobs = {"batch_size": {"value": 16, "min": 1, "max": 64}, "prefetch": {"value": 2, "min": 0, "max": 8},
              "sync_every": {"value": 2, "min": 1, "max": 8}}
     with engine.begin() as conn:
-        job_id = _job(conn, JOB, 2, {"actor": [0, 1], "critic": [2], "reward": [3]}, [HOST_A], knobs, "auto", start)
+        found = [{"role": role, "node": HOST_A, "gpus": gpus, "pids": [4000 + g for g in gpus], "source": "found"}
+                 for role, gpus in (("actor", [0, 1]), ("critic", [2]), ("reward", [3]))]  # as the verl plugin does
+        job_id = _job(conn, JOB, 2, {"actor": [0, 1], "critic": [2], "reward": [3]}, [HOST_A], knobs, "auto", start,
+                      roles=found)
         other_id = _job(conn, OTHER_JOB, 1, {"actor": [0], "reward": [1]}, [HOST_B],
                         {"batch_size": {"value": 4, "min": 1, "max": 16}}, "advise", start)
         rows = []

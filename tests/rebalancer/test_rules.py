@@ -52,7 +52,14 @@ def test_shipped_rules_load_sorted_by_priority_with_their_actions():
     assert rs["pcie"].actions[0].direction == -1 and gen.actions[0].direction == 1
     assert rs["memory"].actions[0] == Action("batch_size", "div", 2.0)
     assert [a.knob for a in rs["memory"].actions[1:]] == ["actor_update_micro_batch", "log_prob_micro_batch",
-                                                         "ref_log_prob_micro_batch"]
+                                                         "ref_log_prob_micro_batch", "actor_update_max_tokens",
+                                                         "log_prob_max_tokens", "ref_log_prob_max_tokens",
+                                                         "critic_max_tokens", "critic_values_max_tokens"]
+    # verl's token budgets (dynamic batching) move as its micro-batches do, in every rule that moves those
+    for rule in ("memory", "fragmentation", "evaluation_bound", "update_bound"):
+        micro = {(a.op, a.by, a.needs_memory_headroom) for a in rs[rule].actions if a.knob.endswith("_micro_batch")}
+        tokens = {(a.op, a.by, a.needs_memory_headroom) for a in rs[rule].actions if a.knob.endswith("_max_tokens")}
+        assert micro and tokens == micro, rule
     assert rs["communication_bound"].actions == (Action("sync_every", "mul", 2.0, strong_by=4.0),)
     assert rs["communication_bound"].strong_above == 40.0
     assert rs["oom"].actions == ()

@@ -8,6 +8,8 @@ stored as such and shown by ``GET /v1/decisions`` and ``trimtab check``."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 
@@ -18,6 +20,7 @@ pytest.importorskip("verl")
 from click.testing import CliRunner  # noqa: E402
 
 from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
+from tests.trainer import verl_harness as tests_harness  # noqa: E402
 from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
 from trimtab.cli.main import cli  # noqa: E402
 from trimtab.rebalancer.rules import load_rules  # noqa: E402
@@ -89,7 +92,11 @@ def test_every_verl_step_is_reported_with_phases_adding_up_to_the_step_including
         "actor_update_micro_batch": {"value": 2, "min": 1, "max": 4},
         "log_prob_micro_batch": {"value": 2, "min": 1, "max": 8},
         "ref_log_prob_micro_batch": {"value": 2, "min": 1, "max": 8},
-    }  # no critic knobs: verl 0.9.1's critic engine batches by tokens whatever critic.ppo_micro_batch_size_per_gpu says
+        # verl 0.9.1's critic engine batches by tokens whatever critic.use_dynamic_bsz says: its token budgets
+        # (verl's default 32768; floor max_prompt_length 16 + max_response_length 16), not its micro-batch size
+        "critic_max_tokens": {"value": 32768, "min": 32, "max": 32768},
+        "critic_values_max_tokens": {"value": 32768, "min": 32, "max": 32768},
+    }
 
 
 def test_a_queued_change_reaches_the_next_worker_calls_data_and_is_acknowledged_only_then(served, tmp_path):
@@ -118,6 +125,59 @@ def test_a_queued_change_reaches_the_next_worker_calls_data_and_is_acknowledged_
     other_calls = [keys for step, name, keys in run.calls if name == "compute_ref_log_prob" and step >= first]
     assert other_calls and all(k.get("micro_batch_size_per_gpu") == 2 for k in other_calls)  # its own knob
     assert api.get(f"/v1/jobs/{job}").json()["knobs"]["log_prob_micro_batch"]["value"] == 4
+
+
+DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96",
+           "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=96",
+           "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=96", "critic.ppo_max_token_len_per_gpu=96")
+
+
+@pytest.mark.parametrize("fit, kind", [(run_v1_fit, "v1"), (run_legacy_fit, "legacy")], ids=["v1", "legacy"])
+def test_under_dynamic_batching_a_token_budget_change_reaches_the_next_calls_data_acknowledged_with_that_step(
+        served, tmp_path, fit, kind):
+    api, start = served
+    start()
+    job = f"verl-tokens-{kind}"
+    queued = {}
+
+    def operator():  # an admin's change, queued while the run is going (the rebalancer's go the same way)
+        eventually(lambda: len(reports_of(api, job)) >= 1, timeout_s=60)
+        r = api.post(f"/v1/jobs/{job}/changes", {"knob": "actor_update_max_tokens", "value": 32}, scope="admin")
+        queued["id"] = r.json()["change_id"]
+        too_small = api.post(f"/v1/jobs/{job}/changes", {"knob": "log_prob_max_tokens", "value": 31}, scope="admin")
+        queued["too_small"] = too_small.status_code, too_small.text
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    run = fit(tmp_path, steps=8, step_s=0.15, overrides=attached(api, tmp_path, job, *DYNAMIC))
+    thread.join(10)
+    knobs = api.get(f"/v1/jobs/{job}").json()["knobs"]
+    # max_prompt_length 16 + max_response_length 16 = 32 tokens: the floor; no micro-batch knob is moot-declared
+    # top: the per-GPU (mini-)batch at that length (mini 2 × n 2 = 4, batch 4 × n 2 = 8), or the start if larger;
+    # V1 builds the critic's training budget from ppo_infer_max_token_len_per_gpu (verl's default 32768)
+    assert {k: (v["min"], v["max"]) for k, v in knobs.items()} == {
+        "actor_update_max_tokens": (32, 128), "log_prob_max_tokens": (32, 256), "ref_log_prob_max_tokens": (32, 256),
+        "critic_max_tokens": (32, 32768 if kind == "v1" else 128), "critic_values_max_tokens": (32, 32768)}
+    # a budget below the longest sequence the run allows never reaches the job: 422 with the bounds
+    assert queued["too_small"][0] == 422 and "[32, 256]" in queued["too_small"][1]
+    update = [(step, keys) for step, name, keys in run.calls if name == "update_actor"]
+    carried = [step for step, keys in update if keys["received"].get("max_token_len_per_gpu") == 32]
+    assert carried, f"the change never reached update_actor: {update}"
+    first = carried[0]
+    assert all(keys["use_dynamic_bsz"] is True for _, keys in update)  # the worker batched by tokens throughout
+    before = [keys for step, keys in update if step < first]
+    assert before and all("max_token_len_per_gpu" not in k["received"] and k["max_token_len_per_gpu"] == 96
+                          for k in before)  # the worker's own engine budget
+    after = [keys for step, keys in update if step >= first]
+    assert all(k["max_token_len_per_gpu"] == 32 for k in after)  # every call from then on, as verl's worker read it
+    assert min(k["n_micro_batches"] for k in after) > max(k["n_micro_batches"] for k in before)  # smaller packs
+    change = next(c for c in api.get(f"/v1/jobs/{job}/changes").json()["changes"] if c["change_id"] == queued["id"])
+    assert change["status"] == "applied" and change["applied_step"] == first
+    log_prob = [keys for step, name, keys in run.calls if name == "compute_log_prob" and step >= first]
+    assert log_prob and all(k["max_token_len_per_gpu"] == 96 for k in log_prob)  # its own knob, untouched
+    assert knobs["actor_update_max_tokens"]["value"] == 32
 
 
 def only(rule: str, controller: dict) -> dict:
@@ -151,6 +211,86 @@ def test_a_change_verl_cannot_apply_is_refused_stored_and_shown(served, tmp_path
     assert f"job {job}  mode auto" in res.output
     assert "log_prob_micro_batch 2 → 6" in res.output and "refused" in res.output
     assert "does not divide the per-GPU batch of 8" in res.output
+
+
+def test_the_rebalancer_moves_a_token_budget_and_the_next_infer_call_carries_it_acknowledged_with_that_step(
+        served, tmp_path):
+    api, start = served
+    overrides = only("evaluation_bound", {"window_min_s": 0.05, "window_min_steps": 2, "window_max_steps": 4})
+    overrides["rules"]["evaluation_bound"] = {
+        "healthy_below": 0.0, "act_above": 0.0,  # scoring always "dominates" this tiny CPU run
+        "actions": [{"knob": "log_prob_max_tokens", "op": "div", "by": 2}]}  # 96 → 48, above the floor of 32
+    start(load_rules(None, overrides))
+    job = "verl-rebalanced-tokens"
+    run = run_legacy_fit(tmp_path, steps=8, step_s=0.1,
+                         overrides=attached(api, tmp_path, job, "+trimtab.mode=auto", *DYNAMIC))
+    changes = api.get(f"/v1/jobs/{job}/changes").json()["changes"]
+    first = min((c for c in changes if c["source"] == "rebalancer" and c["status"] == "applied"),
+                key=lambda c: c["change_id"], default=None)
+    assert first is not None, changes
+    assert (first["knob"], first["value"]) == ("log_prob_max_tokens", 48)
+    log_prob = [(step, keys) for step, name, keys in run.calls if name == "compute_log_prob"]
+    at = [keys for step, keys in log_prob if step == first["applied_step"]]
+    assert at and all(k["max_token_len_per_gpu"] == 48 and k["received"]["max_token_len_per_gpu"] == 48 for k in at)
+    assert all("max_token_len_per_gpu" not in k["received"] and k["max_token_len_per_gpu"] == 96
+               for step, k in log_prob if step < first["applied_step"])  # the worker's own budget until then
+    decision = next(d for d in api.get("/v1/decisions", job=job).json()["decisions"]
+                    if d["change_id"] == first["change_id"])
+    assert (decision["rule"], decision["knob"], decision["old_value"]) == \
+        ("evaluation_bound", "log_prob_max_tokens", 96)
+
+
+def verl_workers(gpu_of_each: dict[str, list[str]]) -> dict[str, list]:
+    """verl's own ``Worker`` as Ray actors, one per GPU, with the environment ``RayWorkerGroup._create_worker`` gives
+    them. Stubbed: the GPU. On CPU Ray assigns none, so each actor's ``CUDA_VISIBLE_DEVICES`` is set by hand to what
+    Ray would set on a GPU node (and ``num_cpus=0``: the harness's two CPUs belong to TransferQueue)."""
+    import ray
+    from verl.single_controller.base.worker import Worker
+
+    out = {}
+    for pool, gpus in gpu_of_each.items():
+        out[pool] = [ray.remote(Worker).options(num_cpus=0, name=f"{pool}Worker_0:{rank}", runtime_env={"env_vars": {
+            "WORLD_SIZE": str(len(gpus)), "RANK": str(rank), "WG_PREFIX": pool, "WG_BACKEND": "ray",
+            "RAY_LOCAL_WORLD_SIZE": str(len(gpus)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555",
+            "CUDA_VISIBLE_DEVICES": gpu}}).remote() for rank, gpu in enumerate(gpus)]
+    # up, as init_workers() leaves them before fit: each is a new process importing verl (slow on a busy CPU)
+    ray.get([w.__ray_call__.remote(lambda _: None) for ws in out.values() for w in ws], timeout=600)
+    return out
+
+
+def test_roles_are_found_from_verls_workers_and_shown_by_get_job_and_check_without_a_device_map(served, tmp_path):
+    import ray
+
+    api, start = served
+    start()
+    tests_harness._ensure_ray()
+    workers = verl_workers({"actor_pool": ["0", "1"], "critic_pool": ["2"]})
+    try:
+        def give_workers(trainer):  # what init_workers() would have built: RayWorkerGroup.workers
+            trainer.actor_rollout_wg.workers = workers["actor_pool"]
+            trainer.critic_wg.workers = workers["critic_pool"]
+
+        run_legacy_fit(tmp_path, steps=3, before_fit=give_workers,
+                       overrides=attached(api, tmp_path, "verl-roles", *DYNAMIC))
+        pids = {pool: sorted(ray.get([w.__ray_call__.remote(lambda _: os.getpid()) for w in ws]))
+                for pool, ws in workers.items()}
+    finally:
+        for ws in workers.values():
+            for w in ws:
+                ray.kill(w)
+    host = socket.gethostname()
+    job = api.get("/v1/jobs/verl-roles").json()
+    # ActorRolloutRef: one fused group, so actor, rollout and the reference share its GPUs
+    assert job["gpus_by_role"] == {"actor": {host: [0, 1]}, "rollout": {host: [0, 1]}, "ref": {host: [0, 1]},
+                                   "critic": {host: [2]}}
+    assert job["device_map"] == {"actor": [0, 1], "critic": [2], "ref": [0, 1], "rollout": [0, 1]}  # derived
+    roles = {r["role"]: r for r in job["roles"]}
+    assert roles["critic"] == {"role": "critic", "node": host, "gpus": [2], "pids": pids["critic_pool"],
+                               "source": "found"}
+    assert roles["actor"]["pids"] == pids["actor_pool"] and len(set(pids["actor_pool"])) == 2
+    res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
+    print(res.output)  # the README's verl section shows this output
+    assert f"roles: actor+ref+rollout {host} GPUs 0,1 · critic {host} GPU 2" in res.output, res.output
 
 
 def reporter_threads(job: str) -> list:

@@ -59,17 +59,42 @@ def test_knobs_come_from_the_runs_config_with_its_per_gpu_batches_as_bounds():
         "actor_update_micro_batch": (2, 1, 6),    # ppo_mini_batch_size 3 × n 2 / 1 GPU
         "log_prob_micro_batch": (4, 1, 12),       # train_batch_size 6 × n 2 / 1 GPU
         "ref_log_prob_micro_batch": (4, 1, 12),
-    }  # none for the critic: verl 0.9.1's critic engine batches by tokens whatever its micro-batch setting says
+        # the critic's engine batches by tokens whatever critic.use_dynamic_bsz says: its budgets, not its micro-batch
+        # (floor: max_prompt_length 512 + max_response_length 512; 32768 is verl's own default for both)
+        "critic_max_tokens": (32768, 1024, 32768),
+        "critic_values_max_tokens": (32768, 1024, 32768),
+    }
     assert set(declared_knobs(verl_config(), use_critic=False, use_reference=False)) == {
         "actor_update_micro_batch", "log_prob_micro_batch"}
     assert "ref_log_prob_micro_batch" not in declared_knobs(verl_config(), ref_in_actor=True)  # LoRA: ref is actor
 
 
-def test_dynamic_batching_makes_the_micro_batch_knobs_moot_so_they_are_not_declared():
-    dynamic = verl_config("actor_rollout_ref.actor.use_dynamic_bsz=true",
-                          "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
-                          "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true")
-    assert set(declared_knobs(dynamic, use_critic=False)) == set()
+DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "data.max_prompt_length=16",
+           "data.max_response_length=16", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
+           "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=96",
+           "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=128", "critic.ppo_max_token_len_per_gpu=80")
+
+
+def test_dynamic_batching_declares_token_budgets_instead_of_micro_batches_bounded_by_the_longest_sequence():
+    knobs = declared_knobs(verl_config(*DYNAMIC), use_critic=True)
+    assert {k: spec for k, (_, spec, _) in knobs.items()} == {
+        # floor 16 + 16 = 32 tokens; top: the whole per-GPU (mini-)batch at that length, or the start if larger
+        "actor_update_max_tokens": (64, 32, 6 * 32),        # ppo_mini_batch_size 3 × n 2 per GPU
+        "log_prob_max_tokens": (96, 32, 12 * 32),           # train_batch_size 6 × n 2 per GPU
+        "ref_log_prob_max_tokens": (128, 32, 12 * 32),
+        "critic_max_tokens": (80, 32, 6 * 32),
+        "critic_values_max_tokens": (32768, 32, 32768),     # CriticConfig's default: verl's yaml does not set it
+    }
+    assert all(name.endswith("_max_tokens") for name in knobs)  # the memory model reads these as tokens
+    # V1's trainer builds the critic's training budget from its infer one (trainer_base.py, _setup)
+    assert declared_knobs(verl_config(*DYNAMIC), v1=True)["critic_max_tokens"][1][0] == 32768
+    # Ulysses sequence parallelism multiplies the budget (max_token_len = per GPU × sp): the floor divides by it
+    sp = declared_knobs(verl_config(*DYNAMIC, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))
+    assert sp["actor_update_max_tokens"][1][1] == 16 and sp["log_prob_max_tokens"][1][1] == 16
+    # a budget already below the longest sequence: verl will fail on its own; trimtab declares nothing to move
+    below = declared_knobs(verl_config(*DYNAMIC, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20"))
+    assert "actor_update_max_tokens" not in below and "log_prob_max_tokens" in below
 
 
 class Recorder:
@@ -172,16 +197,81 @@ def test_a_verl_whose_signatures_changed_leaves_trimtab_detached_and_says_so(cap
 
 
 def test_settings_come_from_hydra_overrides_or_the_environment_and_nothing_means_detached(monkeypatch, tmp_path):
-    for var in ("TRIMTAB_SERVER", "TRIMTAB_JOB", "TRIMTAB_TOKEN", "TRIMTAB_TOKEN_FILE", "TRIMTAB_MODE"):
+    for var in ("TRIMTAB_SERVER", "TRIMTAB_JOB", "TRIMTAB_TOKEN", "TRIMTAB_TOKEN_FILE", "TRIMTAB_MODE",
+                "TRIMTAB_DEVICE_MAP"):
         monkeypatch.delenv(var, raising=False)
     assert verl_plugin.settings(verl_config()) is None
     token = tmp_path / "job.token"
     token.write_text("s3cret\n")
     got = verl_plugin.settings(verl_config("+trimtab.server=http://head:9460", f"+trimtab.token_file={token}",
                                            "+trimtab.mode=auto", "trainer.experiment_name=qwen-grpo"))
-    assert got == {"server": "http://head:9460", "token": "s3cret", "job": "qwen-grpo", "mode": "auto", "knobs": True}
+    assert got == {"server": "http://head:9460", "token": "s3cret", "job": "qwen-grpo", "mode": "auto", "knobs": True,
+                   "device_map": None}  # none typed: found from verl's workers when fit starts
     monkeypatch.setenv("TRIMTAB_SERVER", "http://127.0.0.1:9460")
     monkeypatch.setenv("TRIMTAB_JOB", "from-env")
     monkeypatch.setenv("TRIMTAB_KNOBS", "false")
+    monkeypatch.setenv("TRIMTAB_DEVICE_MAP", "actor=0,1 critic=2")  # the override of the device map found
     got = verl_plugin.settings(verl_config())
     assert (got["server"], got["job"], got["knobs"]) == ("http://127.0.0.1:9460", "from-env", False)
+    assert got["device_map"] == {"actor": [0, 1], "critic": [2]}
+
+
+def nested_batch(lengths: list[int], **meta) -> TensorDict:
+    """Data as verl's trainer hands it to a worker: no-padding (nested) input_ids, one row per sequence."""
+    ids = torch.nested.nested_tensor([torch.ones(n, dtype=torch.long) for n in lengths], layout=torch.jagged)
+    td = TensorDict({"input_ids": ids}, batch_size=[len(lengths)])
+    tu.assign_non_tensor(td, **meta)
+    return td
+
+
+class TokenRecorder:
+    """Stands in for the actor's worker group (the real one runs models on GPUs): applies the worker's rule (the
+    engine config's budget only where the data carries none) and verl's own prepare_micro_batches to each call."""
+
+    world_size = 1
+
+    def __init__(self, engine_budget: int):
+        self.engine_budget, self.calls = engine_budget, []
+
+    def compute_log_prob(self, data):
+        td = data.clone()
+        carried = tu.get(td, "max_token_len_per_gpu") if "max_token_len_per_gpu" in td.keys() else None
+        if "max_token_len_per_gpu" not in td.keys():
+            tu.assign_non_tensor(td, max_token_len_per_gpu=self.engine_budget)
+        tu.assign_non_tensor(td, use_dynamic_bsz=True)
+        micro, _ = prepare_micro_batches(td)
+        self.calls.append((carried, len(micro)))
+
+
+def test_a_token_budget_reaches_the_next_calls_data_and_one_below_the_longest_sequence_is_refused_with_why():
+    lengths = [32, 30, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]  # 12 sequences of at most 16 + 16 tokens, 144 in all
+    tiny = nested_batch([32, 8])
+    tu.assign_non_tensor(tiny, use_dynamic_bsz=True, max_token_len_per_gpu=20)
+    with pytest.raises(AssertionError, match="max_token_len must be greater than the sequence length"):
+        prepare_micro_batches(tiny)  # verl's own invariant: what trimtab must never send
+    trainer = Trainer()
+    trainer.actor_rollout_wg = TokenRecorder(engine_budget=96)
+    applier = VerlKnobApplier(declared_knobs(verl_config(*DYNAMIC), use_critic=False),
+                              step_of=lambda: trainer.global_steps)
+    wrap_worker_groups(trainer, applier)
+    settled = []
+    resolve = lambda c: settled.append((c.knob, c.status, c.applied_at_step, c.reason))  # noqa: E731
+    trainer.actor_rollout_wg.compute_log_prob(nested_batch(lengths))
+    # the bounds check (API and hook) keeps the rebalancer above the floor; the applier checks again, at the call
+    applier.apply(KnobChange("log_prob_max_tokens", 96, 20, step=2, change_id=5, _resolve=resolve))
+    trainer.global_steps = 2
+    trainer.actor_rollout_wg.compute_log_prob(nested_batch(lengths))
+    (knob, status, _, reason), = settled
+    assert (knob, status) == ("log_prob_max_tokens", "refused")
+    assert "below the longest sequence the run allows (32 tokens per GPU" in reason and "asserts" in reason
+    applier.apply(KnobChange("log_prob_max_tokens", 96, 40, step=3, change_id=6, _resolve=resolve))
+    trainer.global_steps = 3
+    data = nested_batch(lengths, temperature=1.0)
+    trainer.actor_rollout_wg.compute_log_prob(data)
+    assert settled[-1][:3] == ("log_prob_max_tokens", "applied", 3)
+    assert trainer.actor_rollout_wg._group.calls == [
+        (None, 2),  # the engine's own 96: 144 tokens in 2 micro-batches
+        (None, 2),  # the refused 20 never reached verl: the call went out as before
+        (40, 4),    # carried 40: 4 micro-batches
+    ]
+    assert "max_token_len_per_gpu" not in data.keys() and tu.get(data, "temperature") == 1.0  # taken back out

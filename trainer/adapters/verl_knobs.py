@@ -1,4 +1,4 @@
-"""The live knobs verl really honours: micro-batch sizes per GPU, carried in each worker call's data.
+"""The live knobs verl really honours: micro-batch sizes and token budgets per GPU, carried in each worker call's data.
 
 verl's workers fix their engine config at ``init_model``; the driver's config is never read again by them, so
 writing it (what this module used to do) changes nothing. What a worker *does* read per call is the call's data:
@@ -20,13 +20,35 @@ knob                            verl call                          start value (
 ``ref_log_prob_micro_batch``    ``ref_policy_wg.compute_ref_log_prob`` ``ref.log_prob_micro_batch_size_per_gpu``
 ==============================  ================================  ==========================================
 
-The critic has none: verl 0.9.1 copies neither ``critic.ppo_micro_batch_size_per_gpu`` nor ``critic.use_dynamic_bsz``
-into the critic's engine config, which keeps its default of dynamic batching by tokens — a micro-batch size carried
-in the critic's calls would be ignored, so trimtab declares no knob it cannot move.
+Under dynamic batching (``use_dynamic_bsz``, 73 of verl's 107 example scripts) the worker packs micro-batches by
+tokens instead, up to ``max_token_len_per_gpu`` — taken from the call's data the same way. Those runs get the token
+budgets (names end in ``_max_tokens``: a memory model reads them as tokens, not samples):
 
-A value that does not divide the call's per-GPU batch would trip the worker's own assert and kill the run, so
-such a change is refused (with the sizes) and the call goes out as before. Micro-batching changes memory and
-speed, never the maths: gradients are accumulated over the same mini-batch.
+==============================  ==========================================  ===================================
+knob                            verl call                                   start value
+==============================  ==========================================  ===================================
+``actor_update_max_tokens``     ``actor_rollout_wg.update_actor``           ``actor.ppo_max_token_len_per_gpu``
+``log_prob_max_tokens``         ``actor_rollout_wg.compute_log_prob``       ``rollout.log_prob_max_token_len_per_gpu``
+``ref_log_prob_max_tokens``     ``ref_policy_wg.compute_ref_log_prob``      ``ref.log_prob_max_token_len_per_gpu``
+``critic_max_tokens``           ``critic_wg.train_mini_batch``              ``critic.ppo_max_token_len_per_gpu``
+                                                                            (V1: ``ppo_infer_max_token_len_per_gpu``)
+``critic_values_max_tokens``    ``critic_wg.infer_batch``                   ``critic.ppo_infer_max_token_len_per_gpu``
+==============================  ==========================================  ===================================
+
+Bounds: from the longest sequence the run allows (``data.max_prompt_length + data.max_response_length``, divided by
+the role's Ulysses sequence-parallel size: verl's ``rearrange_micro_batches`` asserts ``max_token_len_per_gpu × sp
+>= the longest sequence`` of the call and kills the run otherwise) up to the tokens of the whole per-GPU batch at
+that length (a larger budget packs nothing more). A run whose configured budget is already below that floor gets
+no knob: verl itself would fail on its first long sequence. A change below the floor is refused with that reason.
+
+The critic's micro-batch size has no knob: verl 0.9.1 copies neither ``critic.ppo_micro_batch_size_per_gpu`` nor
+``critic.use_dynamic_bsz`` into the critic's engine config, which keeps its default of dynamic batching by tokens —
+a micro-batch size carried in the critic's calls would be ignored. That same default is why the critic's token
+budgets are declared in every run with a critic (its engine honours them whatever ``critic.use_dynamic_bsz`` says).
+
+A micro-batch size that does not divide the call's per-GPU batch would trip the worker's own assert and kill the
+run, so such a change is refused (with the sizes) and the call goes out as before. Micro-batching and token budgets
+change memory and speed, never the maths: gradients are accumulated over the same mini-batch.
 """
 
 from __future__ import annotations
@@ -39,7 +61,8 @@ from typing import Any, Callable, Mapping, Optional
 from trimtab.trainer.apply import KnobChange
 
 log = logging.getLogger("trimtab.trainer")
-MICRO_KEY = "micro_batch_size_per_gpu"  # the key the workers read from the call's data
+MICRO_KEY = "micro_batch_size_per_gpu"  # the keys the workers read from the call's data
+TOKENS_KEY = "max_token_len_per_gpu"
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,20 @@ class CallKnob:
     keys: tuple[str, ...]  # … under the first of these keys that is set
     dynamic_key: str    # the dynamic-batching switch that makes it moot
     per: str            # "mini": divides the per-GPU mini-batch (updates); "batch": the per-GPU batch (inference)
+    key: str = MICRO_KEY  # the data key it is carried under
+    sp_key: str = ""    # token budgets: the role's Ulysses sequence-parallel size (verl multiplies the budget by it)
+    default: Optional[int] = None  # verl's dataclass default where the run's config lacks every key
+    v1_keys: tuple[str, ...] = ()  # where V1's trainer reads it instead (critic: its infer budget for training too)
+
+    @property
+    def tokens(self) -> bool:
+        return self.key == TOKENS_KEY
+
+
+def _budget(knob: str, group: str, method: str, section: str, key: str, dynamic_key: str, per: str,
+            **more: Any) -> CallKnob:
+    more.setdefault("sp_key", f"{section}.ulysses_sequence_parallel_size")
+    return CallKnob(knob, group, method, section, (key,), dynamic_key, per, TOKENS_KEY, **more)
 
 
 CALL_KNOBS = (
@@ -60,6 +97,18 @@ CALL_KNOBS = (
              ("log_prob_micro_batch_size_per_gpu",), "log_prob_use_dynamic_bsz", "batch"),
     CallKnob("ref_log_prob_micro_batch", "ref_policy_wg", "compute_ref_log_prob", "actor_rollout_ref.ref",
              ("log_prob_micro_batch_size_per_gpu",), "log_prob_use_dynamic_bsz", "batch"),
+    # dynamic_key "" below: the critic's engine batches by tokens in every run (see the module's docstring)
+    _budget("actor_update_max_tokens", "actor_rollout_wg", "update_actor", "actor_rollout_ref.actor",
+            "ppo_max_token_len_per_gpu", "use_dynamic_bsz", "mini"),
+    _budget("log_prob_max_tokens", "actor_rollout_wg", "compute_log_prob", "actor_rollout_ref.rollout",
+            "log_prob_max_token_len_per_gpu", "log_prob_use_dynamic_bsz", "batch",
+            sp_key="actor_rollout_ref.actor.ulysses_sequence_parallel_size"),  # the actor's engine runs it
+    _budget("ref_log_prob_max_tokens", "ref_policy_wg", "compute_ref_log_prob", "actor_rollout_ref.ref",
+            "log_prob_max_token_len_per_gpu", "log_prob_use_dynamic_bsz", "batch"),
+    _budget("critic_max_tokens", "critic_wg", "train_mini_batch", "critic", "ppo_max_token_len_per_gpu", "",
+            "mini", default=32768, v1_keys=("ppo_infer_max_token_len_per_gpu",)),
+    _budget("critic_values_max_tokens", "critic_wg", "infer_batch", "critic", "ppo_infer_max_token_len_per_gpu", "",
+            "batch", default=32768),  # CriticConfig's default: verl's critic.yaml does not set it
 )
 NEVER_TOUCHED = ("data.train_batch_size", "*.ppo_mini_batch_size", "actor_rollout_ref.rollout.n",
                  "actor_rollout_ref.rollout.gpu_memory_utilization", "algorithm.*", "*.optim.*",
@@ -83,21 +132,32 @@ def _int(x: Any) -> Optional[int]:
     return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else None
 
 
+def longest_sequence(config: Any) -> Optional[int]:
+    """The longest sequence the run allows, in tokens: prompt plus response (None when the config lacks either)."""
+    prompt, response = _int(select(config, "data.max_prompt_length")), _int(select(config, "data.max_response_length"))
+    return prompt + response if prompt and response else None
+
+
 def declared_knobs(config: Any, ref_in_actor: bool = False, use_critic: bool = True,
-                   use_reference: bool = True) -> dict[str, tuple[CallKnob, tuple[int, int, int], str]]:
-    """The knobs this run can change live: knob → (call, (start, min, max), why-this-bound). A knob whose
-    component is absent (no critic, no separate reference) or that dynamic batching makes moot is left out."""
+                   use_reference: bool = True, v1: bool = False
+                   ) -> dict[str, tuple[CallKnob, tuple[int, int, int], str]]:
+    """The knobs this run can change live: knob → (call, (start, min, max), why-these-bounds). A knob whose
+    component is absent (no critic, no separate reference) or that the batching mode makes moot is left out:
+    micro-batch sizes under dynamic batching, token budgets without it."""
     world = (_int(select(config, "trainer.n_gpus_per_node")) or 1) * (_int(select(config, "trainer.nnodes")) or 1)
     n = _int(select(config, "actor_rollout_ref.rollout.n")) or 1
     batch = _int(select(config, "data.train_batch_size"))
+    longest = longest_sequence(config)
     out = {}
     for call in CALL_KNOBS:
         if call.group == "critic_wg" and not use_critic:
             continue
         if call.group == "ref_policy_wg" and (ref_in_actor or not use_reference):
             continue
-        start = next((v for v in (_int(select(config, f"{call.section}.{k}")) for k in call.keys) if v), None)
-        if start is None or bool(select(config, f"{call.section}.{call.dynamic_key}", False)):
+        keys = call.v1_keys if v1 and call.v1_keys else call.keys
+        start = next((v for v in (_int(select(config, f"{call.section}.{k}")) for k in keys) if v), call.default)
+        dynamic = not call.dynamic_key or bool(select(config, f"{call.section}.{call.dynamic_key}", False))
+        if start is None or dynamic != call.tokens:
             continue
         if call.per == "mini":
             mini = _int(select(config, f"{call.section}.ppo_mini_batch_size"))
@@ -106,8 +166,20 @@ def declared_knobs(config: Any, ref_in_actor: bool = False, use_critic: bool = T
         else:
             per_gpu = (batch * n) // world if batch else None
             what = f"data.train_batch_size × rollout.n / {world} GPUs"
-        top = max(start, per_gpu or start)
-        out[call.knob] = (call, (start, 1, top), what)
+        if not call.tokens:
+            out[call.knob] = (call, (start, 1, max(start, per_gpu or start)), what)
+            continue
+        if longest is None:
+            continue  # no floor to keep verl's assert true: no knob
+        sp = _int(select(config, call.sp_key)) or 1
+        floor = -(-longest // sp)
+        if start < floor:
+            log.warning("trimtab: %s starts at %s tokens, below the longest sequence the run allows (%s / sp %s): "
+                        "verl will fail on it; no knob", call.knob, start, longest, sp)
+            continue
+        top = max(start, (per_gpu or 1) * floor)
+        out[call.knob] = (call, (start, floor, top),
+                          f"≥ (max_prompt_length + max_response_length) {longest} / sp {sp}; ≤ that × ({what})")
     return out
 
 
@@ -186,11 +258,8 @@ class VerlKnobApplier:
         carried = _Carried(data)
         with self._lock:
             value, pending = self._value[call.knob], self._pending.pop(call.knob, None)
-        world = getattr(group, "world_size", None) or self._world_size
-        per_gpu = self._per_gpu(call, carried, world)
-        if per_gpu is not None and per_gpu % value != 0:
-            why = (f"{call.knob}={value} does not divide the per-GPU {'mini-' if call.per == 'mini' else ''}batch "
-                   f"of {per_gpu} in {call.method} (verl's worker would assert)")
+        why = self._unsafe(call, value, carried, getattr(group, "world_size", None) or self._world_size)
+        if why is not None:
             if pending is not None:
                 pending.refused(why)
             log.warning("trimtab: %s; %s stays %s", why, call.knob, self._fallback(call.knob, pending))
@@ -200,10 +269,10 @@ class VerlKnobApplier:
             pending = None
         undo = None
         if value != self._configured[call.knob]:  # the configured value is the worker's own default: no key needed
-            previous = carried.get(MICRO_KEY)
-            carried.put(MICRO_KEY, value)
+            previous = carried.get(call.key)
+            carried.put(call.key, value)
             self.calls_carried += 1
-            undo = (MICRO_KEY, previous)
+            undo = (call.key, previous)
         if pending is not None:
             pending.applied(self._step_of())
         return undo
@@ -218,6 +287,20 @@ class VerlKnobApplier:
             carried.remove(key)
         else:
             carried.put(key, previous)
+
+    def _unsafe(self, call: CallKnob, value: int, carried: _Carried, world: int) -> Optional[str]:
+        """Why verl's worker would fail on ``value`` in this call (None: it will not)."""
+        if call.tokens:
+            floor = self.knobs[call.knob][1][1]
+            if value < floor:
+                return (f"{call.knob}={value} is below the longest sequence the run allows ({floor} tokens per GPU "
+                        f"in {call.method}: verl's rearrange_micro_batches asserts max_token_len >= max_seq_len)")
+            return None
+        per_gpu = self._per_gpu(call, carried, world)
+        if per_gpu is not None and per_gpu % value != 0:
+            return (f"{call.knob}={value} does not divide the per-GPU {'mini-' if call.per == 'mini' else ''}batch "
+                    f"of {per_gpu} in {call.method} (verl's worker would assert)")
+        return None
 
     def _fallback(self, knob: str, refused: Optional[KnobChange]) -> int:
         return int(refused.old) if refused is not None else self._configured[knob]

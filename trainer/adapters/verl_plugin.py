@@ -31,7 +31,12 @@ Hydra override         environment                meaning
 ``+trimtab.token_file`` ``TRIMTAB_TOKEN_FILE``    a file holding a ``job`` token (or ``TRIMTAB_TOKEN``)
 ``+trimtab.mode``      ``TRIMTAB_MODE``           auto / advise / off at registration (default: the server's)
 ``+trimtab.knobs``     ``TRIMTAB_KNOBS``          ``false`` / ``0``: report only, declare no knobs
+``+trimtab.device_map`` ``TRIMTAB_DEVICE_MAP``    ``"actor=0,1 critic=2"``: overrides the device map found
 =====================  =========================  ==========================================================
+
+Each worker group's roles, node, GPUs and pids are found when ``fit`` starts
+(:mod:`~trimtab.trainer.adapters.verl_roles`) and registered with the job; the device map comes from them unless
+``device_map`` overrides it.
 """
 
 from __future__ import annotations
@@ -77,9 +82,13 @@ def settings(config: Any) -> Optional[dict[str, Any]]:
     token = token_from(token, None if token is not None else _setting(config, "token_file", "TRIMTAB_TOKEN_FILE"),
                        "+trimtab.token (or TRIMTAB_TOKEN)")
     knobs = (_setting(config, "knobs", "TRIMTAB_KNOBS") or "true").lower() not in ("false", "0", "no", "off")
+    typed = _setting(config, "device_map", "TRIMTAB_DEVICE_MAP")
+    from trimtab.trainer.adapters.verl import parse_device_map
+
     return {"server": server, "token": token,
             "job": _setting(config, "job", "TRIMTAB_JOB") or str(select(config, "trainer.experiment_name", "verl")),
-            "mode": _setting(config, "mode", "TRIMTAB_MODE"), "knobs": knobs}
+            "mode": _setting(config, "mode", "TRIMTAB_MODE"), "knobs": knobs,
+            "device_map": parse_device_map(typed.replace(";", " ").split()) if typed else None}
 
 
 # -- one fit() ----------------------------------------------------------------------------------------------------
@@ -88,19 +97,25 @@ class VerlSession:
     """trimtab attached to one verl ``fit()``: the hook, the knob applier and the worker-group proxies."""
 
     def __init__(self, trainer: Any, kind: str, options: dict[str, Any]):
+        from trimtab.contract.roles import device_map_of
         from trimtab.trainer.adapters.verl_knobs import VerlKnobApplier, declared_knobs, wrap_worker_groups
+        from trimtab.trainer.adapters.verl_roles import find_roles
         from trimtab.trainer.hook import attach
 
         self.trainer, self.kind = trainer, kind
         config = trainer.config
         declared = declared_knobs(config, ref_in_actor=bool(getattr(trainer, "ref_in_actor", False)),
                                   use_critic=bool(getattr(trainer, "use_critic", False)),
-                                  use_reference=bool(getattr(trainer, "use_reference_policy", False))) \
+                                  use_reference=bool(getattr(trainer, "use_reference_policy", False)),
+                                  v1=kind == "v1") \
             if options["knobs"] else {}
         world = (getattr(getattr(trainer, "resource_pool_manager", None), "get_n_gpus", lambda: 1)() or 1)
         self.applier = VerlKnobApplier(declared, step_of=lambda: int(getattr(trainer, "global_steps", 0) or 0),
                                        world_size=int(world))
+        self.roles = find_roles(trainer)
+        device_map = options.get("device_map") or device_map_of(self.roles)
         self.hook = attach(options["job"], options["server"], options["token"], mode=options["mode"],
+                           device_map=device_map, roles=self.roles,
                            knobs={k: spec for k, (_, spec, _) in declared.items()},
                            appliers={k: self.applier for k in declared}, memory_every_s=0.0)
         self._unwrap = wrap_worker_groups(trainer, self.applier)
