@@ -1,7 +1,7 @@
 """Where a job's roles run (role, node, local GPUs, worker pids), as the job found or declared them (issue 21).
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-03 18:40:00
 
 Frozen like every revision: it names its column itself. ``batch_alter_table`` so SQLite and PostgreSQL take the
