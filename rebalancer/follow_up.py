@@ -16,7 +16,7 @@ from typing import Optional
 from trimtab.rebalancer.memory_fit import GIB
 from trimtab.rebalancer.plan_types import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
 from trimtab.rebalancer.rules import RuleSet
-from trimtab.rebalancer.verdict import GAIN, INCONCLUSIVE, WORSE, Sample, changed_level, compare
+from trimtab.rebalancer.verdict import GAIN, INCONCLUSIVE, WORSE, Sample, changed_level, compare, unsettled
 from trimtab.rebalancer.window import JobStep, throughput
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
@@ -31,7 +31,8 @@ def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list
     start = max(earlier) + ctl.settle_steps if earlier else 0
     every = _old_period(state, rules, change)
     candidates = [s for s in state.steps if start <= s.step < change.applied_step]
-    newest_first, _ = leading(candidates[::-1], ctl.window_min_steps, ctl.verdict_before_s, every)
+    newest_first, _ = leading(candidates[::-1], ctl.window_min_steps, ctl.verdict_before_s, every,
+                              ctl.verdict_enough_steps)
     return _since_level_shift(newest_first[::-1], every, rules)
 
 
@@ -74,6 +75,11 @@ def _after_bound(rules: RuleSet, every: int, after_steps: list[JobStep]) -> tupl
     return steps, max(ctl.window_min_s, ctl.verdict_max_after_s)
 
 
+def _after_enough(rules: RuleSet, bound_steps: int) -> int:
+    """The after window's bound in steps for steps too fast to cover its seconds (``verdict_enough_steps``)."""
+    return max(bound_steps, rules.controller.verdict_enough_steps)
+
+
 def _closed_early(state: JobState, open_d: StoredDecision, change: Optional[StoredChange]) -> Optional[Plan]:
     """A refused, replaced, cancelled or overridden change: its decision is closed without a verdict."""
     if change is not None and change.status == "refused":
@@ -109,15 +115,16 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                     wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
     every = period(state.job, rules)
     after_steps = [s for s in state.steps if s.step >= change.applied_step + ctl.settle_steps]
-    after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every)
+    after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every, ctl.window_enough_steps)
     measuring = Plan(note=f"measuring throughput after change {change.id} (from step {change.applied_step + ctl.settle_steps})",
                      applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None,
-                     wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s, every))
+                     wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s, every,
+                                        ctl.window_enough_steps))
     if not complete:
         return measuring
     # While the test cannot tell, the after window grows (see _after_bound), then "no measurable gain".
     bound_steps, bound_s = _after_bound(rules, every, after_steps)
-    grown, at_bound = leading(after_steps, bound_steps, bound_s, every)
+    grown, at_bound = leading(after_steps, bound_steps, bound_s, every, _after_enough(rules, bound_steps))
     before = _before_steps(state, rules, change)
     before_tp = throughput(before) if before else open_d.throughput_before_samples_per_s
     after_tp = throughput(grown)
@@ -149,8 +156,18 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         measuring.note = (f"decision {open_d.id}: inconclusive so far ({100 * (v.ratio - 1):+.1f} %, "
                           f"{v.confidence_pct:.0f} % sure): lengthening the after window")
         # Tested again once another window's worth of steps is in (not on every step: fewer looks, less CPU).
-        measuring.wait = Wait(steps=max(every, ctl.window_min_steps), seconds=ctl.window_min_s)
+        measuring.wait = Wait(steps=max(every, ctl.window_min_steps), seconds=ctl.window_min_s,
+                              enough_steps=max(every, ctl.window_min_steps, ctl.window_enough_steps))
         return measuring
+    drift = unsettled(before, _old_period(state, rules, change), ctl) if before else None
+    if drift is not None:
+        # The before window was still moving (a warm-up, a restart): whatever the test says, part of it is the
+        # settling, not the change. Back to the old setting; the move is decided again on a settled baseline.
+        evidence.update(remeasure=True, before_not_settled=drift.evidence())
+        return _roll_back(state, open_d, change, f"not judged: the before window had not settled (its newer half "
+                                                 f"{100 * (drift.ratio - 1):+.1f} % on its older half, "
+                                                 f"{drift.confidence_pct:.0f} % sure), to be re-measured",
+                          evidence, closed)
     figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
                f"{v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, {v.confidence_pct:.0f} % sure)")
     if v.result == GAIN:

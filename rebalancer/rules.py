@@ -87,6 +87,8 @@ class ControllerSettings:
     window_min_steps: int = 1
     window_min_s: float = 4.0
     window_max_steps: int = 400
+    window_enough_steps: int = 20
+    steps_read_max: int = 5000
     settle_steps: int = 1
     cooldown_steps: int = 0
     dead_band_pct: float = 2.0
@@ -99,6 +101,10 @@ class ControllerSettings:
     verdict_max_after_s: float = 12.0
     verdict_max_after_periods: int = 6
     verdict_max_after_cap_s: float = 60.0
+    verdict_enough_steps: int = 60
+    settled_confidence_pct: float = 90.0
+    ladder_look_further: int = 1
+    outlier_x_median: float = 100.0
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
     advice_repeat_s: float = 600.0
@@ -112,6 +118,7 @@ class ControllerSettings:
     report_phase_max_x_step: float = 20.0
     report_phases_sum_max_x_step: float = 40.0
     report_max_steps_ahead: int = 10_000
+    report_clock_skew_s: float = 60.0
 
 
 @dataclass(frozen=True)

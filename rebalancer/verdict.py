@@ -152,3 +152,22 @@ def changed_level(then: Optional[Sample], now: Optional[Sample], ctl: Controller
     # Looked at once a window for as long as the verdict stands: a stricter line than a verdict's, or noise alone
     # would re-open every verdict within a few dozen windows.
     return compare(then, now, ctl, ctl.remeasure_confidence_pct).result in (GAIN, WORSE)
+
+
+def unsettled(steps: Sequence[JobStep], period: int, ctl: ControllerSettings) -> Optional[Verdict]:
+    """The test that says a window's throughput has not settled — its older half and its newer half differ by
+    more than the dead band, ``settled_confidence_pct`` sure (a warm-up still climbing, the steps after a restart
+    or a mode switch) — else None (settled, or too few periods to tell: halves of fewer than two periods have no
+    spread of their own). A stationarity test on the data, not a count of steps to skip: a job whose first 120
+    steps are its warm-up is not a baseline until its throughput stops moving, one without a warm-up is one
+    at once."""
+    period = max(1, int(period))
+    periods = len(steps) // period
+    if periods < 4:
+        return None
+    mid = (periods // 2) * period
+    older, newer = Sample.of_steps(steps[:mid], period), Sample.of_steps(steps[mid:periods * period], period)
+    if older is None or newer is None:
+        return None
+    v = compare(older, newer, ctl, ctl.settled_confidence_pct)
+    return v if v.result in (GAIN, WORSE) else None
