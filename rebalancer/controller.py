@@ -284,7 +284,7 @@ def _plan(state: JobState, rules: RuleSet,
             drift = unsettled(_before_window(candidates, rules, every), every, ctl)
             if drift is not None:
                 return Plan(note=f"{rule.name} fires; waiting for the throughput to settle before a change (the "
-                                 f"before window's newer half {100 * (drift.ratio - 1):+.1f} % on its older half, "
+                                 f"before window's throughput moved {drift.change_pct:+.1f} % across it, "
                                  f"{drift.confidence_pct:.0f} % sure)", readings=list(readings.values()),
                             wait=next_window)
         if choice is not None:

@@ -11,12 +11,14 @@ older half measured surely differently from its newer half (a slowdown began ins
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from trimtab.rebalancer.memory_fit import GIB
 from trimtab.rebalancer.plan_types import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
 from trimtab.rebalancer.rules import RuleSet
-from trimtab.rebalancer.verdict import GAIN, INCONCLUSIVE, WORSE, Sample, changed_level, compare, unsettled
+from trimtab.rebalancer.verdict import (GAIN, INCONCLUSIVE, WORSE, Sample, Trend, changed_level, compare,
+                                        unsettled)
 from trimtab.rebalancer.window import JobStep, throughput
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
@@ -47,6 +49,19 @@ def _since_level_shift(before: list[JobStep], every: int, rules: RuleSet) -> lis
     return before[mid:] if changed_level(older, newer, rules.controller) else before
 
 
+def _explained_by_trend(before: list[JobStep], every: int, ratio: float, rules: RuleSet) -> Optional[Trend]:
+    """The before window's trend when it could explain the verdict: sure at the verdicts' ``confidence_pct`` (a
+    change was decided on it only if it looked settled at the stricter ``settled_confidence_pct``), the same way
+    as the measured change, and — continued for another window — at least as large (a +3 % "gain" on the tail of a
+    warm-up; never a +200 % one)."""
+    if not before or ratio <= 0:
+        return None
+    trend = unsettled(before, every, rules.controller, rules.controller.confidence_pct)
+    if trend is None or trend.change_pct * (ratio - 1.0) <= 0:
+        return None
+    return trend if abs(math.log(ratio)) <= 2.0 * abs(math.log1p(trend.change_pct / 100.0)) else None
+
+
 def _old_period(state: JobState, rules: RuleSet, change: StoredChange) -> int:
     if change.knob == rules.controller.period_knob and change.previous_value:
         return max(1, int(round(float(change.previous_value))))
@@ -65,7 +80,12 @@ def _after_bound(rules: RuleSet, every: int, after_steps: list[JobStep]) -> tupl
     ``verdict_max_after_periods`` whole periods (enough samples at a long sync interval), but no more than
     ``verdict_max_after_cap_s`` of step time."""
     ctl = rules.controller
+    # Long periods of fast steps: 6 periods of 16 steps are 96 steps: at most verdict_enough_steps (whole periods,
+    # two at least) once those hold verdict_max_after_s.
     steps = max(ctl.window_min_steps, ctl.verdict_max_after_periods * every)
+    covered_s = sum(s.step_time_s for s in after_steps[:_whole(max(ctl.verdict_enough_steps, 2 * every), every)])
+    if covered_s >= ctl.verdict_max_after_s:
+        steps = min(steps, _whole(max(ctl.verdict_enough_steps, 2 * every), every))
     covered = 0.0
     for i, s in enumerate(after_steps):
         covered += s.step_time_s
@@ -73,6 +93,11 @@ def _after_bound(rules: RuleSet, every: int, after_steps: list[JobStep]) -> tupl
             steps = min(steps, i + 1)
             break
     return steps, max(ctl.window_min_s, ctl.verdict_max_after_s)
+
+
+def _whole(n: int, every: int) -> int:
+    """``n`` rounded up to whole periods of ``every`` steps."""
+    return n + (-n) % max(1, every)
 
 
 def _after_enough(rules: RuleSet, bound_steps: int) -> int:
@@ -159,13 +184,14 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         measuring.wait = Wait(steps=max(every, ctl.window_min_steps), seconds=ctl.window_min_s,
                               enough_steps=max(every, ctl.window_min_steps, ctl.window_enough_steps))
         return measuring
-    drift = unsettled(before, _old_period(state, rules, change), ctl) if before else None
+    credited = v.result in (GAIN, WORSE) or (v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct)
+    drift = _explained_by_trend(before, _old_period(state, rules, change), v.ratio, rules) if credited else None
     if drift is not None:
-        # The before window was still moving (a warm-up, a restart): whatever the test says, part of it is the
-        # settling, not the change. Back to the old setting; the move is decided again on a settled baseline.
+        # The before window was still moving (a warm-up, a restart) the way the verdict went, by as much: the
+        # change may be the settling's. Back to the old setting; the move is decided again on a settled baseline.
         evidence.update(remeasure=True, before_not_settled=drift.evidence())
-        return _roll_back(state, open_d, change, f"not judged: the before window had not settled (its newer half "
-                                                 f"{100 * (drift.ratio - 1):+.1f} % on its older half, "
+        return _roll_back(state, open_d, change, f"not judged: the before window had not settled (its throughput "
+                                                 f"moved {drift.change_pct:+.1f} % across it, "
                                                  f"{drift.confidence_pct:.0f} % sure), to be re-measured",
                           evidence, closed)
     figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "

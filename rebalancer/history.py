@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional
 
 from trimtab.rebalancer.rules import Action, Rule, RuleSet
 from trimtab.rebalancer.signals import Reading
-from trimtab.rebalancer.verdict import GAIN, WORSE, Sample, changed_level
+from trimtab.rebalancer.verdict import GAIN, WORSE, Sample, changed_level, compare
 from trimtab.store.decisions import StoredDecision
 
 if TYPE_CHECKING:
@@ -65,7 +65,11 @@ def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optio
     ratio = (ev.get("verdict") or {}).get("ratio")
     if result_of(d) in (GAIN, WORSE) and isinstance(ratio, (int, float)) and ratio > 0 and level is not None \
             and now is not None:
-        return abs(now.mean_log - level.mean_log) <= abs(math.log(ratio))
+        # moved by more than the loss: the whole 95 % interval of the level's shift lies beyond it (a noisy
+        # window reads a few % off by itself)
+        lo, hi = compare(level, now, rules.controller).ci_pct
+        nearest = min(abs(math.log1p(lo / 100.0)), abs(math.log1p(hi / 100.0))) if lo * hi > 0 else 0.0
+        return nearest <= abs(math.log(ratio))
     return False
 
 

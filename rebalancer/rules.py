@@ -102,7 +102,7 @@ class ControllerSettings:
     verdict_max_after_periods: int = 6
     verdict_max_after_cap_s: float = 60.0
     verdict_enough_steps: int = 60
-    settled_confidence_pct: float = 90.0
+    settled_confidence_pct: float = 99.9
     ladder_look_further: int = 1
     outlier_x_median: float = 100.0
     bracket_min_gap_pct: float = 15.0
