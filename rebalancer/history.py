@@ -11,12 +11,12 @@ same knob the verdict still holds: nothing re-measured it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from trimtab.rebalancer.rules import Action, Rule, RuleSet
 from trimtab.rebalancer.signals import Reading
-from trimtab.rebalancer.verdict import GAIN, WORSE, Sample, changed_level, compare
+from trimtab.rebalancer.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
 if TYPE_CHECKING:
@@ -49,9 +49,9 @@ def remeasured(d: StoredDecision) -> bool:
 
 
 def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optional[Sample]) -> bool:
-    """See the module docstring. A verdict sure of a loss (a value measured worse with confidence: rolled back on
-    a sure loss, or the old value of a sure gain) holds until the job's level moved by more than the loss it
-    measured: a job that drifted 3 % does not make a value measured 34 % worse worth another try."""
+    """See the module docstring. A verdict holds until the job's level at its setting moved by more than the
+    effect it measured (at least the dead band), surely: a job that drifted 3 % does not make a value measured
+    34 % worse worth another try, nor re-open a bracket that said nothing is left on a side."""
     current = {k: float(v["value"]) for k, v in state.job.knobs.items()}
     then = left_at(d)
     if any(k != d.knob and k in current and current[k] != v for k, v in then.items()):
@@ -63,13 +63,12 @@ def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optio
     if not changed_level(level, now, rules.controller):
         return True
     ratio = (ev.get("verdict") or {}).get("ratio")
-    if result_of(d) in (GAIN, WORSE) and isinstance(ratio, (int, float)) and ratio > 0 and level is not None \
-            and now is not None:
-        # moved by more than the loss: the whole 95 % interval of the level's shift lies beyond it (a noisy
-        # window reads a few % off by itself)
-        lo, hi = compare(level, now, rules.controller).ci_pct
-        nearest = min(abs(math.log1p(lo / 100.0)), abs(math.log1p(hi / 100.0))) if lo * hi > 0 else 0.0
-        return nearest <= abs(math.log(ratio))
+    if isinstance(ratio, (int, float)) and ratio > 0 and level is not None and now is not None:
+        # moved by more than the effect the verdict measured (at least the dead band: a "flat" verdict that ended
+        # a bracket is honoured too): the whole 95 % interval of the level's shift lies beyond it — a noisy
+        # window reads a few % off by itself
+        effect = max(abs(math.log(ratio)), math.log1p(rules.controller.dead_band_pct / 100.0))
+        return not moved_beyond(level, now, effect, rules.controller)
     return False
 
 
@@ -86,6 +85,17 @@ def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:
                    and e.old_value is not None and float(e.new_value) == float(at.old_value)
                    and e.outcome == "kept"), None)
     return n
+
+
+def moved_beyond(then: Sample, now: Sample, effect_log: float, ctl) -> bool:
+    """The level moved by more than ``effect_log`` (log scale): the whole interval of the shift, at
+    ``remeasure_confidence_pct``, lies beyond it. A short window's spread is a guess (4 steps can read 5× too
+    calm): each side gets the larger of the two."""
+    spread = max((v for v in (then.var_log, now.var_log) if v is not None), default=None)
+    a, b = replace(then, var_log=spread), replace(now, var_log=spread)
+    se, df, _ = _standard_error(a, b, ctl)
+    half = _t_ppf(1.0 - (1.0 - ctl.remeasure_confidence_pct / 100.0) / 2.0, df) * se
+    return abs(now.mean_log - then.mean_log) - half > effect_log
 
 
 def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: Optional[Sample],
@@ -255,6 +265,10 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
                f"{behind.decision.id}, {ahead.decision.id}) put the top near {side[1]:.3g}")
         if not behind.sure:  # the other side was tried and found flat: the top is around here
             return None, f"{top}, where {behind.value:g} could not be told apart from {current:g}: nothing left to try"
+        if current > 0 and side[1] > 0 and abs(math.log(current / side[1])) < math.log1p(
+                rules.controller.bracket_min_gap_pct / 100.0):
+            return None, (f"{top}, closer than {rules.controller.bracket_min_gap_pct:g} % to {current:g}: nothing "
+                          f"left to try")
         back, why_not = _between(behind.value, current, action, integer, rules)
         if back is None:
             return None, f"{top}, between {behind.value:g} and {current:g}: {why_not}"

@@ -114,7 +114,7 @@ def test_a_value_measured_worse_with_confidence_stays_out_until_the_job_moved_mo
     assert "rolled back" in blocked(st, RULES, action, 64.0, drifted)
     moved = Sample(12, math.log(40.0 * 1.6), 0.0001)      # the job itself moved by more than the loss
     assert blocked(st, RULES, action, 64.0, moved) is None
-    # a verdict that could not tell (back to the known setting) is re-opened by any measurable move, as before
+    # a verdict that could not tell (back to the known setting, −3 %) is re-opened by a surer, larger move (10 %)
     unsure = replace(lost, evidence={**lost.evidence, "verdict": {"result": "inconclusive", "ratio": 0.97},
                                      "back_to_known": True})
     assert blocked(state(steps(0, 3), job(batch=16), decisions=[unsure]), RULES, action, 64.0, drifted) is None
