@@ -18,7 +18,9 @@ Order of business (one change in flight per job, each measured before the next):
    (by priority) that fires — or follows its last measured gain through below its line (``follow_above``) — and
    has an action it may take acts (``auto``) or advises (``advise``). Where the action goes is ``history.py``'s:
    short of values measured worse (the bracket search, both ways), never a move whose verdict still holds. A
-   safety rule that fires and cannot act stops lower rules: speed never goes before memory.
+   safety rule that fires and cannot act stops lower rules: speed never goes before memory. No change (safety
+   aside) is decided while the steps it would be judged against still trend (a warm-up): the change would be
+   credited with the settling.
 
 Every plan says when planning again could change anything (``Plan.wait``): the daemon plans per window.
 """
@@ -118,7 +120,10 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
             skipped.append(f"{action.describe()}: {note}")
             continue
         new = bracketed
-        why = blocked(state, rules, action, new, now, firing=readings[rule.name].fires)
+        # a geometric ladder (×/÷) whose rule still fires (strongly, where the rule says what strongly is) looks one
+        # rung past a step that gained nothing; an additive one (prefetch +2) does not
+        ladder = action.op in ("mul", "div") and readings[rule.name].fires and (rule.strong_above is None or strong)
+        why = blocked(state, rules, action, new, now, firing=ladder)
         if why is None and action.needs_memory_headroom and new > current:
             why = _headroom(state, rules, readings)
             if why is None:

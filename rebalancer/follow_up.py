@@ -6,7 +6,8 @@ Kept: a gain the test is sure of, or a change it could not tell from noise whose
 (an unconfirmed gain: kept, and the next move that way is judged on its own). Rolled back: a loss it is sure of,
 and — the old setting being the one known to be good — a change it could not tell from noise (or measured within
 the dead band) that is not above the dead band: the top is flat between the two, the search ends there. A before window whose
-older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half.
+older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half. A verdict that the before window's own trend could explain (the tail of a warm-up: it climbed the way the
+verdict went, by at least half as much) is re-measured — rolled back unjudged — not kept.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ window of steps a rule is judged on.
 A step counts once every rank has reported it (or a later step has arrived, so the missing rank's report is lost,
 not late). Across ranks a step lasts as long as its slowest rank, its samples add up, and each phase takes the
 slowest rank's time: the job waits for the slowest. Throughput is samples over wall time of whole steps.
+
+A window covers seconds or, for steps too fast to cover them soon (5–12 ms), a number of steps: the test counts
+samples, not seconds. A step far off the job's own (``screen``) enters no window and is named in the evidence.
 """
 
 from __future__ import annotations
