@@ -313,8 +313,9 @@ def retried_losers(w: Workload, changes: list[dict]) -> list[dict]:
             result = (e["evidence"].get("verdict") or {}).get("result")
             loser = e["new_value"] if e["outcome"] == "rolled_back" and result == "worse" else \
                 e["old_value"] if e["outcome"] == "kept" and result == "gain" else None
-            if e["knob"] != d["knob"] or loser is None or float(loser) != float(d["new_value"]):
-                continue
+            if e["knob"] != d["knob"] or loser is None or float(loser) != float(d["new_value"]) \
+                    or e["evidence"].get("remeasure"):
+                continue  # (a change rolled back unjudged, its before window unsettled, lost nothing)
             if w.moved_at is not None and step_of(e, "after_window") < w.moved_at <= step_of(d, "window"):
                 continue
             out.append({"decision": d["id"], "value": d["new_value"], "measured_worse_at": e["id"]})

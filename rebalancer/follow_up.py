@@ -6,8 +6,8 @@ Kept: a gain the test is sure of, or a change it could not tell from noise whose
 (an unconfirmed gain: kept, and the next move that way is judged on its own). Rolled back: a loss it is sure of,
 and — the old setting being the one known to be good — a change it could not tell from noise (or measured within
 the dead band) that is not above the dead band: the top is flat between the two, the search ends there. A before window whose
-older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half. A verdict that the before window's own trend could explain (the tail of a warm-up: it climbed the way the
-verdict went, by at least half as much) is re-measured — rolled back unjudged — not kept.
+older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half. A gain that the before window's own trend could explain (the tail of a warm-up: it climbed by at least half as
+much) is re-measured — rolled back unjudged — not kept.
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         measuring.wait = Wait(steps=max(every, ctl.window_min_steps), seconds=ctl.window_min_s,
                               enough_steps=max(every, ctl.window_min_steps, ctl.window_enough_steps))
         return measuring
-    credited = v.result in (GAIN, WORSE) or (v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct)
+    # only a change that would be kept for a gain (a loss is rolled back anyway: re-measuring it would retry it)
+    credited = v.result == GAIN or (v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct)
     drift = _explained_by_trend(before, _old_period(state, rules, change), v.ratio, rules) if credited else None
     if drift is not None:
         # The before window was still moving (a warm-up, a restart) the way the verdict went, by as much: the
