@@ -378,7 +378,7 @@ def main() -> int:
         return f"{100 * statistics.fmean(values):.1f} % [{100 * min(values):.1f}, {100 * max(values):.1f}]"
 
     for key, scores in results.items():
-        within = [s.within if s.within is not None else STEPS for s in scores]
+        within = [s.within if s.within is not None else WORKLOADS[key]().steps for s in scores]
         print(f"| {scores[0].name} | {len(scores)} | {sum(s.met for s in scores)} | "
               f"{spread([s.reached for s in scores])} | {spread([s.measured for s in scores])} | "
               f"{statistics.median(within):g} [{max(within)}] | {statistics.fmean(s.changes for s in scores):.1f} | "
