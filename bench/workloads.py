@@ -13,6 +13,12 @@ worse with confidence. ``tests/rebalancer/test_workloads_e2e.py`` runs each once
 script runs them over several seeds for the figures in BENCHMARKS.md:
 
     python bench/workloads.py --seeds 1-10
+
+Issue 20 adds four jobs unlike the ones the rebalancer was built on (fast 5–12 ms steps, a knob that does nothing
+behind a warm-up, a noisy non-monotone curve with a known loser, a two-rank sync ladder whose best is 64; 160 steps
+but the fast one) and two more counts: gains kept that the static settings do not show (warm-up or noise credited
+to a change) and values measured worse with confidence tried again without the job having moved. A smoke run (no
+goal, a few seconds): ``python bench/workloads.py --seeds 1 --max-steps 40``.
 """
 
 from __future__ import annotations

@@ -237,6 +237,11 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         ctl[f.name] = value
     if ctl["window_min_steps"] < 1 or ctl["window_max_steps"] < ctl["window_min_steps"]:
         raise RulesError(f"{source}: controller needs 1 ≤ window_min_steps ≤ window_max_steps")
+    if ctl["window_enough_steps"] < ctl["window_min_steps"] or ctl["verdict_enough_steps"] < ctl["window_min_steps"]:
+        raise RulesError(f"{source}: controller needs window_enough_steps and verdict_enough_steps ≥ window_min_steps")
+    if ctl["steps_read_max"] < 2 * ctl["window_enough_steps"]:
+        raise RulesError(f"{source}: controller needs steps_read_max ≥ 2 × window_enough_steps (a change's windows "
+                         f"before and after it)")
     rules = []
     for name, d in data.get("rules", {}).items():
         def where(key: Optional[str] = None) -> str:

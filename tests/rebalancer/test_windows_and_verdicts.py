@@ -157,3 +157,14 @@ def test_a_step_longer_than_the_job_has_existed_is_refused_naming_step_time_s(sq
                          scope="job")
     assert ok.status_code == 200  # within the clock-skew allowance of a job registered a moment ago
     assert len(sqlite_api.get("/v1/jobs/ppo/reports").json()["reports"]) == 1
+
+
+def test_the_new_window_limits_are_checked_when_the_rules_load():
+    import pytest
+
+    from trimtab.rebalancer.rules import RulesError
+
+    with pytest.raises(RulesError, match="steps_read_max ≥ 2 × window_enough_steps"):
+        load_rules(overrides={"controller": {"steps_read_max": 10}})
+    with pytest.raises(RulesError, match="window_enough_steps and verdict_enough_steps ≥ window_min_steps"):
+        load_rules(overrides={"controller": {"window_min_steps": 30}})
