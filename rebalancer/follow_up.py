@@ -18,6 +18,7 @@ from typing import Optional
 from trimtab.rebalancer.memory_fit import GIB
 from trimtab.rebalancer.plan_types import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
 from trimtab.rebalancer.rules import RuleSet
+from trimtab.rebalancer.signals import JobContext, job_reading
 from trimtab.rebalancer.verdict import (GAIN, INCONCLUSIVE, WORSE, Sample, Trend, changed_level, compare,
                                         unsettled)
 from trimtab.rebalancer.window import JobStep, throughput
@@ -48,6 +49,29 @@ def _since_level_shift(before: list[JobStep], every: int, rules: RuleSet) -> lis
     mid = (periods // 2) * every
     older, newer = Sample.of_steps(before[:mid], every), Sample.of_steps(before[mid:], every)
     return before[mid:] if changed_level(older, newer, rules.controller) else before
+
+
+def _ladder_goes_on(state: JobState, rules: RuleSet, open_d: StoredDecision, change: StoredChange,
+                    grown: list[JobStep], every: int, v) -> Optional[str]:
+    """Why a rung of a geometric ladder need not be measured to the end: its estimate is within the dead band
+    and not lower, over two periods at least, while the signal that asked for it still fires strongly (above the
+    rule's ``strong_above`` over the after window and each half) — the rung is small, the cause is still there:
+    the next rung is tried rather than 6 periods spent telling +1.5 % from +2 %. None otherwise."""
+    rule = next((r for r in rules.rules if r.name == open_d.rule), None)
+    if rule is None or rule.scope != "job" or rule.strong_above is None or v.n_after < 2:
+        return None
+    if not any(a.knob == change.knob and a.op in ("mul", "div") for a in rule.actions):
+        return None
+    if not 1.0 <= v.ratio < 1.0 + rules.controller.dead_band_pct / 100.0:
+        return None
+    reading = job_reading(rule, grown, JobContext(all_steps=state.steps, probe_baseline_us=state.probe_baseline_us,
+                                                  period=every))
+    halves = reading.detail.get("halves", [])
+    if not reading.fires or reading.value is None or reading.value <= rule.strong_above \
+            or any(h is not None and h <= rule.strong_above for h in halves):
+        return None
+    return (f"{rule.signal} still {reading.value:.1f} {rule.unit} (> {rule.strong_above:g} over the window and each "
+            f"half): the ladder goes on")
 
 
 def _explained_by_trend(before: list[JobStep], every: int, ratio: float, rules: RuleSet) -> Optional[Trend]:
@@ -178,6 +202,12 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                     **closed)
     v = compare(b_sample, a_sample, ctl)
     evidence.update(verdict=v.evidence(), before_sample=b_sample.evidence(), after_sample=a_sample.evidence())
+    ladder = _ladder_goes_on(state, rules, open_d, change, grown, every, v) if v.result == INCONCLUSIVE else None
+    if ladder is not None and not at_bound:
+        evidence.update(no_gain=True, ladder_goes_on=ladder)
+        return Plan(note=f"decision {open_d.id}: inconclusive ({100 * (v.ratio - 1):+.1f} %, not lower) but {ladder}: "
+                         f"kept, no measurable gain", outcome="kept", evidence=evidence, throughput_after=after_tp,
+                    close=open_d.id, applied_step=change.applied_step)
     if v.result == INCONCLUSIVE and not at_bound:
         measuring.note = (f"decision {open_d.id}: inconclusive so far ({100 * (v.ratio - 1):+.1f} %, "
                           f"{v.confidence_pct:.0f} % sure): lengthening the after window")

@@ -6,8 +6,6 @@ Each workload's best static setting is measured in the same test.
 The goal for each: ≥ 95 % of its best static setting within 60 steps (and staying there to the end of the run),
 no OOM, no change kept that measured worse with confidence, no gain kept that the static settings do not show
 (warm-up credited to a change), no value measured worse with confidence tried again without the job having moved.
-The sync ladder (issue 20) reaches its best only at step 88 — its flat rung takes four 16-step sync periods to
-measure — so its test asserts that it gets there (it used to stop at 16) and stays.
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ import pytest
 
 from bench.workloads import GOAL_STEPS, WORKLOADS, run, score
 from trimtab.rebalancer.service import Rebalancer
-
-LADDER_GOAL_STEPS = 100
 
 
 @pytest.mark.parametrize("key", list(WORKLOADS))
@@ -29,7 +25,5 @@ def test_workload_reaches_its_best_static_setting_within_60_steps(sqlite_api, ke
     assert s.ooms == 0
     assert s.kept_worse == []
     assert s.false_gains == [] and s.retried == [], s.line()
-    goal = LADDER_GOAL_STEPS if key == "ladder" else GOAL_STEPS
-    assert s.within is not None and s.within <= goal, s.line()
-    if key != "ladder":
-        assert s.reached >= 0.95, s.line()
+    assert s.within is not None and s.within <= GOAL_STEPS, s.line()
+    assert s.reached >= 0.95, s.line()
