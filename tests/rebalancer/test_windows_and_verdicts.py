@@ -168,3 +168,38 @@ def test_the_new_window_limits_are_checked_when_the_rules_load():
         load_rules(overrides={"controller": {"steps_read_max": 10}})
     with pytest.raises(RulesError, match="window_enough_steps and verdict_enough_steps ≥ window_min_steps"):
         load_rules(overrides={"controller": {"window_min_steps": 30}})
+
+
+# -- a ladder that does not stop early ------------------------------------------------------------------------------
+
+def ladder_steps(first: int, n: int, sync: int, noise: float, seed: int) -> list[JobStep]:
+    """The bench's sync ladder: 0.2 s of compute, a sync of 32 ms + 0.2 s a step carried (at most 16) every
+    ``sync`` steps — communication is ~50 % of the step at any sync up to 16."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(first, first + n):
+        comm = 0.032 + 0.2 * min(sync, 16) if (i + 1) % sync == 0 else 0.0
+        compute = 0.2 * (1 + rng.uniform(-noise, noise))
+        t = compute + comm
+        s = timed([t], first=i, gen_share=(compute - 0.02) / t, samples=16)[0]
+        s.phases_s["communication"] = comm if comm else None
+        out.append(s)
+    return out
+
+
+def test_a_small_rung_while_the_signal_still_fires_strongly_is_kept_and_the_ladder_goes_on():
+    # sync 4 → 16 measured +1.5 %: within the dead band after two periods, communication still ~50 % of the step
+    before, after = ladder_steps(0, 24, 4, 0.03, 1), ladder_steps(24, 33, 16, 0.03, 2)
+    ladder_job = job(sync=16, sync_max=64)
+    pending = decision(rule="communication_bound", knob="sync_every", old=4, new=16)
+    st = state(before + after, ladder_job, changes=[change(knob="sync_every", value=16, previous=4, applied_step=24)],
+               decisions=[pending])
+    p = plan(st, RULES)
+    assert (p.close, p.outcome) == (7, "kept") and p.evidence["no_gain"] is True, p.note
+    assert "the ladder goes on" in p.evidence["ladder_goes_on"]
+    # … and the next plan takes the next rung (×4, strong) instead of closing the direction
+    kept = replace(pending, outcome="kept", evidence={**p.evidence, "knobs": {"sync_every": 16}})
+    nxt = plan(state(before + after + ladder_steps(57, 32, 16, 0.03, 3), ladder_job,
+                     changes=[change(knob="sync_every", value=16, previous=4, applied_step=24)], decisions=[kept]),
+               RULES)
+    acts(nxt, "communication_bound", "sync_every", 16, 64)
