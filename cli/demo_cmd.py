@@ -194,7 +194,8 @@ def _decision_row(d: dict, records) -> dict:
     regenerated, samples = _regenerated(d, records)
     ev = d["evidence"]
     return row | {"gain_pct": ev.get("gain_pct"), "verdict": ev.get("verdict"), "no_gain": bool(ev.get("no_gain")),
-                  "back_to_known": bool(ev.get("back_to_known")), "regenerated_after": regenerated,
+                  "back_to_known": bool(ev.get("back_to_known")), "remeasure": bool(ev.get("remeasure")),
+                  "regenerated_after": regenerated,
                   "samples_after": samples}
 
 
@@ -242,6 +243,8 @@ def _print_rollback(d: dict, row: dict) -> None:
     if v:
         # Measurably worse, or not told apart from noise and no better: either way back to the known setting.
         said = "not told apart from noise and no better" if row["back_to_known"] else "worse"
+        if row.get("remeasure"):  # the steps before it were still settling (a warm-up): not judged, re-measured
+            said = "not judged, the steps before it had not settled (re-measured later)"
         click.echo(f"        verdict: {100 * (v['ratio'] - 1):+.1f} % (95 % interval {v['ci_pct'][0]:+.1f} … "
                    f"{v['ci_pct'][1]:+.1f} %, {v['confidence_pct']:.0f} % sure; {v['n_before']} sync periods "
                    f"before, {v['n_after']} after): {said}, {d['knob']} back to {d['old_value']:g}")

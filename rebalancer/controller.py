@@ -18,7 +18,9 @@ Order of business (one change in flight per job, each measured before the next):
    (by priority) that fires — or follows its last measured gain through below its line (``follow_above``) — and
    has an action it may take acts (``auto``) or advises (``advise``). Where the action goes is ``history.py``'s:
    short of values measured worse (the bracket search, both ways), never a move whose verdict still holds. A
-   safety rule that fires and cannot act stops lower rules: speed never goes before memory.
+   safety rule that fires and cannot act stops lower rules: speed never goes before memory. No change (safety
+   aside) is decided while the steps it would be judged against still trend (a warm-up): the change would be
+   credited with the settling.
 
 Every plan says when planning again could change anything (``Plan.wait``): the daemon plans per window.
 """
@@ -26,17 +28,18 @@ Every plan says when planning again could change anything (``Plan.wait``): the d
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from trimtab.rebalancer.follow_up import follow_up
 from trimtab.rebalancer.history import blocked, bracket, follows_through
 from trimtab.rebalancer.memory_fit import GIB, fit
-from trimtab.rebalancer.plan_types import (JobState, NewChange, Plan, Wait, last_applied_step, period,
-                                           window_evidence)
+from trimtab.rebalancer.plan_types import (JobState, NewChange, Plan, Wait, last_applied_step, leading, period,
+                                           window_evidence, window_wait)
 from trimtab.rebalancer.rules import Action, Rule, RuleSet
 from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
-from trimtab.rebalancer.verdict import Sample
-from trimtab.rebalancer.window import JobStep, throughput, window
+from trimtab.rebalancer.verdict import Sample, unsettled
+from trimtab.rebalancer.window import JobStep, screen, throughput, window
 from trimtab.store.decisions import StoredDecision
 
 __all__ = ["JobState", "NewChange", "Plan", "Wait", "plan", "period", "readings_for"]
@@ -117,7 +120,10 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
             skipped.append(f"{action.describe()}: {note}")
             continue
         new = bracketed
-        why = blocked(state, rules, action, new, now)
+        # a geometric ladder (×/÷) whose rule still fires (strongly, where the rule says what strongly is) looks one
+        # rung past a step that gained nothing; an additive one (prefetch +2) does not
+        ladder = action.op in ("mul", "div") and readings[rule.name].fires and (rule.strong_above is None or strong)
+        why = blocked(state, rules, action, new, now, firing=ladder)
         if why is None and action.needs_memory_headroom and new > current:
             why = _headroom(state, rules, readings)
             if why is None:
@@ -210,12 +216,30 @@ def _advice_plan(rule: Rule, advice: Optional[str], skipped: list[str], evidence
 
 def plan(state: JobState, rules: RuleSet,
          placement: Optional[Callable[[JobState, dict[str, Reading], Sequence[JobStep]], Optional[dict]]] = None) -> Plan:
-    """What the controller does now for this job (see the module docstring for the order)."""
+    """What the controller does now for this job (see the module docstring for the order). Steps far off the
+    job's own (``outlier_x_median``) enter no window: a decision's evidence names them and why."""
+    kept, excluded = screen(state.steps, rules.controller.outlier_x_median)
+    result = _plan(replace(state, steps=kept) if excluded else state, rules, placement)
+    if excluded and (result.change or result.advised or result.advice_rule or result.close is not None):
+        result.evidence = {**result.evidence, "excluded_steps": excluded[-20:], "excluded_steps_count": len(excluded)}
+    return result
+
+
+def _before_window(candidates: Sequence[JobStep], rules: RuleSet, every: int) -> list[JobStep]:
+    """The newest steps a verdict on a change decided now would take as its before window."""
+    ctl = rules.controller
+    newest_first, _ = leading(list(candidates)[::-1], ctl.window_min_steps, ctl.verdict_before_s, every,
+                              ctl.verdict_enough_steps)
+    return newest_first[::-1]
+
+
+def _plan(state: JobState, rules: RuleSet,
+          placement: Optional[Callable[[JobState, dict[str, Reading], Sequence[JobStep]], Optional[dict]]]) -> Plan:
     job = state.job
     ctl = rules.controller
     every = period(job, rules)
     # Until a new window's worth of steps is in, the same rules would read the same figures: plan per window.
-    next_window = Wait(steps=max(ctl.window_min_steps, every), seconds=ctl.window_min_s)
+    next_window = window_wait(rules, every)
     if job.mode == "off":
         return Plan(note="mode off", wait=next_window)
     open_d = next((d for d in state.decisions if d.outcome == "pending"), None)
@@ -227,10 +251,13 @@ def plan(state: JobState, rules: RuleSet,
     last = last_applied_step(state)
     start = (last + ctl.settle_steps + ctl.cooldown_steps) if last is not None else 0
     candidates = [s for s in state.steps if s.step >= start]
-    win = window(candidates, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every)
+    win = window(candidates, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every,
+                 ctl.window_enough_steps)
     if win is None:
         missing_s = ctl.window_min_s - sum(s.step_time_s for s in candidates)
-        return Plan(note=f"collecting a window (steps from {start})", wait=Wait(steps=1, seconds=max(0.0, missing_s)))
+        return Plan(note=f"collecting a window (steps from {start})",
+                    wait=Wait(steps=1, seconds=max(0.0, missing_s),
+                              enough_steps=max(1, ctl.window_enough_steps - len(candidates))))
     readings = readings_for(state, rules, win)
     tp = throughput(win)
     base_evidence = {"window": window_evidence(win), "mode": job.mode,
@@ -256,6 +283,15 @@ def plan(state: JobState, rules: RuleSet,
             if proposal is not None:
                 evidence["placement"] = proposal
                 advice = f"{advice} Proposed device_map: {proposal.get('device_map')} — {proposal.get('expected_effect', '')}"
+        if choice is not None and not rule.safety:
+            # A change is judged against the steps before it: while they have not settled (a warm-up, a restart,
+            # a mode switch) the verdict would credit the settling to the change. Safety changes do not wait.
+            drift = unsettled(_before_window(candidates, rules, every), every, ctl)
+            if drift is not None:
+                return Plan(note=f"{rule.name} fires; waiting for the throughput to settle before a change (the "
+                                 f"before window's throughput moved {drift.change_pct:+.1f} % across it, "
+                                 f"{drift.confidence_pct:.0f} % sure)", readings=list(readings.values()),
+                            wait=next_window)
         if choice is not None:
             action, new = choice
             old = float(job.knobs[action.knob]["value"])

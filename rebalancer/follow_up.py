@@ -6,17 +6,21 @@ Kept: a gain the test is sure of, or a change it could not tell from noise whose
 (an unconfirmed gain: kept, and the next move that way is judged on its own). Rolled back: a loss it is sure of,
 and — the old setting being the one known to be good — a change it could not tell from noise (or measured within
 the dead band) that is not above the dead band: the top is flat between the two, the search ends there. A before window whose
-older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half.
+older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half. A gain that the before window's own trend could explain (the tail of a warm-up: it climbed by at least half as
+much) is re-measured — rolled back unjudged — not kept.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from trimtab.rebalancer.memory_fit import GIB
 from trimtab.rebalancer.plan_types import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
 from trimtab.rebalancer.rules import RuleSet
-from trimtab.rebalancer.verdict import GAIN, INCONCLUSIVE, WORSE, Sample, changed_level, compare
+from trimtab.rebalancer.signals import JobContext, job_reading
+from trimtab.rebalancer.verdict import (GAIN, INCONCLUSIVE, WORSE, Sample, Trend, changed_level, compare,
+                                        unsettled)
 from trimtab.rebalancer.window import JobStep, throughput
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
@@ -31,7 +35,8 @@ def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list
     start = max(earlier) + ctl.settle_steps if earlier else 0
     every = _old_period(state, rules, change)
     candidates = [s for s in state.steps if start <= s.step < change.applied_step]
-    newest_first, _ = leading(candidates[::-1], ctl.window_min_steps, ctl.verdict_before_s, every)
+    newest_first, _ = leading(candidates[::-1], ctl.window_min_steps, ctl.verdict_before_s, every,
+                              ctl.verdict_enough_steps)
     return _since_level_shift(newest_first[::-1], every, rules)
 
 
@@ -44,6 +49,42 @@ def _since_level_shift(before: list[JobStep], every: int, rules: RuleSet) -> lis
     mid = (periods // 2) * every
     older, newer = Sample.of_steps(before[:mid], every), Sample.of_steps(before[mid:], every)
     return before[mid:] if changed_level(older, newer, rules.controller) else before
+
+
+def _ladder_goes_on(state: JobState, rules: RuleSet, open_d: StoredDecision, change: StoredChange,
+                    grown: list[JobStep], every: int, v) -> Optional[str]:
+    """Why a rung of a geometric ladder need not be measured to the end: its estimate is within the dead band
+    and not lower, over two periods at least, while the signal that asked for it still fires strongly (above the
+    rule's ``strong_above`` over the after window and each half) — the rung is small, the cause is still there:
+    the next rung is tried rather than 6 periods spent telling +1.5 % from +2 %. None otherwise."""
+    rule = next((r for r in rules.rules if r.name == open_d.rule), None)
+    if rule is None or rule.scope != "job" or rule.strong_above is None or v.n_after < 2:
+        return None
+    if not any(a.knob == change.knob and a.op in ("mul", "div") for a in rule.actions):
+        return None
+    if not 1.0 <= v.ratio < 1.0 + rules.controller.dead_band_pct / 100.0:
+        return None
+    reading = job_reading(rule, grown, JobContext(all_steps=state.steps, probe_baseline_us=state.probe_baseline_us,
+                                                  period=every))
+    halves = reading.detail.get("halves", [])
+    if not reading.fires or reading.value is None or reading.value <= rule.strong_above \
+            or any(h is not None and h <= rule.strong_above for h in halves):
+        return None
+    return (f"{rule.signal} still {reading.value:.1f} {rule.unit} (> {rule.strong_above:g} over the window and each "
+            f"half): the ladder goes on")
+
+
+def _explained_by_trend(before: list[JobStep], every: int, ratio: float, rules: RuleSet) -> Optional[Trend]:
+    """The before window's trend when it could explain the verdict: sure at the verdicts' ``confidence_pct`` (a
+    change was decided on it only if it looked settled at the stricter ``settled_confidence_pct``), the same way
+    as the measured change, and — continued for another window — at least as large (a +3 % "gain" on the tail of a
+    warm-up; never a +200 % one)."""
+    if not before or ratio <= 0:
+        return None
+    trend = unsettled(before, every, rules.controller, rules.controller.confidence_pct)
+    if trend is None or trend.change_pct * (ratio - 1.0) <= 0:
+        return None
+    return trend if abs(math.log(ratio)) <= 2.0 * abs(math.log1p(trend.change_pct / 100.0)) else None
 
 
 def _old_period(state: JobState, rules: RuleSet, change: StoredChange) -> int:
@@ -64,7 +105,12 @@ def _after_bound(rules: RuleSet, every: int, after_steps: list[JobStep]) -> tupl
     ``verdict_max_after_periods`` whole periods (enough samples at a long sync interval), but no more than
     ``verdict_max_after_cap_s`` of step time."""
     ctl = rules.controller
+    # Long periods of fast steps: 6 periods of 16 steps are 96 steps: at most verdict_enough_steps (whole periods,
+    # two at least) once those hold verdict_max_after_s.
     steps = max(ctl.window_min_steps, ctl.verdict_max_after_periods * every)
+    covered_s = sum(s.step_time_s for s in after_steps[:_whole(max(ctl.verdict_enough_steps, 2 * every), every)])
+    if covered_s >= ctl.verdict_max_after_s:
+        steps = min(steps, _whole(max(ctl.verdict_enough_steps, 2 * every), every))
     covered = 0.0
     for i, s in enumerate(after_steps):
         covered += s.step_time_s
@@ -72,6 +118,16 @@ def _after_bound(rules: RuleSet, every: int, after_steps: list[JobStep]) -> tupl
             steps = min(steps, i + 1)
             break
     return steps, max(ctl.window_min_s, ctl.verdict_max_after_s)
+
+
+def _whole(n: int, every: int) -> int:
+    """``n`` rounded up to whole periods of ``every`` steps."""
+    return n + (-n) % max(1, every)
+
+
+def _after_enough(rules: RuleSet, bound_steps: int) -> int:
+    """The after window's bound in steps for steps too fast to cover its seconds (``verdict_enough_steps``)."""
+    return max(bound_steps, rules.controller.verdict_enough_steps)
 
 
 def _closed_early(state: JobState, open_d: StoredDecision, change: Optional[StoredChange]) -> Optional[Plan]:
@@ -109,15 +165,16 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                     wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
     every = period(state.job, rules)
     after_steps = [s for s in state.steps if s.step >= change.applied_step + ctl.settle_steps]
-    after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every)
+    after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every, ctl.window_enough_steps)
     measuring = Plan(note=f"measuring throughput after change {change.id} (from step {change.applied_step + ctl.settle_steps})",
                      applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None,
-                     wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s, every))
+                     wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s, every,
+                                        ctl.window_enough_steps))
     if not complete:
         return measuring
     # While the test cannot tell, the after window grows (see _after_bound), then "no measurable gain".
     bound_steps, bound_s = _after_bound(rules, every, after_steps)
-    grown, at_bound = leading(after_steps, bound_steps, bound_s, every)
+    grown, at_bound = leading(after_steps, bound_steps, bound_s, every, _after_enough(rules, bound_steps))
     before = _before_steps(state, rules, change)
     before_tp = throughput(before) if before else open_d.throughput_before_samples_per_s
     after_tp = throughput(grown)
@@ -145,12 +202,30 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                     **closed)
     v = compare(b_sample, a_sample, ctl)
     evidence.update(verdict=v.evidence(), before_sample=b_sample.evidence(), after_sample=a_sample.evidence())
+    ladder = _ladder_goes_on(state, rules, open_d, change, grown, every, v) if v.result == INCONCLUSIVE else None
+    if ladder is not None and not at_bound:
+        evidence.update(no_gain=True, ladder_goes_on=ladder)
+        return Plan(note=f"decision {open_d.id}: inconclusive ({100 * (v.ratio - 1):+.1f} %, not lower) but {ladder}: "
+                         f"kept, no measurable gain", outcome="kept", evidence=evidence, throughput_after=after_tp,
+                    close=open_d.id, applied_step=change.applied_step)
     if v.result == INCONCLUSIVE and not at_bound:
         measuring.note = (f"decision {open_d.id}: inconclusive so far ({100 * (v.ratio - 1):+.1f} %, "
                           f"{v.confidence_pct:.0f} % sure): lengthening the after window")
         # Tested again once another window's worth of steps is in (not on every step: fewer looks, less CPU).
-        measuring.wait = Wait(steps=max(every, ctl.window_min_steps), seconds=ctl.window_min_s)
+        measuring.wait = Wait(steps=max(every, ctl.window_min_steps), seconds=ctl.window_min_s,
+                              enough_steps=max(every, ctl.window_min_steps, ctl.window_enough_steps))
         return measuring
+    # only a change that would be kept for a gain (a loss is rolled back anyway: re-measuring it would retry it)
+    credited = v.result == GAIN or (v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct)
+    drift = _explained_by_trend(before, _old_period(state, rules, change), v.ratio, rules) if credited else None
+    if drift is not None:
+        # The before window was still moving (a warm-up, a restart) the way the verdict went, by as much: the
+        # change may be the settling's. Back to the old setting; the move is decided again on a settled baseline.
+        evidence.update(remeasure=True, before_not_settled=drift.evidence())
+        return _roll_back(state, open_d, change, f"not judged: the before window had not settled (its throughput "
+                                                 f"moved {drift.change_pct:+.1f} % across it, "
+                                                 f"{drift.confidence_pct:.0f} % sure), to be re-measured",
+                          evidence, closed)
     figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
                f"{v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, {v.confidence_pct:.0f} % sure)")
     if v.result == GAIN:

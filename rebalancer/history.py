@@ -11,12 +11,12 @@ same knob the verdict still holds: nothing re-measured it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from trimtab.rebalancer.rules import Action, Rule, RuleSet
 from trimtab.rebalancer.signals import Reading
-from trimtab.rebalancer.verdict import GAIN, Sample, changed_level
+from trimtab.rebalancer.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
 if TYPE_CHECKING:
@@ -43,8 +43,15 @@ def left_at(d: StoredDecision) -> dict[str, float]:
     return knobs
 
 
+def remeasured(d: StoredDecision) -> bool:
+    """A change rolled back unjudged (its before window had not settled): it says nothing about either value."""
+    return bool(_evidence(d).get("remeasure"))
+
+
 def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optional[Sample]) -> bool:
-    """See the module docstring."""
+    """See the module docstring. A verdict holds until the job's level at its setting moved by more than the
+    effect it measured (at least the dead band), surely: a job that drifted 3 % does not make a value measured
+    34 % worse worth another try, nor re-open a bracket that said nothing is left on a side."""
     current = {k: float(v["value"]) for k, v in state.job.knobs.items()}
     then = left_at(d)
     if any(k != d.knob and k in current and current[k] != v for k, v in then.items()):
@@ -52,17 +59,55 @@ def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optio
     if current.get(d.knob) != then[d.knob]:
         return True
     ev = _evidence(d)
-    level = ev.get("before_sample") if d.outcome == "rolled_back" else ev.get("after_sample")
-    return not changed_level(Sample.from_evidence(level), now, rules.controller)
+    level = Sample.from_evidence(ev.get("before_sample") if d.outcome == "rolled_back" else ev.get("after_sample"))
+    if not changed_level(level, now, rules.controller):
+        return True
+    ratio = (ev.get("verdict") or {}).get("ratio")
+    if isinstance(ratio, (int, float)) and ratio > 0 and level is not None and now is not None:
+        # moved by more than the effect the verdict measured (at least the dead band: a "flat" verdict that ended
+        # a bracket is honoured too): the whole 95 % interval of the level's shift lies beyond it — a noisy
+        # window reads a few % off by itself
+        effect = max(abs(math.log(ratio)), math.log1p(rules.controller.dead_band_pct / 100.0))
+        return not moved_beyond(level, now, effect, rules.controller)
+    return False
 
 
-def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: Optional[Sample]) -> Optional[str]:
-    """Why this move may not be tried now (a rolled-back value or a no-gain direction whose verdict still holds, a
-    recently refused direction), else None."""
+def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:
+    """How many moves in a row this way, ending with ``d``, were kept with no measurable gain."""
+    n, at = 0, d
+    while at is not None:
+        ev = _evidence(at)
+        if not (at.outcome == "kept" and ev.get("no_gain") and not ev.get("unconfirmed_gain")
+                and (at.new_value - at.old_value) * way > 0):
+            break
+        n += 1
+        at = next((e for e in state.decisions if e.knob == at.knob and e.id != at.id and e.new_value is not None
+                   and e.old_value is not None and float(e.new_value) == float(at.old_value)
+                   and e.outcome == "kept"), None)
+    return n
+
+
+def moved_beyond(then: Sample, now: Sample, effect_log: float, ctl) -> bool:
+    """The level moved by more than ``effect_log`` (log scale): the whole interval of the shift, at
+    ``remeasure_confidence_pct``, lies beyond it. A short window's spread is a guess (4 steps can read 5× too
+    calm): each side gets the larger of the two."""
+    spread = max((v for v in (then.var_log, now.var_log) if v is not None), default=None)
+    a, b = replace(then, var_log=spread), replace(now, var_log=spread)
+    se, df, _ = _standard_error(a, b, ctl)
+    half = _t_ppf(1.0 - (1.0 - ctl.remeasure_confidence_pct / 100.0) / 2.0, df) * se
+    return abs(now.mean_log - then.mean_log) - half > effect_log
+
+
+def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: Optional[Sample],
+            firing: bool = False) -> Optional[str]:
+    """Why this move may not be tried now (a value measured worse, or a no-gain direction, whose verdict still
+    holds; a recently refused direction), else None. ``firing``: the rule that asks for the move fires — then a
+    "no measurable gain" on a ladder closes the direction only after ``ladder_look_further`` more steps that way
+    also gained nothing (one small rung, +0.8 % at sync 8 → 16, is not the top of a ladder whose best is 64)."""
     current = float(state.job.knobs[action.knob]["value"])
     way = 1 if new > current else -1
     for d in state.decisions:
-        if d.knob != action.knob or d.new_value is None or d.old_value is None:
+        if d.knob != action.knob or d.new_value is None or d.old_value is None or remeasured(d):
             continue
         same_way = (d.new_value - d.old_value) * way > 0
         if d.outcome == "refused" and same_way:
@@ -73,9 +118,14 @@ def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: 
             return f"the job refused {action.knob} → {d.new_value:g} at decision {d.id} ({reason or 'no reason'})"
         if d.outcome == "rolled_back" and float(d.new_value) == new and still_holds(state, rules, d, now):
             return f"{action.knob}={new:g} was rolled back at decision {d.id}"
+        if d.outcome == "kept" and result_of(d) == GAIN and float(d.old_value) == new \
+                and still_holds(state, rules, d, now):
+            return f"{action.knob}={new:g} measured worse than {d.new_value:g} at decision {d.id}"
         if d.outcome == "kept" and _evidence(d).get("no_gain") and not _evidence(d).get("unconfirmed_gain") \
                 and same_way \
                 and float(d.new_value) == current and still_holds(state, rules, d, now):
+            if firing and _no_gain_rungs(state, d, way) <= rules.controller.ladder_look_further:
+                continue  # the signal that asked for the move still fires: one rung further before giving up
             return f"the last move of {action.knob} this way (decision {d.id}) gained nothing measurable"
     return None
 
@@ -99,7 +149,7 @@ def bounds(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample]) 
     below: list[Bound] = []
     above: list[Bound] = []
     for d in state.decisions:
-        if d.knob != knob or d.old_value is None or d.new_value is None or d.change_id is None:
+        if d.knob != knob or d.old_value is None or d.new_value is None or d.change_id is None or remeasured(d):
             continue
         old, new = float(d.old_value), float(d.new_value)
         ev = _evidence(d)
@@ -145,7 +195,7 @@ def _levels(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample])
         ratio = (_evidence(d).get("verdict") or {}).get("ratio") if d.knob == knob else None
         if not isinstance(ratio, (int, float)) or ratio <= 0 or d.old_value is None or d.new_value is None:
             continue
-        if d.outcome not in ("kept", "rolled_back") or not still_holds(state, rules, d, now):
+        if d.outcome not in ("kept", "rolled_back") or remeasured(d) or not still_holds(state, rules, d, now):
             continue
         old, new, log_ratio = float(d.old_value), float(d.new_value), math.log(ratio)
         edges.setdefault(old, []).append((new, log_ratio))
@@ -215,6 +265,10 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
                f"{behind.decision.id}, {ahead.decision.id}) put the top near {side[1]:.3g}")
         if not behind.sure:  # the other side was tried and found flat: the top is around here
             return None, f"{top}, where {behind.value:g} could not be told apart from {current:g}: nothing left to try"
+        if current > 0 and side[1] > 0 and abs(math.log(current / side[1])) < math.log1p(
+                rules.controller.bracket_min_gap_pct / 100.0):
+            return None, (f"{top}, closer than {rules.controller.bracket_min_gap_pct:g} % to {current:g}: nothing "
+                          f"left to try")
         back, why_not = _between(behind.value, current, action, integer, rules)
         if back is None:
             return None, f"{top}, between {behind.value:g} and {current:g}: {why_not}"

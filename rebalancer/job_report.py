@@ -173,7 +173,7 @@ def _mean(values) -> Optional[float]:
 
 def _pick_window(steps: Sequence[JobStep], rules: RuleSet) -> tuple[list[JobStep], bool]:
     ctl = rules.controller
-    win = window(steps, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps)
+    win = window(steps, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, 1, ctl.window_enough_steps)
     if win is not None:
         return win, True
     return list(steps[-ctl.window_max_steps:]), False
@@ -200,7 +200,7 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
     if not full:
         ctl = rules.controller
         note = (f" (only {len(win)} steps, {sum(s.step_time_s for s in win):.1f} s so far: the controller waits for "
-                f"{ctl.window_min_s:g} s of steps)")
+                f"{ctl.window_min_s:g} s of steps or {ctl.window_enough_steps} steps)")
         for v in verdicts:
             if v.status != NO_DATA:
                 v.message += note

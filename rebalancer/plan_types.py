@@ -41,9 +41,17 @@ class NewChange:
 class Wait:
     """Nothing this plan waits for can happen before the job has reported ``steps`` more complete steps holding
     ``seconds`` more step time (lower bounds), unless its registration, knobs or mode change first: the daemon
-    plans again only then — once per window, not on every step."""
+    plans again only then — once per window, not on every step. ``enough_steps``: or once this many steps are in,
+    whatever their seconds (a window of fast steps is complete at ``window_enough_steps``)."""
     steps: int = 1
     seconds: float = 0.0
+    enough_steps: Optional[int] = None
+
+    def over(self, steps: int, seconds: float) -> bool:
+        """Whether ``steps`` new steps holding ``seconds`` of step time end this wait (a small tolerance: step times
+        summed in another order must not miss the window by a rounding error)."""
+        return steps >= self.steps and (seconds >= self.seconds - 1e-6
+                                        or (self.enough_steps is not None and steps >= self.enough_steps))
 
 
 @dataclass
@@ -76,27 +84,53 @@ def period(job: StoredJob, rules: RuleSet) -> int:
         return 1
 
 
-def leading(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int) -> tuple[list[JobStep], bool]:
-    """The oldest steps of ``steps`` covering ``min_s`` seconds and ``min_steps`` steps in whole periods of
-    ``every`` steps, and True; or all whole periods there are so far, and False."""
+def leading(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int,
+            enough_steps: Optional[int] = None) -> tuple[list[JobStep], bool]:
+    """The oldest steps of ``steps`` covering ``min_s`` seconds (or ``enough_steps`` steps, whichever comes first)
+    and ``min_steps`` steps in whole periods of ``every`` steps, and True; or all whole periods there are so far,
+    and False."""
     every = max(1, every)
     total_s = 0.0
     for i, step in enumerate(steps):
         total_s += step.step_time_s
         n = i + 1
-        if n % every == 0 and n >= min_steps and total_s >= min_s:
+        covered = total_s >= min_s or (enough_steps is not None and n >= enough_steps)
+        if n % every == 0 and n >= min_steps and covered:
             return list(steps[:n]), True
     return list(steps[:len(steps) - len(steps) % every]), False
 
 
-def wait_to_cover(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int) -> Wait:
+def wait_to_cover(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int,
+                  enough_steps: Optional[int] = None) -> Wait:
     """How far ``steps`` (a measurement growing from its first step) is from covering ``min_steps`` steps and
-    ``min_s`` seconds in whole periods: at least the steps to the next period boundary that reaches both."""
+    ``min_s`` seconds (or ``enough_steps`` steps) in whole periods: at least the steps to the next period boundary
+    that reaches both."""
     every = max(1, every)
     n = len(steps)
     need_n = max(min_steps, n + 1)
     need_n += (-need_n) % every
-    return Wait(steps=need_n - n, seconds=max(0.0, min_s - sum(s.step_time_s for s in steps)))
+    enough = None if enough_steps is None else max(enough_steps - n, need_n - n)
+    return Wait(steps=need_n - n, seconds=max(0.0, min_s - sum(s.step_time_s for s in steps)), enough_steps=enough)
+
+
+def window_wait(rules: RuleSet, every: int) -> Wait:
+    """A new window's worth of steps: ``window_min_s`` of step time or ``window_enough_steps`` steps, in whole
+    periods."""
+    ctl = rules.controller
+    steps = max(ctl.window_min_steps, every)
+    return Wait(steps=steps, seconds=ctl.window_min_s, enough_steps=max(steps, ctl.window_enough_steps))
+
+
+def steps_needed(rules: RuleSet, every: int) -> int:
+    """How many of a job's newest steps its windows can need (the before window of a verdict, the after window
+    grown to its bound, settle and cooldown steps, a period's rounding on each) and at least ``window_max_steps``
+    (what a window may read), at most ``steps_read_max``: bounded by memory, not by a count that a fast job's
+    seconds never fill (200 steps of 12 ms never covered a 4 s window). Steps of a second or more reach the
+    seconds first and need fewer."""
+    ctl = rules.controller
+    every = max(1, every)
+    one = max(ctl.window_enough_steps, ctl.verdict_enough_steps, ctl.verdict_max_after_periods * every) + 2 * every
+    return min(ctl.steps_read_max, max(ctl.window_max_steps, 2 * one + ctl.settle_steps + ctl.cooldown_steps + 1))
 
 
 def window_evidence(steps: Sequence[JobStep]) -> dict[str, Any]:

@@ -95,6 +95,8 @@ class ControllerSettings:
     window_min_steps: int = 1
     window_min_s: float = 4.0
     window_max_steps: int = 400
+    window_enough_steps: int = 20
+    steps_read_max: int = 5000
     settle_steps: int = 1
     cooldown_steps: int = 0
     dead_band_pct: float = 2.0
@@ -107,6 +109,10 @@ class ControllerSettings:
     verdict_max_after_s: float = 12.0
     verdict_max_after_periods: int = 6
     verdict_max_after_cap_s: float = 60.0
+    verdict_enough_steps: int = 60
+    settled_confidence_pct: float = 99.9
+    ladder_look_further: int = 1
+    outlier_x_median: float = 100.0
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
     advice_repeat_s: float = 600.0
@@ -122,6 +128,7 @@ class ControllerSettings:
     report_max_steps_ahead: int = 10_000
     stale_after_intervals: float = 5.0
     stale_min_s: float = 3.0
+    report_clock_skew_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -244,6 +251,11 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         raise RulesError(f"{source}{_line_of(text, 'controller', 'stale_after_intervals')}: "
                          f"controller.stale_after_intervals: must be ≥ 1 (a sample is at most one interval old while "
                          f"its agent runs), got {ctl['stale_after_intervals']:g}")
+    if ctl["window_enough_steps"] < ctl["window_min_steps"] or ctl["verdict_enough_steps"] < ctl["window_min_steps"]:
+        raise RulesError(f"{source}: controller needs window_enough_steps and verdict_enough_steps ≥ window_min_steps")
+    if ctl["steps_read_max"] < 2 * ctl["window_enough_steps"]:
+        raise RulesError(f"{source}: controller needs steps_read_max ≥ 2 × window_enough_steps (a change's windows "
+                         f"before and after it)")
     rules = []
     for name, d in data.get("rules", {}).items():
         def where(key: Optional[str] = None) -> str:

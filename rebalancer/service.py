@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 from trimtab.rebalancer.controller import JobState, Plan, Wait, plan
 from trimtab.rebalancer.grading import LIVE_JOB_S, rules_for
 from trimtab.rebalancer.placement_bridge import placement_for
+from trimtab.rebalancer.plan_types import period, steps_needed
 from trimtab.rebalancer.rules import RuleSet, default_rules
 from trimtab.rebalancer.window import first_probes, load_steps, steps_since
 from trimtab.store import decisions as decision_store
@@ -62,8 +63,7 @@ class _Cadence:
             self.newest_step = step
             self.steps += 1
             self.seconds += step_time_s or 0.0
-        # (a small tolerance: step times summed in another order must not miss the window by a rounding error)
-        self.due = self.due or (self.steps >= self.wait.steps and self.seconds >= self.wait.seconds - 1e-6)
+        self.due = self.due or self.wait.over(self.steps, self.seconds)
         return self.due
 
 
@@ -118,7 +118,7 @@ class Rebalancer:
         if cadence is None or cadence.due or cadence.updated_ms != job.updated_ms:
             return True
         steps, seconds = steps_since(self.engine, job.id, cadence.planned_step)
-        return steps >= cadence.wait.steps and seconds >= cadence.wait.seconds - 1e-6
+        return cadence.wait.over(steps, seconds)
 
     def after_report(self, job: StoredJob, step: int, step_time_s: Optional[float] = None) -> None:
         """Called by the report route once a report is stored (``step_time_s``: the report's). It plans only when
@@ -188,7 +188,8 @@ class Rebalancer:
 
         probes = first_probes(engine, job.id, rules.controller.probe_baseline_steps)
         baseline = statistics.median(probes) if len(probes) >= rules.controller.probe_baseline_steps else None
-        return JobState(job=job, steps=load_steps(engine, job.id, job.ranks),
+        # As many steps as the windows can need (a fast job's 4 s are 800 steps), bounded by steps_read_max.
+        return JobState(job=job, steps=load_steps(engine, job.id, job.ranks, limit=steps_needed(rules, period(job, rules))),
                         changes=job_store.list_changes(engine, job.id, limit=50, offset=0),
                         decisions=decision_store.list_decisions(engine, job.id, limit=200, offset=0),
                         gpus=gpus, probe_baseline_us=baseline, now_ms=now_ms(), has_gpus=bool(gpu_indices))

@@ -152,3 +152,43 @@ def changed_level(then: Optional[Sample], now: Optional[Sample], ctl: Controller
     # Looked at once a window for as long as the verdict stands: a stricter line than a verdict's, or noise alone
     # would re-open every verdict within a few dozen windows.
     return compare(then, now, ctl, ctl.remeasure_confidence_pct).result in (GAIN, WORSE)
+
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A window's throughput trend: the change it makes across the window, and how sure the test is of it."""
+    change_pct: float      # the fitted line's end over its start, % − 100
+    confidence_pct: float  # 100 × (1 − two-sided p) that the slope is not 0
+    n: int                 # periods
+
+    def evidence(self) -> dict[str, Any]:
+        return {"change_pct": round(self.change_pct, 2), "confidence_pct": round(self.confidence_pct, 1),
+                "periods": self.n}
+
+
+def unsettled(steps: Sequence[JobStep], period: int, ctl: ControllerSettings,
+              confidence_pct: Optional[float] = None) -> Optional[Trend]:
+    """The trend that says a window's throughput has not settled — a line fitted to the log of its per-period
+    throughputs moves by more than the dead band across the window, ``settled_confidence_pct`` sure (a warm-up
+    still climbing, the steps after a restart or a mode switch) — else None (settled, or too few periods to tell).
+    A stationarity test on the data, not a count of steps to skip: a job whose first 120 steps are its warm-up is
+    not a baseline until its throughput stops moving, one without a warm-up is one at once. A trend test, not a
+    comparison of the window's halves: a steep warm-up inflates each half's own spread and hides from that.
+    ``confidence_pct``: how sure (default ``settled_confidence_pct``)."""
+    logs = [math.log(r) for r in chunk_rates(steps, max(1, int(period))) if r > 0]
+    n = len(logs)
+    if n < 4:
+        return None
+    xs = range(n)
+    mx, my = (n - 1) / 2.0, statistics.fmean(logs)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, logs)) / sxx
+    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, logs)) / (n - 2)
+    floor = math.log1p(ctl.min_noise_pct / 100.0) ** 2 / 100.0  # a noiseless line must not divide by zero
+    se = math.sqrt(max(resid, floor) / sxx)
+    p = min(1.0, 2.0 * _t_sf(abs(slope) / se, n - 2))
+    trend = Trend(math.expm1(slope * (n - 1)) * 100.0, 100.0 * (1.0 - p), n)
+    moved = abs(slope * (n - 1)) > math.log1p(ctl.dead_band_pct / 100.0)
+    sure = ctl.settled_confidence_pct if confidence_pct is None else confidence_pct
+    return trend if moved and p < 1.0 - sure / 100.0 else None

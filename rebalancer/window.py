@@ -4,6 +4,9 @@ window of steps a rule is judged on.
 A step counts once every rank has reported it (or a later step has arrived, so the missing rank's report is lost,
 not late). Across ranks a step lasts as long as its slowest rank, its samples add up, and each phase takes the
 slowest rank's time: the job waits for the slowest. Throughput is samples over wall time of whole steps.
+
+A window covers seconds or, for steps too fast to cover them soon (5–12 ms), a number of steps: the test counts
+samples, not seconds. A step far off the job's own (``screen``) enters no window and is named in the evidence.
 """
 
 from __future__ import annotations
@@ -88,11 +91,12 @@ def first_probes(engine: Engine, job_id: int, n: int) -> list[float]:
 
 
 def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: int,
-           period: int = 1) -> Optional[list[JobStep]]:
-    """The newest steps covering at least ``min_steps`` steps and ``min_s`` seconds, in whole multiples of
-    ``period`` steps; None when ``steps`` cannot cover that yet. ``max_steps`` only bounds what is read when the
-    steps are too short to cover ``min_s`` within it (a stalled clock, 0 s steps): at 20+ steps/s a window holds
-    80+ steps, never a sub-second sample judged as if it were ``min_s`` long.
+           period: int = 1, enough_steps: Optional[int] = None) -> Optional[list[JobStep]]:
+    """The newest steps covering at least ``min_steps`` steps and ``min_s`` seconds — or ``enough_steps`` steps,
+    whichever comes first — in whole multiples of ``period`` steps; None when ``steps`` cannot cover that yet.
+    ``max_steps`` only bounds what is read when the steps are too short to cover either (a stalled clock).
+    Without ``enough_steps`` a window always covers ``min_s``; with it, fast steps (5–12 ms) make a window of
+    ``enough_steps`` samples — as many as the test gets from slow ones — instead of 400–800 steps.
 
     ``period`` is the job's sync interval: with a weight sync every 2nd step, steps alternate fast and slow, and a
     window of 5 steps holding 3 syncs would read 8 % slower than one holding 2 — enough to roll back a good change.
@@ -105,11 +109,34 @@ def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: in
         chosen.append(step)
         total_s += step.step_time_s
         whole = len(chosen) % period == 0
-        if whole and len(chosen) >= min_steps and total_s >= min_s:
+        covered = total_s >= min_s or (enough_steps is not None and len(chosen) >= enough_steps)
+        if whole and len(chosen) >= min_steps and covered:
             return list(reversed(chosen))
         if len(chosen) >= cap:
             return None
     return None
+
+
+def screen(steps: Sequence[JobStep], outlier_x_median: float) -> tuple[list[JobStep], list[dict[str, Any]]]:
+    """(the steps a window may hold, the steps left out and why). A step more than ``outlier_x_median`` times
+    longer or shorter than the median of the job's steps around it (a clock jump, a report of a paused process)
+    says nothing about a setting's throughput: it is left out of every window, and named in the evidence."""
+    if outlier_x_median <= 0 or len(steps) < 5:
+        return list(steps), []
+    times = sorted(s.step_time_s for s in steps)
+    median = times[len(times) // 2]
+    if median <= 0:
+        return list(steps), []
+    kept, out = [], []
+    for s in steps:
+        x = s.step_time_s / median
+        if x > outlier_x_median or x < 1.0 / outlier_x_median:
+            out.append({"step": s.step, "step_time_s": s.step_time_s,
+                        "reason": f"{x:.3g}× the median step of the job's recent steps ({median:.4g} s): "
+                                  f"beyond outlier_x_median ({outlier_x_median:g}×)"})
+        else:
+            kept.append(s)
+    return kept, out
 
 
 def chunk_rates(steps: Sequence[JobStep], period: int = 1) -> list[float]:

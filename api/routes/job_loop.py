@@ -15,7 +15,7 @@ from trimtab.api.job_schemas import (AckIn, AckOut, ChangeIn, ChangeOut, Changes
 from trimtab.api.routes.jobs import find_job, job_for_write, job_name_path
 from trimtab.contract.step_report import to_columns
 from trimtab.store import jobs as job_store
-from trimtab.store.jobs import StoredChange, StoredJob
+from trimtab.store.jobs import StoredChange, StoredJob, now_ms
 from trimtab.store.tokens import StoredToken
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -38,10 +38,17 @@ def change_out(change: StoredChange) -> ChangeOut:
 
 
 def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
-    """422 for a report that cannot describe a real step (and would fire rules on garbage): a phase far longer
-    than the step (a prefetched phase overlaps a few steps, not a million), phases adding up far beyond it, or a
-    step number far ahead of the job's newest (it would stay "newest" in every later window)."""
+    """422 for a report that cannot describe a real step (and would fire rules on garbage): a step longer than
+    the job has existed (since its first registration, give or take the clocks' skew: a 10⁷ s step), a phase far
+    longer than the step (a prefetched phase overlaps a few steps, not a million), phases adding up far beyond it,
+    or a step number far ahead of the job's newest (it would stay "newest" in every later window). A step that is
+    possible but far off the job's own is stored and left out of the rebalancer's windows (rebalancer/window.py)."""
     ctl = ctx.rules.controller
+    age_s = max(0.0, (now_ms() - job.created_ms) / 1000.0)
+    if body.step_time_s > age_s + ctl.report_clock_skew_s:
+        raise invalid(("body", "step_time_s"), f"step_time_s {body.step_time_s:g} s is longer than the job has "
+                                               f"existed ({age_s:.0f} s since its first registration, "
+                                               f"+{ctl.report_clock_skew_s:g} s for clock skew)")
     phases = {k: v for k, v in body.phases.model_dump().items() if v is not None}
     gpu = {k: v for k, v in (body.gpu_phases.model_dump() if body.gpu_phases else {}).items() if v is not None}
     slack_s = ctl.report_phase_slack_s

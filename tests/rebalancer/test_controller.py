@@ -468,8 +468,15 @@ def test_the_rollback_verdict_records_the_levels_a_later_re_measurement_compares
 
 
 def test_a_no_gain_move_is_not_repeated_within_retry_after():
+    # Issue 20: one rung with no measurable gain while the rule still fires looks one rung further (a ladder does
+    # not stop at its first small step); a second one in a row closes the direction.
     kept = decision(outcome="kept", ts_ms=NOW - 300_000, evidence={"no_gain": True, "gain_pct": 1.0})
     st = state(steps(0, 16), job(batch=4), changes=[change(applied_step=10)], decisions=[kept])
+    acts(plan(st, RULES), "generation_bound", "batch_size", 4, 16)
+    first = decision(id=6, outcome="kept", change_id=2, old=1, new=2, ts_ms=NOW - 400_000,
+                     evidence={"no_gain": True, "gain_pct": 0.5})
+    second = decision(outcome="kept", old=2, new=4, ts_ms=NOW - 300_000, evidence={"no_gain": True, "gain_pct": 1.0})
+    st = state(steps(0, 16), job(batch=4), changes=[change(applied_step=10)], decisions=[second, first])
     p = plan(st, RULES)
     acts(p, "generation_bound", "prefetch", 0, 2)
     assert "gained nothing measurable" in p.evidence["skipped"][0]

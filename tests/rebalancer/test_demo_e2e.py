@@ -2,7 +2,8 @@
 from its bad defaults (batch 1, no prefetch, sync every step) under the rebalancer in auto mode, and reports. The
 rebalancer must raise throughput and move a second knob (prefetch: the trainer waits for rollout), every knob
 change must be in the decision log (a rebalancer change with its decision, or the rollback of one), a rollback only
-for a change that measured worse (or no better than noise), and no knob may leave its declared bounds. Whether a
+for a change that measured worse (or no better than noise, or a gain re-measured because the steps before it had
+not settled), and no knob may leave its declared bounds. Whether a
 rollback happens depends on the machine (a deeper prefetch costs samples sampled twice; on a busy CPU even prefetch
 1 measures worse): the pieces that make it are pinned in tests/trainer/test_pipeline_staleness.py and
 tests/cli/test_demo_story.py."""
@@ -38,8 +39,9 @@ def test_the_demo_raises_throughput_and_logs_every_change(tmp_path):
     assert {"batch_size", "prefetch"} <= set(result["story"]["knobs_moved"]), result["story"]
     assert result["story"]["rolled_back"] == sum(d["outcome"] == "rolled_back" for d in decisions)
     for d in decisions:
-        if d["outcome"] == "rolled_back":  # the rebalancer's own verdict: worse, or no better than noise
-            assert d["verdict"]["result"] == "worse" or d["back_to_known"], d
+        if d["outcome"] == "rolled_back":  # the rebalancer's own verdict: worse, or no better than noise, or
+            # (issue 20) a gain on steps that had not settled yet (the pipeline's first steps): re-measured
+            assert d["verdict"]["result"] == "worse" or d["back_to_known"] or d["remeasure"], d
             back = [c for c in result["changes"] if c["reason"].startswith(f"rollback: decision {d['id']}:")]
             assert [(c["knob"], c["value"], c["status"]) for c in back] == [(d["knob"], d["old_value"], "applied")]
     for change in result["changes"]:

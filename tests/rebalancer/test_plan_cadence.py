@@ -40,34 +40,35 @@ def test_steps_that_cannot_complete_a_window_read_nothing(engine, reads):
     rb = Rebalancer(engine)
     step(engine, rb, job, 0)  # the first step: nothing known about the job yet, it plans
     assert rb.health()["evaluations"] == 1 and len(reads) == 1
-    # 1/16 s steps: a 4 s window needs 64 of them. The first plan said so: steps 1–62 read nothing.
-    for n in range(1, 63):
+    # 1/16 s steps: a 4 s window would need 64 of them, window_enough_steps (20) come first. The first plan said
+    # so: steps 1–18 read nothing.
+    for n in range(1, 19):
         step(engine, rb, job, n)
     assert rb.health()["evaluations"] == 1 and len(reads) == 1
-    step(engine, rb, job, 63)  # 64 steps, 4 s: a window; generation is 40 %, so no rule fires
+    step(engine, rb, job, 19)  # 20 steps: a window; generation is 40 %, so no rule fires
     assert rb.health()["evaluations"] == 2 and rb.health()["jobs"]["grpo"] == "no rule fires"
-    for n in range(64, 127):  # the next plan comes a window later
+    for n in range(20, 39):  # the next plan comes a window later
         step(engine, rb, job, n)
     assert rb.health()["evaluations"] == 2 and len(reads) == 2
-    step(engine, rb, job, 127)
+    step(engine, rb, job, 39)
     assert rb.health()["evaluations"] == 3
 
 
 def test_an_ack_plans_at_the_next_report_and_a_window_after_the_change_is_judged_once(engine):
     job = register(engine)
     rb = Rebalancer(engine)
-    for n in range(0, 64):  # generation-bound 1/16 s steps: after a 4 s window, batch 1 → 4
+    for n in range(0, 20):  # generation-bound 1/16 s steps: after a 20-step window, batch 1 → 4
         step(engine, rb, job, n, gen=0.055)
     [c] = changes(engine, job)
     assert c.value == 4 and rb.health()["evaluations"] == 2
-    ack(engine, job, c.id, 64)  # the job's knobs moved: the next report plans (the measurement starts)
+    ack(engine, job, c.id, 20)  # the job's knobs moved: the next report plans (the measurement starts)
     fast = dict(step_time=0.03125, gen=0.025)
-    step(engine, rb, job, 64, **fast)
+    step(engine, rb, job, 20, **fast)
     assert rb.health()["evaluations"] == 3 and rb.health()["jobs"]["grpo"].startswith("measuring")
-    for n in range(65, 192):  # step 64 ran at batch 4 already and settles; the after window is 65…192 (4 s)
+    for n in range(21, 40):  # step 20 ran at batch 4 already and settles; the after window is 21…40 (20 steps)
         step(engine, rb, job, n, **fast)
     assert rb.health()["evaluations"] == 3 and rb.health()["kept"] == 0
-    step(engine, rb, job, 192, **fast)  # the window is complete: judged (kept) and the next change decided
+    step(engine, rb, job, 40, **fast)  # the window is complete: judged (kept) and the next change decided
     assert rb.health()["evaluations"] == 5 and rb.health()["kept"] == 1
     assert [c.value for c in changes(engine, job)] == [16, 4]
 
@@ -87,10 +88,10 @@ def test_the_loop_follows_the_same_wait(engine):
     stored(engine, job, range(0, 10))
     rb.run_once()
     assert rb.health()["evaluations"] == 1
-    stored(engine, job, range(10, 20))  # 10 more steps, 0.625 s: not a window yet (one small query, no plan)
+    stored(engine, job, range(10, 19))  # 9 more steps, 0.56 s: not a window yet (one small query, no plan)
     rb.run_once()
     assert rb.health()["evaluations"] == 1
-    stored(engine, job, range(20, 90))
+    stored(engine, job, range(19, 90))
     rb.run_once()
     assert rb.health()["evaluations"] == 2
 
