@@ -124,7 +124,11 @@ class _StubRollout:
 
 
 class _StubServers:
-    """GPU: the vLLM/SGLang replicas; one."""
+    """GPU: the vLLM/SGLang replicas; one. ``rollout_replicas`` as verl's ``LLMServerManager`` holds them (filled by
+    a test that gives the replica its workers)."""
+
+    def __init__(self):
+        self.rollout_replicas: list = []
 
     def get_active_server_count(self) -> int:
         return 1
@@ -162,7 +166,10 @@ class _InProcessHandle:
     def __getattr__(self, name: str):
         import ray
 
-        method, loop = getattr(self._target, name), self._loop
+        target = self._target
+        # Ray's __ray_call__(fn, *args) runs fn(actor_instance, *args) in the actor
+        method = (lambda fn, *a, **kw: fn(target, *a, **kw)) if name == "__ray_call__" else getattr(target, name)
+        loop = self._loop
 
         class _Method:
             @staticmethod
@@ -184,9 +191,11 @@ def _update_actor_stub(batch):
 
 def run_fully_async(tmp_path, *, job: str, samples: int = 24, staleness: float = 1, trigger: int = 2,
                     overrides: Sequence[str] = (), gen_s: float = GEN_SLEEP_S,
-                    during: Optional[Callable[[Any, Any], Any]] = None) -> AsyncRun:
+                    during: Optional[Callable[[Any, Any], Any]] = None,
+                    before_fit: Optional[Callable[[Any, Any], None]] = None) -> AsyncRun:
     """One fully-async run to the end of its data; ``during(trainer, rollouter)`` (a coroutine function) runs
-    beside both fits (e.g. queueing a change once the first step was reported)."""
+    beside both fits (e.g. queueing a change once the first step was reported); ``before_fit(trainer, rollouter)``
+    runs once both are set up (e.g. giving them the workers ``init_workers()`` would have started)."""
     import ray
     from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
     from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer
@@ -220,6 +229,8 @@ def run_fully_async(tmp_path, *, job: str, samples: int = 24, staleness: float =
             await rollouter.set_message_queue_client(client)
             trainer.set_message_queue_client(client)
             await trainer._fit_update_weights()  # "Param sync before fit"
+            if before_fit is not None:
+                before_fit(trainer, rollouter)
             tasks = [rollouter.fit(), trainer.fit()]
             if during is not None:
                 tasks.append(during(trainer, rollouter))
