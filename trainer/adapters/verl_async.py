@@ -1,12 +1,15 @@
-"""trimtab inside verl's asynchronous trainers, where the brief's prefetch and sync frequency are verl's own settings.
+"""trimtab inside verl's asynchronous trainers, where the prefetch and sync frequency trimtab moves are verl's own
+settings.
 
 verl 0.9.1 ships two trainers whose ``fit`` is ``async def`` and overrides the ``RayPPOTrainer.fit`` the plugin wraps
 (:mod:`~trimtab.trainer.adapters.verl_plugin` installs the wrappers below through the same post-import hook):
 
 * ``verl/experimental/fully_async_policy/``: ``FullyAsyncTrainer`` and ``FullyAsyncRollouter``, two Ray actors on
   their own GPU pools, joined by a ``MessageQueue``. Each process attaches as its own part of one job: the trainer
-  as rank 0 (component ``actor``; it registers the job with ``ranks=2``), the rollouter as rank 1 (component
-  ``rollout``), so a step is judged when both sides reported it. A step is one parameter version (what verl logs:
+  as rank 0 (component ``actor``; it registers the job with ``ranks=2`` and every role: its own worker groups' and
+  the rollouter's replicas', :func:`~trimtab.trainer.adapters.verl_roles.rollouter_workers`; the rollouter only
+  reports, so no second registration overwrites them), the rollouter as rank 1 (component ``rollout``), so a step
+  is judged when both sides reported it. A step is one parameter version (what verl logs:
   the trainer's ``Tracking.log`` of its sync cycle, summed over ``trigger_parameter_sync_step`` micro-steps; the
   rollouter's window between two ``reset_staleness()`` calls, generating vs. paused on its staleness bound).
 * ``verl/experimental/one_step_off_policy/``: ``OneStepOffRayTrainer.fit`` runs in one process; it attaches like the
@@ -23,7 +26,9 @@ The two knobs, by their trimtab names so that ``rebalancer/rules.toml`` moves th
   (``self.trigger_parameter_sync_step``, read by ``_fit_update_local_step``); applied at the start of a sync cycle
   (``local_trigger_step == 1``) so a cycle never mixes two values, and acknowledged once verl's next ``fit_step``
   ran with it. The rollouter derives ``max_required_samples`` from it too (from its config): it re-derives at the
-  same sync point, so both processes move together.
+  same sync point, so both processes move together. verl's checkpoint resume does not see it: it recomputes its
+  step and sample counters as version × the configured value (``load_checkpoint`` of both), so a resumed run's
+  counters are off by what the live value changed (README, verl).
 
 One invariant verl fixes at start-up bounds both: the ``MessageQueue`` is created with
 ``max_queue_size = required_samples × (staleness_threshold + 1) × trigger_parameter_sync_step`` (a ``deque`` of

@@ -16,10 +16,11 @@ Roles by worker group (``ray_trainer.py`` and ``v1/trainer_base.py``, ``init_wor
                           (``ActorRolloutRef``, LoRA's ``ref_in_actor``: ``ref_policy_wg`` is that group)
 ``ref_policy_wg``         ``ref``, when it is a group of its own
 ``critic_wg``             ``critic``
-rollout replicas          ``rollout``, when the actor's group does not hold it (``hybrid_engine=False``: the
-                          async trainers): the ``workers`` of each ``RolloutReplica`` of verl's
-                          ``LLMServerManager`` (one Ray actor per GPU; the fully-async rollouter's
-                          ``hybrid_replicas`` too, which sleep on the trainer's GPUs until lent)
+rollout replicas          ``rollout``, when the actor's group does not hold it (``hybrid_engine=False``: V1
+                          ``separate_async``, the fully-async and one-step-off trainers): the ``workers`` of
+                          each ``RolloutReplica`` of verl's ``LLMServerManager`` (V1 separate_async: its
+                          ``standalone_server_manager``), one Ray actor per GPU; the fully-async rollouter's
+                          ``hybrid_replicas`` too, which sleep on the trainer's GPUs until lent
 ========================  =================================================================================
 
 The fully-async rollouter's replicas live in another Ray actor: the trainer fetches their worker handles from it
@@ -61,9 +62,11 @@ def _where(actor: Any = None) -> tuple[str, int, list[str]]:
 def replica_workers(owner: Any) -> list:
     """The Ray actors of the rollout replicas ``owner`` (a trainer or the rollouter) holds in verl's
     ``LLMServerManager``; [] where it holds none."""
-    manager = getattr(owner, "llm_server_manager", None)
-    replicas = list(getattr(manager, "rollout_replicas", None) or [])
-    replicas += [r for r in (getattr(manager, "hybrid_replicas", None) or {}).values() if r not in replicas]
+    replicas: list = []
+    for name in ("llm_server_manager", "standalone_server_manager"):  # the latter: V1 separate_async's own pool
+        manager = getattr(owner, name, None)
+        replicas += list(getattr(manager, "rollout_replicas", None) or [])
+        replicas += list((getattr(manager, "hybrid_replicas", None) or {}).values())  # fully-async's lent ones
     return [w for replica in replicas for w in list(getattr(replica, "workers", None) or [])]
 
 
@@ -87,7 +90,10 @@ def groups_and_roles(trainer: Any, rollout_workers: Optional[list] = None) -> li
     are not the trainer's own (the fully-async rollouter's)."""
     actor = getattr(trainer, "actor_rollout_wg", None)
     ref = getattr(trainer, "ref_policy_wg", None)
-    hybrid = bool(getattr(trainer, "hybrid_engine", True))  # the rollout engines inside the actor's workers
+    from trimtab.trainer.adapters.verl_knobs import select
+
+    # the rollout engines inside the actor's workers: every trainer but V1 separate_async and verl/experimental's
+    hybrid = bool(select(getattr(trainer, "config", None), "actor_rollout_ref.hybrid_engine", True))
     out = []
     if actor is not None:
         ref_inside = ref is actor or bool(getattr(trainer, "ref_in_actor", False))
