@@ -235,13 +235,36 @@ def test_with_verls_dynamic_scheduling_on_trimtab_reports_declares_nothing_and_s
 
 def test_a_one_step_off_run_is_attached_and_every_step_reported_with_phases_adding_up(served, tmp_path):
     """verl's OneStepOffRayTrainer and its real ``async def fit``; stubbed: batch generation, the actor update, the
-    weight sync (``verl_async_harness.run_one_step_off``)."""
+    weight sync (``verl_async_harness.run_one_step_off``). Roles: verl's own ``Worker`` as the actor group's and the
+    rollout replica's Ray actors (``verl_workers``); the replica and its server manager are stand-ins holding them
+    as verl's ``LLMServerManager.rollout_replicas`` / ``RolloutReplica.workers`` do."""
+    import socket
+    from types import SimpleNamespace
+
+    import ray
+
     from tests.trainer.verl_async_harness import run_one_step_off
 
     api, start = served
     start()
     job = "verl-one-step-off"
-    run = run_one_step_off(tmp_path, job=job, steps=4, overrides=attached(api, tmp_path, job))
+    workers = verl_workers({"actor_pool": ["0"], "rollout_pool": ["1"]})
+
+    def give_workers(trainer):  # what init_workers() would have built
+        trainer.actor_rollout_wg.workers = workers["actor_pool"]
+        replica = SimpleNamespace(workers=workers["rollout_pool"])
+        trainer.llm_server_manager = SimpleNamespace(rollout_replicas=[replica])
+
+    try:
+        run = run_one_step_off(tmp_path, job=job, steps=4, overrides=attached(api, tmp_path, job),
+                               before_fit=give_workers)
+    finally:
+        for ws in workers.values():
+            for w in ws:
+                ray.kill(w)
+    host = socket.gethostname()
+    # hybrid_engine=False: the actor's group holds no rollout engine; its rollout replicas do
+    assert api.get(f"/v1/jobs/{job}").json()["gpus_by_role"] == {"actor": {host: [0]}, "rollout": {host: [1]}}
     steps = steps_of(run)
     assert sorted(steps) == [1, 2, 3, 4]
     reports = eventually(lambda: len(by_rank(api, job, 0)) == 4 and by_rank(api, job, 0), timeout_s=20)

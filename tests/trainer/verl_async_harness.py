@@ -274,7 +274,8 @@ class _ActorGroup:
     """GPU: the actor worker group (only its presence is asked for by verl's ``_fit_prepare_step``)."""
 
 
-def run_one_step_off(tmp_path, *, job: str, steps: int = 4, overrides: Sequence[str] = ()) -> AsyncRun:
+def run_one_step_off(tmp_path, *, job: str, steps: int = 4, overrides: Sequence[str] = (),
+                     before_fit: Optional[Callable[[Any], None]] = None) -> AsyncRun:
     """verl's ``OneStepOffRayTrainer`` built by its real ``__init__`` from verl's ``ppo_trainer`` config plus what
     ``one_step_off_ppo_trainer.yaml`` sets, then its real ``async def fit``. Stubbed (GPU): the batch generation
     (``async_rollout_manager.generate_sequences``), ``_update_actor``, the weight sync and the actor worker group."""
@@ -298,5 +299,7 @@ def run_one_step_off(tmp_path, *, job: str, steps: int = 4, overrides: Sequence[
         trainer.checkpoint_manager = _SyncCheckpointManager()
         trainer.actor_rollout_wg = trainer.actor_wg = _ActorGroup()
         trainer._update_actor = _update_actor_stub
+        if before_fit is not None:
+            before_fit(trainer)
         asyncio.run(trainer.fit())
     return AsyncRun(trainer, None, verl_harness._read_jsonl(jsonl), config)
