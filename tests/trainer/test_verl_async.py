@@ -21,7 +21,7 @@ pytest.importorskip("verl")
 from click.testing import CliRunner  # noqa: E402
 
 from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
-from tests.trainer.test_verl_e2e import PHASE_COLUMNS, attached, served  # noqa: E402,F401
+from tests.trainer.test_verl_e2e import PHASE_COLUMNS, attached, served, verl_workers  # noqa: E402,F401
 from tests.trainer.verl_async_harness import run_fully_async, steps_of  # noqa: E402
 from trimtab.cli.main import cli  # noqa: E402
 from trimtab.trainer.adapters.verl_async import DYNAMIC_REASON  # noqa: E402
@@ -35,15 +35,44 @@ def by_rank(api, job: str, rank: int) -> dict[int, dict]:
 
 
 def test_a_fully_async_run_reports_trainer_and_rollouter_each_version_with_phases_adding_up(served, tmp_path):
+    """Roles too, found without ``--device-map``: the trainer's actor worker group and the rollouter's replica are
+    verl's own ``Worker`` as Ray actors (``verl_workers``: the GPU stubbed, ``CUDA_VISIBLE_DEVICES`` set as Ray
+    sets it); the replica holding them is a stand-in (a vLLM/SGLang server needs a GPU) with ``workers`` as verl's
+    ``RolloutReplica`` has them, in the rollouter's ``llm_server_manager.rollout_replicas``."""
+    import os
+    import socket
+    from types import SimpleNamespace
+
+    import ray
+
     api, start = served
     start()
     job = "verl-fully-async"
-    run = run_fully_async(tmp_path, job=job, samples=16, staleness=1, trigger=2,
-                          overrides=attached(api, tmp_path, job))
+    workers = verl_workers({"trainer_pool": ["0"], "rollout_pool": ["1"]})
+
+    def give_workers(trainer, rollouter):  # what both init_workers() would have built
+        trainer.actor_wg = trainer.actor_rollout_wg = SimpleNamespace(workers=workers["trainer_pool"])
+        rollouter.llm_server_manager.rollout_replicas = [SimpleNamespace(workers=workers["rollout_pool"])]
+
+    try:
+        run = run_fully_async(tmp_path, job=job, samples=16, staleness=1, trigger=2, before_fit=give_workers,
+                              overrides=attached(api, tmp_path, job))
+        pids = {pool: sorted(ray.get([w.__ray_call__.remote(lambda _: os.getpid()) for w in ws]))
+                for pool, ws in workers.items()}
+    finally:
+        for ws in workers.values():
+            for w in ws:
+                ray.kill(w)
     steps = steps_of(run)
     assert len(steps) >= 3, steps
     registered = api.get(f"/v1/jobs/{job}").json()
     assert registered["ranks"] == 2
+    host = socket.gethostname()
+    # hybrid_engine=False: the actor's group holds no rollout; the rollouter's replica does (the trainer asked it)
+    assert registered["gpus_by_role"] == {"actor": {host: [0]}, "rollout": {host: [1]}}
+    assert registered["device_map"] == {"actor": [0], "rollout": [1]}  # derived from the roles
+    assert {r["role"]: r["pids"] for r in registered["roles"]} == {"actor": pids["trainer_pool"],
+                                                                    "rollout": pids["rollout_pool"]}
     # queue = 2 samples/step × (1 + 1) × 2 = 8: each knob alone may go as far as the queue holds with the other at 1/0
     assert registered["knobs"] == {"prefetch": {"value": 1, "min": 0, "max": 3},
                                    "sync_every": {"value": 2, "min": 1, "max": 4}}
@@ -66,6 +95,7 @@ def test_a_fully_async_run_reports_trainer_and_rollouter_each_version_with_phase
     res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
     print(res.output)  # the README's async subsection shows this output
     assert f"job {job}" in res.output and "prefetch" in res.output and "sync_every" in res.output
+    assert f"roles: actor {host} GPU 0 · rollout {host} GPU 1" in res.output, res.output
 
 
 def _queue(api, job: str, knob: str, value) -> int:
@@ -205,13 +235,36 @@ def test_with_verls_dynamic_scheduling_on_trimtab_reports_declares_nothing_and_s
 
 def test_a_one_step_off_run_is_attached_and_every_step_reported_with_phases_adding_up(served, tmp_path):
     """verl's OneStepOffRayTrainer and its real ``async def fit``; stubbed: batch generation, the actor update, the
-    weight sync (``verl_async_harness.run_one_step_off``)."""
+    weight sync (``verl_async_harness.run_one_step_off``). Roles: verl's own ``Worker`` as the actor group's and the
+    rollout replica's Ray actors (``verl_workers``); the replica and its server manager are stand-ins holding them
+    as verl's ``LLMServerManager.rollout_replicas`` / ``RolloutReplica.workers`` do."""
+    import socket
+    from types import SimpleNamespace
+
+    import ray
+
     from tests.trainer.verl_async_harness import run_one_step_off
 
     api, start = served
     start()
     job = "verl-one-step-off"
-    run = run_one_step_off(tmp_path, job=job, steps=4, overrides=attached(api, tmp_path, job))
+    workers = verl_workers({"actor_pool": ["0"], "rollout_pool": ["1"]})
+
+    def give_workers(trainer):  # what init_workers() would have built
+        trainer.actor_rollout_wg.workers = workers["actor_pool"]
+        replica = SimpleNamespace(workers=workers["rollout_pool"])
+        trainer.llm_server_manager = SimpleNamespace(rollout_replicas=[replica])
+
+    try:
+        run = run_one_step_off(tmp_path, job=job, steps=4, overrides=attached(api, tmp_path, job),
+                               before_fit=give_workers)
+    finally:
+        for ws in workers.values():
+            for w in ws:
+                ray.kill(w)
+    host = socket.gethostname()
+    # hybrid_engine=False: the actor's group holds no rollout engine; its rollout replicas do
+    assert api.get(f"/v1/jobs/{job}").json()["gpus_by_role"] == {"actor": {host: [0]}, "rollout": {host: [1]}}
     steps = steps_of(run)
     assert sorted(steps) == [1, 2, 3, 4]
     reports = eventually(lambda: len(by_rank(api, job, 0)) == 4 and by_rank(api, job, 0), timeout_s=20)

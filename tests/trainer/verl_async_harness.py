@@ -124,7 +124,11 @@ class _StubRollout:
 
 
 class _StubServers:
-    """GPU: the vLLM/SGLang replicas; one."""
+    """GPU: the vLLM/SGLang replicas; one. ``rollout_replicas`` as verl's ``LLMServerManager`` holds them (filled by
+    a test that gives the replica its workers)."""
+
+    def __init__(self):
+        self.rollout_replicas: list = []
 
     def get_active_server_count(self) -> int:
         return 1
@@ -162,7 +166,10 @@ class _InProcessHandle:
     def __getattr__(self, name: str):
         import ray
 
-        method, loop = getattr(self._target, name), self._loop
+        target = self._target
+        # Ray's __ray_call__(fn, *args) runs fn(actor_instance, *args) in the actor
+        method = (lambda fn, *a, **kw: fn(target, *a, **kw)) if name == "__ray_call__" else getattr(target, name)
+        loop = self._loop
 
         class _Method:
             @staticmethod
@@ -184,9 +191,11 @@ def _update_actor_stub(batch):
 
 def run_fully_async(tmp_path, *, job: str, samples: int = 24, staleness: float = 1, trigger: int = 2,
                     overrides: Sequence[str] = (), gen_s: float = GEN_SLEEP_S,
-                    during: Optional[Callable[[Any, Any], Any]] = None) -> AsyncRun:
+                    during: Optional[Callable[[Any, Any], Any]] = None,
+                    before_fit: Optional[Callable[[Any, Any], None]] = None) -> AsyncRun:
     """One fully-async run to the end of its data; ``during(trainer, rollouter)`` (a coroutine function) runs
-    beside both fits (e.g. queueing a change once the first step was reported)."""
+    beside both fits (e.g. queueing a change once the first step was reported); ``before_fit(trainer, rollouter)``
+    runs once both are set up (e.g. giving them the workers ``init_workers()`` would have started)."""
     import ray
     from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
     from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer
@@ -220,6 +229,8 @@ def run_fully_async(tmp_path, *, job: str, samples: int = 24, staleness: float =
             await rollouter.set_message_queue_client(client)
             trainer.set_message_queue_client(client)
             await trainer._fit_update_weights()  # "Param sync before fit"
+            if before_fit is not None:
+                before_fit(trainer, rollouter)
             tasks = [rollouter.fit(), trainer.fit()]
             if during is not None:
                 tasks.append(during(trainer, rollouter))
@@ -263,7 +274,8 @@ class _ActorGroup:
     """GPU: the actor worker group (only its presence is asked for by verl's ``_fit_prepare_step``)."""
 
 
-def run_one_step_off(tmp_path, *, job: str, steps: int = 4, overrides: Sequence[str] = ()) -> AsyncRun:
+def run_one_step_off(tmp_path, *, job: str, steps: int = 4, overrides: Sequence[str] = (),
+                     before_fit: Optional[Callable[[Any], None]] = None) -> AsyncRun:
     """verl's ``OneStepOffRayTrainer`` built by its real ``__init__`` from verl's ``ppo_trainer`` config plus what
     ``one_step_off_ppo_trainer.yaml`` sets, then its real ``async def fit``. Stubbed (GPU): the batch generation
     (``async_rollout_manager.generate_sequences``), ``_update_actor``, the weight sync and the actor worker group."""
@@ -287,5 +299,7 @@ def run_one_step_off(tmp_path, *, job: str, steps: int = 4, overrides: Sequence[
         trainer.checkpoint_manager = _SyncCheckpointManager()
         trainer.actor_rollout_wg = trainer.actor_wg = _ActorGroup()
         trainer._update_actor = _update_actor_stub
+        if before_fit is not None:
+            before_fit(trainer)
         asyncio.run(trainer.fit())
     return AsyncRun(trainer, None, verl_harness._read_jsonl(jsonl), config)

@@ -1,12 +1,15 @@
-"""trimtab inside verl's asynchronous trainers, where the brief's prefetch and sync frequency are verl's own settings.
+"""trimtab inside verl's asynchronous trainers, where the prefetch and sync frequency trimtab moves are verl's own
+settings.
 
 verl 0.9.1 ships two trainers whose ``fit`` is ``async def`` and overrides the ``RayPPOTrainer.fit`` the plugin wraps
 (:mod:`~trimtab.trainer.adapters.verl_plugin` installs the wrappers below through the same post-import hook):
 
 * ``verl/experimental/fully_async_policy/``: ``FullyAsyncTrainer`` and ``FullyAsyncRollouter``, two Ray actors on
   their own GPU pools, joined by a ``MessageQueue``. Each process attaches as its own part of one job: the trainer
-  as rank 0 (component ``actor``; it registers the job with ``ranks=2``), the rollouter as rank 1 (component
-  ``rollout``), so a step is judged when both sides reported it. A step is one parameter version (what verl logs:
+  as rank 0 (component ``actor``; it registers the job with ``ranks=2`` and every role: its own worker groups' and
+  the rollouter's replicas', :func:`~trimtab.trainer.adapters.verl_roles.rollouter_workers`; the rollouter only
+  reports, so no second registration overwrites them), the rollouter as rank 1 (component ``rollout``), so a step
+  is judged when both sides reported it. A step is one parameter version (what verl logs:
   the trainer's ``Tracking.log`` of its sync cycle, summed over ``trigger_parameter_sync_step`` micro-steps; the
   rollouter's window between two ``reset_staleness()`` calls, generating vs. paused on its staleness bound).
 * ``verl/experimental/one_step_off_policy/``: ``OneStepOffRayTrainer.fit`` runs in one process; it attaches like the
@@ -23,7 +26,9 @@ The two knobs, by their trimtab names so that ``rebalancer/rules.toml`` moves th
   (``self.trigger_parameter_sync_step``, read by ``_fit_update_local_step``); applied at the start of a sync cycle
   (``local_trigger_step == 1``) so a cycle never mixes two values, and acknowledged once verl's next ``fit_step``
   ran with it. The rollouter derives ``max_required_samples`` from it too (from its config): it re-derives at the
-  same sync point, so both processes move together.
+  same sync point, so both processes move together. verl's checkpoint resume does not see it: it recomputes its
+  step and sample counters as version × the configured value (``load_checkpoint`` of both), so a resumed run's
+  counters are off by what the live value changed (README, verl).
 
 One invariant verl fixes at start-up bounds both: the ``MessageQueue`` is created with
 ``max_queue_size = required_samples × (staleness_threshold + 1) × trigger_parameter_sync_step`` (a ``deque`` of
@@ -36,11 +41,11 @@ its policy reads both values every step (``DynamicScheduleContext``): trimtab de
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from trimtab.trainer.adapters.verl_async_channel import _Channel
 
 log = logging.getLogger("trimtab.trainer")
 
@@ -91,56 +96,6 @@ class AsyncLimits:
         return None
 
 
-class _Channel:
-    """One process's line to the server: its step reports (as ``rank``), and the pending changes of ``owned``."""
-
-    def __init__(self, options: dict, rank: int, owned: tuple[str, ...], registration: Optional[dict]):
-        from trimtab.trainer.reporter import Reporter
-
-        self.job, self.rank, self.owned = options["job"], rank, owned
-        self._lock = threading.Lock()
-        self._staged: dict[int, tuple[str, Any]] = {}
-        self._seen: set[int] = set()
-        self.reporter = Reporter(options["server"], options["job"], options["token"], registration=registration,
-                                 on_pending=self._stage if owned else None)
-
-    def _stage(self, pending: list) -> None:  # reporter thread
-        from trimtab.contract.knobs import PendingChange
-
-        with self._lock:
-            for change in filter(None, map(PendingChange.from_wire, pending)):
-                if change.knob in self.owned and change.change_id not in self._seen:
-                    self._staged.setdefault(change.change_id, (change.knob, change.value))
-
-    def take(self, knob: str) -> Optional[tuple[int, Any]]:
-        """The newest staged change of ``knob`` (the server supersedes older ones), once."""
-        with self._lock:
-            mine = {cid: value for cid, (k, value) in self._staged.items() if k == knob}
-            for cid in mine:
-                del self._staged[cid]
-            self._seen.update(mine)
-        return max(mine.items()) if mine else None
-
-    def put_back(self, knob: str, cid: int, value: Any) -> None:
-        """A change its owner cannot apply yet (the other process first): staged again for the next point."""
-        with self._lock:
-            self._staged.setdefault(cid, (knob, value))
-
-    def report(self, record: Any) -> None:
-        from trimtab.trainer.report import StepReport
-
-        report = StepReport(step=record.step, rank=self.rank, step_time_s=record.step_time_s,
-                            phases_s=dict(record.phases_s),  # "other" included: no hook timer adds it here
-                            samples=record.samples, tokens=record.tokens, memory=record.memory,
-                            rollout_slowest_s=(record.rollout_s or (None, None))[0],
-                            rollout_mean_s=(record.rollout_s or (None, None))[1],
-                            pid=os.getpid(), hostname=socket.gethostname())
-        self.reporter.submit(report.to_wire())
-
-    def close(self) -> None:
-        self.reporter.close()
-
-
 def _dynamic(config: Any) -> bool:
     from trimtab.trainer.adapters.verl_knobs import select
 
@@ -153,6 +108,7 @@ class TrainerSession:
     kind = "fully_async"
 
     def __init__(self, trainer: Any, options: dict):
+        from trimtab.contract.roles import device_map_of
         from trimtab.trainer.knobs import KnobSet
 
         config = trainer.config
@@ -160,8 +116,13 @@ class TrainerSession:
         self.dynamic = _dynamic(config)
         knobs = {} if self.dynamic or not options["knobs"] else self.limits.knobs(
             trainer.staleness_threshold, trainer.trigger_parameter_sync_step)
-        declaration = {"name": options["job"], "ranks": 2, "device_map": {}, "hostnames": [socket.gethostname()],
+        roles = self.find_roles(trainer)
+        device_map = options.get("device_map") or device_map_of(roles)
+        declaration = {"name": options["job"], "ranks": 2, "device_map": {r: list(g) for r, g in device_map.items()},
+                       "hostnames": [socket.gethostname()] + sorted({p.node for p in roles} - {socket.gethostname()}),
                        "knobs": KnobSet(knobs).declaration(), "mode": options["mode"]}
+        if roles:
+            declaration["roles"] = [p.to_wire() for p in roles]
         reason = DYNAMIC_REASON if self.dynamic else None if options["knobs"] else "+trimtab.knobs=false"
         if reason:
             declaration["advise_only_reason"] = reason
@@ -170,6 +131,14 @@ class TrainerSession:
         log.warning("trimtab: attached to verl's FullyAsyncTrainer as job %r rank 0 (actor), knobs: %s%s",
                     options["job"], ", ".join(f"{k} {v}" for k, v in knobs.items()) or "none",
                     f" ({reason})" if reason else "")
+
+    @staticmethod
+    def find_roles(trainer: Any) -> list:
+        """The whole job's roles, registered here (the rollouter registers nothing): the trainer's worker groups
+        (actor; ref, critic where present) and the rollouter's replicas (rollout), asked of its Ray actor."""
+        from trimtab.trainer.adapters.verl_roles import find_roles, rollouter_workers
+
+        return find_roles(trainer, rollout_workers=rollouter_workers(trainer.rollouter))
 
     def on_log(self, data: Any, step: Any) -> None:
         from trimtab.trainer.adapters.verl_metrics import verl_step
