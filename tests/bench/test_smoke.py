@@ -53,7 +53,7 @@ SMOKE = {
                            "--tail", "1", "--budget-s", "3"), "best static"),
     "server_load.py": Smoke(("--db", "sqlite", "--nodes", "1,2", "--seconds", "1"), "largest N with 0 drops"),
     "store_ingest.py": Smoke(("--ticks", "20", "--repeats", "1", "--pg-url", ""), "sqlite"),
-    "workloads.py": Smoke(("--seeds", "1", "--workloads", "comm"), "communication-bound"),
+    "workloads.py": Smoke(("--seeds", "1", "--max-steps", "40"), "communication-bound"),
 }
 
 
