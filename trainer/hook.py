@@ -127,6 +127,7 @@ class Hook:
         self._oom_knob = oom_knob
         self._timer = PhaseTimer(cuda_events)
         self._memory = MemorySampler(memory_every_s)
+        self._memory.since_now()  # the memory reported is this loop's, from attach on
         self._sync = KnobSync(knob_sync_every)
         self._probe = LatencyProbe(probe_every, probe_baseline_n)
         self._pid, self._hostname = os.getpid(), socket.gethostname()
