@@ -108,8 +108,8 @@ class ControllerSettings:
     memory_margin_pct: float = 3.0
     memory_line_pct: float = 95.0
     memory_fit_half_life_s: float = 60.0
-    memory_lookahead_s: float = 12.0
-    memory_lower_lookahead_x: float = 2.0
+    memory_lookahead_s: float = 5.0
+    memory_lower_lookahead_x: float = 1.0
     memory_min_length_spread_pct: float = 5.0
     gpu_min_samples: int = 3
     probe_baseline_steps: int = 5
