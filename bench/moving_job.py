@@ -201,7 +201,8 @@ def report(run: Run, base: dict, label: str) -> dict:
                           "closed_because": d["evidence"].get("closed_because")}
                          for d in reversed(run.decisions) if d["change_id"] is not None]}
     print(f"{label}: {out['samples_per_s']:.2f} samples/s = {out['of_static_pct']:.1f} % of the best static batch "
-          f"({out['static_batch']}), {out['of_oracle_pct']:.1f} % of the oracle (oracle {out['oracle_of_static_pct']:.1f} "
+          f"({out['static_batch']}), {out['of_oracle_pct']:.1f} % of the oracle (oracle "
+          f"{out['oracle_of_static_pct']:.1f} "
           f"% of static); OOMs {out['ooms']} (after a raise {causes['raise']}, from growth {causes['growth']}); "
           f"{out['changes']} changes", flush=True)
     return out
@@ -241,7 +242,8 @@ def main() -> int:
     ap.add_argument("--live", action="store_true", help="the GPU path (trimtab up, the hook) on the CPU, tiny")
     ap.add_argument("--steps", type=int, default=Shape.steps)
     ap.add_argument("--kv-mib-per-token", type=float, default=Shape.kv_mib_per_token)
-    ap.add_argument("--goal-pct", type=float, default=150.0, help="exit 1 below this %% of the best static (or on an OOM)")
+    ap.add_argument("--goal-pct", type=float, default=150.0,
+                    help="exit 1 below this %% of the best static (or on an OOM)")
     ap.add_argument("--path", action="store_true", help="print every seed's batch path")
     ap.add_argument("--step-s", type=float, default=0.8, help="GPU: the decode step's time (calibrated at batch 64)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="GPU: stop the auto run after this long")

@@ -151,7 +151,8 @@ def test_to_memory_fit_is_for_lowering_actions_only(tmp_path):
     from trimtab.rebalancer.rules import RulesError, load_rules
 
     bad = tmp_path / "rules.toml"
-    bad.write_text('[rules.memory_forecast]\nactions = [{ knob = "batch_size", op = "mul", by = 2, to_memory_fit = true }]\n')
+    bad.write_text('[rules.memory_forecast]\n'
+                   'actions = [{ knob = "batch_size", op = "mul", by = 2, to_memory_fit = true }]\n')
     with pytest.raises(RulesError, match="to_memory_fit lowers a knob"):
         load_rules(bad)
     assert all(a.to_memory_fit and a.direction < 0 for a in RULES["memory_forecast"].actions)
