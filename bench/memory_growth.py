@@ -12,7 +12,7 @@ allocator statistics every step) to a real `trimtab up` on loopback — NVML age
 Prints the batch sizes taken, each batch-size decision with its predicted and observed peak, whether a CUDA OOM
 happened, and the final batch against the largest batch that fits — physically (the memory free at the start
 less the measured base, over the measured per-sample slope) and under trimtab's memory line
-(``raise_batch_max_mem_pct`` less ``memory_margin_pct`` of the GPU).
+(``memory_line_pct`` less ``memory_margin_pct`` of the GPU).
 
     python3 bench/memory_growth.py --device-map cuda:0                      # the lent H200 (< 5 min)
     python bench/memory_growth.py --device-map cpu --tiny                   # here: a simulated 141 GiB GPU
@@ -228,13 +228,13 @@ def main() -> int:
     if line is not None:
         base, slope = line
         fits = int((job_work.free_at_start - base) // slope) if not args.tiny else int((job_work.limit_bytes - base) // slope)
-        under_line = int(((ctl.raise_batch_max_mem_pct - ctl.memory_margin_pct) / 100 * job_work.total_bytes - base)
+        under_line = int(((ctl.memory_line_pct - ctl.memory_margin_pct) / 100 * job_work.total_bytes - base)
                          // slope)
         summary.update(base_gib=round(base / GIB, 2), per_sample_gib=round(slope / GIB, 3), largest_fitting=fits,
                        largest_under_line=under_line)
         print(f"\nmeasured: {base / GIB:.2f} GiB + {slope / GIB:.3f} GiB per sample (peaks at batch sizes "
               f"{sorted(peaks)}); largest batch that fits: {fits} (free at start "
-              f"{job_work.free_at_start / GIB:.1f} GiB); under trimtab's line ({ctl.raise_batch_max_mem_pct:g} % less "
+              f"{job_work.free_at_start / GIB:.1f} GiB); under trimtab's line ({ctl.memory_line_pct:g} % less "
               f"{ctl.memory_margin_pct:g} % of {job_work.total_bytes / GIB:.1f} GiB): {under_line}")
     print(f"final batch {final}; CUDA OOMs: {ooms}; {len(steps)} steps in {summary['seconds']} s")
     print(json.dumps(summary))

@@ -29,9 +29,10 @@ import random
 import statistics
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import httpx
 
@@ -337,7 +338,10 @@ def _seeds(text: str) -> list[int]:
     return out
 
 
-def main() -> int:
+@contextmanager
+def local_api(job_token_name: str, rules_file: Optional[str] = None) -> Iterator[tuple[httpx.Client, str]]:
+    """A live API on loopback over a fresh SQLite store, the Rebalancer planning on every report: (an admin client,
+    a job token). Shared by the benches that post simulated jobs' reports (this one, ``moving_job.py``)."""
     from trimtab.api.app import create_app
     from trimtab.api.auth import ensure_admin_token
     from trimtab.api.context import ApiContext
@@ -346,6 +350,23 @@ def main() -> int:
     from trimtab.rebalancer.service import Rebalancer
     from trimtab.store.engine import migrate, open_engine
 
+    with tempfile.TemporaryDirectory(prefix="trimtab-workloads-") as tmp:
+        engine = open_engine(f"sqlite:///{Path(tmp) / 'trimtab.db'}")
+        migrate(engine)
+        admin = ensure_admin_token(engine, Path(tmp)).read_text().strip()
+        ctx = ApiContext(engine=engine, mode="up", state_dir=Path(tmp), rules=load_rules(rules_file))
+        ctx.after_report = Rebalancer(engine, ctx.rules).after_report
+        api = ApiServer(create_app(ctx), "127.0.0.1", 0).start()
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30,
+                              headers={"Authorization": f"Bearer {admin}"}) as http:
+                yield http, http.post("/v1/tokens", json={"name": job_token_name, "scope": "job"}).json()["token"]
+        finally:
+            api.stop()
+            engine.dispose()
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="1-5", help="e.g. 11 or 1-10 or 1,4,7")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"from {','.join(WORKLOADS)}")
@@ -355,26 +376,13 @@ def main() -> int:
                     help="cut every run to this many steps (a smoke run: --seeds 1 --max-steps 40)")
     args = ap.parse_args()
     results: dict[str, list[Score]] = {}
-    with tempfile.TemporaryDirectory(prefix="trimtab-workloads-") as tmp:
-        engine = open_engine(f"sqlite:///{Path(tmp) / 'trimtab.db'}")
-        migrate(engine)
-        admin = ensure_admin_token(engine, Path(tmp)).read_text().strip()
-        ctx = ApiContext(engine=engine, mode="up", state_dir=Path(tmp), rules=load_rules(args.rules))
-        ctx.after_report = Rebalancer(engine, ctx.rules).after_report
-        api = ApiServer(create_app(ctx), "127.0.0.1", 0).start()
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30,
-                              headers={"Authorization": f"Bearer {admin}"}) as http:
-                token = http.post("/v1/tokens", json={"name": "workloads", "scope": "job"}).json()["token"]
-                for seed in _seeds(args.seeds):
-                    for key in args.workloads.split(","):
-                        w = WORKLOADS[key]()
-                        s = score(w, run(http, token, w, seed, job=f"{key}-{seed}", max_steps=args.max_steps))
-                        results.setdefault(key, []).append(s)
-                        print(f"seed {seed}: {s.line()}{'' if s.met else '  ← goal missed'}", flush=True)
-        finally:
-            api.stop()
-            engine.dispose()
+    with local_api("workloads", args.rules) as (http, token):
+        for seed in _seeds(args.seeds):
+            for key in args.workloads.split(","):
+                w = WORKLOADS[key]()
+                s = score(w, run(http, token, w, seed, job=f"{key}-{seed}", max_steps=args.max_steps))
+                results.setdefault(key, []).append(s)
+                print(f"seed {seed}: {s.line()}{'' if s.met else '  ← goal missed'}", flush=True)
     print("\n| workload | runs | goal met | reached: mean [min, max] | tail measured: mean [min, max] | "
           "steps to within 5 %: median [max] | changes (mean) | rollbacks (mean) | OOMs | kept worse | "
           "false gains | losers retried |")

@@ -18,6 +18,7 @@ Number = Union[int, float]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # job, knob and component names: safe in URLs, logs and labels
 MAX_JOB_NAME, MAX_NAME = 128, 64                # a job's name; a knob's or a component's
+TOKEN_BUDGET_SUFFIX = "_max_tokens"  # a knob named so bounds tokens in flight, not samples (see is_token_budget)
 MODES = ("auto", "advise", "off")  # auto: the rebalancer applies changes; advise: it only records; off: nothing
 MAX_REASON = 1000  # a refusal's reason, characters
 
@@ -27,6 +28,15 @@ KNOB_NAME = Kind(str, min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN)
 CHANGE_ID = Kind(int, 1, MAX_COUNT, "bigint")
 TEXT = Kind(str, storage="text")
 REASON = Kind(str, storage="text", min_length=1, max_length=MAX_REASON, pattern=NO_CONTROL_CHARS)
+
+
+def is_token_budget(knob: str) -> bool:
+    """True when ``knob`` is a token budget: its name ends in ``_max_tokens`` (``actor_update_max_tokens``, a verl
+    dynamic-batching budget per GPU). Its value is tokens in flight, so the memory a larger value needs grows per
+    token whatever the sequences' length; every other batch knob counts samples, whose memory grows with their
+    length. The one place this naming rule lives: adapters name their knobs by it, the rebalancer's memory model
+    reads it."""
+    return knob.endswith(TOKEN_BUDGET_SUFFIX)
 
 
 def _field(kind: Kind, doc: str, **options: Any):

@@ -32,8 +32,9 @@ from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from trimtab.rebalancer.follow_up import follow_up
+from trimtab.rebalancer import memory_forecast as forecast
 from trimtab.rebalancer.history import blocked, bracket, follows_through
-from trimtab.rebalancer.memory_fit import GIB, fit
+from trimtab.rebalancer.memory_fit import GIB
 from trimtab.rebalancer.plan_types import (JobState, NewChange, Plan, Wait, last_applied_step, leading, period,
                                            window_evidence, window_wait)
 from trimtab.rebalancer.rules import Action, Rule, RuleSet
@@ -62,11 +63,12 @@ def _recent(decisions: Sequence[StoredDecision], now_ms: int, within_s: float) -
     return [d for d in decisions if now_ms - d.ts_ms <= within_s * 1000]
 
 
-def _headroom(state: JobState, rules: RuleSet, readings: dict[str, Reading]) -> Optional[str]:
-    """None when a batch-size raise is safe, else why not."""
+def _headroom(state: JobState, rules: RuleSet, readings: dict[str, Reading], nvml: bool = True) -> Optional[str]:
+    """None when a batch-size raise is safe, else why not. ``nvml`` False: the job's allocator peaks say what a
+    raise needs (NVML's used memory counts the allocator's cache too, which a raise reuses)."""
     ctl = rules.controller
     mem = next((r for r in readings.values() if r.signal == "mem_used_pct"), None)
-    if state.has_gpus:
+    if state.has_gpus and nvml:
         if mem is None or mem.value is None:
             return "GPU memory of the job's GPUs is unknown (no agent samples)"
         if mem.value > ctl.raise_batch_max_mem_pct:
@@ -106,6 +108,13 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         policy: list = []
         current = float(spec["value"])
         new = _next_value(action, spec, strong)
+        if action.to_memory_fit:
+            # A safety lower, sized by the forecast; not a search move (no bracket, no verdict to honour).
+            new, why = _memory_lower(state, rules, action, spec, new, policy)
+            if why is not None:
+                skipped.append(f"{action.describe()}: {why}")
+                continue
+            return (action, new), skipped, policy
         if strong and action.strong_by is not None and new != current:
             policy.append(f"strong evidence ({readings[rule.name].value:.1f} > {rule.strong_above:g} over the "
                           f"window and each half): step {action.strong_by:g} instead of {action.by:g}")
@@ -125,9 +134,7 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         ladder = action.op in ("mul", "div") and readings[rule.name].fires and (rule.strong_above is None or strong)
         why = blocked(state, rules, action, new, now, firing=ladder)
         if why is None and action.needs_memory_headroom and new > current:
-            why = _headroom(state, rules, readings)
-            if why is None:
-                new, why = _memory_step(state, rules, action, spec, new, policy)
+            new, why = _memory_step(state, rules, readings, action, spec, new, policy)
         if why is not None:
             skipped.append(f"{action.describe()}: {why}")
             continue
@@ -139,26 +146,67 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
     return None, skipped, []
 
 
-def _memory_step(state: JobState, rules: RuleSet, action: Action, spec: dict, new: float,
-                 policy: list) -> tuple[float, Optional[str]]:
-    """The raise cut to the largest value whose predicted memory stays under the line (the prediction goes into
-    the policy notes and, as a dict, into the decision's evidence); why not, when not even one step fits."""
+def _memory_step(state: JobState, rules: RuleSet, readings: dict[str, Reading], action: Action, spec: dict,
+                 new: float, policy: list) -> tuple[float, Optional[str]]:
+    """The raise cut to the largest value whose predicted memory — at the length the job's trend reaches at the
+    forecast's far look-ahead — stays under the line (the prediction goes into the policy notes and, as a dict,
+    into the decision's evidence); why not, when not even one step fits."""
     current = float(spec["value"])
-    mfit = fit(state.steps, state.changes, action.knob, current, rules.controller)
-    if mfit is None:
-        return new, None  # no allocator peaks or capacity reported: today's headroom check alone
-    largest = mfit.largest_fitting()
+    mfit = forecast.job_fit(state, rules, action.knob)
+    why = _headroom(state, rules, readings, nvml=mfit is None)
+    if mfit is None or why is not None:
+        return new, why  # no allocator peaks or capacity reported: the headroom check alone
+    length = forecast.far_length(mfit, rules)
+    at = "" if length is None or mfit.token_budget else f" at {length:.0f} tokens per sample"
+    largest = mfit.largest_fitting(length)
     if largest <= current:
         nxt = current + 1
-        return new, (f"memory predicted at {action.knob}={nxt:g}: {mfit.predict(nxt) / GIB:.1f} GiB + margin "
-                     f"{mfit.margin_bytes / GIB:.1f} GiB, above the line ({mfit.line_bytes / GIB:.1f} GiB)")
+        return new, (f"memory predicted at {action.knob}={nxt:g}{at}: {mfit.predict(nxt, length) / GIB:.1f} GiB + "
+                     f"margin {mfit.margin_bytes / GIB:.1f} GiB, above the line ({mfit.line_bytes / GIB:.1f} GiB)")
     if new > largest:
-        policy.append(f"memory: {action.knob}={new:g} would need {mfit.predict(new) / GIB:.1f} GiB (line "
+        policy.append(f"memory: {action.knob}={new:g} would need {mfit.predict(new, length) / GIB:.1f} GiB{at} (line "
                       f"{mfit.line_bytes / GIB:.1f} GiB less {mfit.margin_bytes / GIB:.1f} GiB margin): "
                       f"{largest:g} fits")
         new = float(largest)
-    policy.append({"memory_prediction": mfit.evidence(new)})
+    policy.append({"memory_prediction": mfit.evidence(new, length)})
     return new, None
+
+
+def _memory_lower(state: JobState, rules: RuleSet, action: Action, spec: dict, floor: float,
+                  policy: list) -> tuple[float, Optional[str]]:
+    """A forecast lower: to the largest value predicted to fit at the far look-ahead, at most the action's step
+    (``floor``) and at least one step down; why not, when the knob is at its min or nothing is fitted."""
+    current = float(spec["value"])
+    target, evidence = forecast.lower_target(state, rules, action.knob, floor)
+    if target is None:
+        return current, "no allocator peaks or GPU capacity in the job's reports"
+    new = min(target, current - 1) if _integer_knob(spec) else min(target, floor)
+    new = max(float(spec["min"]), new)
+    if new >= current:
+        return current, f"{action.knob} is at its min ({spec['min']:g})"
+    policy.append(f"memory forecast: {action.knob} {current:g} → {new:g}, the largest value predicted to fit "
+                  f"{rules.controller.memory_lookahead_s * rules.controller.memory_lower_lookahead_x:g} s of steps "
+                  f"ahead")
+    policy.append(evidence)
+    return new, None
+
+
+def _forecast_cuts_short(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Optional[Plan]:
+    """A change being measured is closed unjudged when the memory forecast fires at its value: the job's growth
+    does not wait for the verdict (the lower follows on the same report, see ``Rebalancer._evaluate``)."""
+    change = next((c for c in state.changes if c.id == open_d.change_id), None)
+    if change is None or change.status != "applied" or change.applied_step is None:
+        return None
+    if not any(s.step >= change.applied_step + rules.controller.settle_steps for s in state.steps):
+        return None
+    fired = forecast.preempts(state, rules)
+    if fired is None or (fired[0].name == open_d.rule):
+        return None  # a forecast lower itself is kept (a safety change) once its window is in
+    rule, reading = fired
+    why = f"memory forecast: {reading.message}"
+    return Plan(note=f"decision {open_d.id}: cut short, {why}", close=open_d.id, outcome="superseded",
+                applied_step=change.applied_step,
+                evidence={**open_d.evidence, "closed_because": why, "verdict_ms": state.now_ms})
 
 
 def _gate_fragmentation(readings: dict[str, Reading], rules: RuleSet, retries: int) -> None:
@@ -191,7 +239,9 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
     gpus: Optional[Sequence[GpuWindow]] = None
     out = {}
     for rule in rules.rules:
-        if rule.scope == "job":
+        if rule.signal == forecast.SIGNAL:
+            out[rule.name] = forecast.reading(rule, state, rules)
+        elif rule.scope == "job":
             out[rule.name] = job_reading(rule, win, ctx)
         else:
             if gpus is None:
@@ -244,7 +294,8 @@ def _plan(state: JobState, rules: RuleSet,
         return Plan(note="mode off", wait=next_window)
     open_d = next((d for d in state.decisions if d.outcome == "pending"), None)
     if open_d is not None:
-        return follow_up(state, rules, open_d)
+        cut = _forecast_cuts_short(state, rules, open_d)
+        return cut if cut is not None else follow_up(state, rules, open_d)
     pending = [c for c in state.changes if c.status == "pending"]
     if pending:
         return Plan(note=f"change {pending[0].id} ({pending[0].source}) is in flight", wait=next_window)

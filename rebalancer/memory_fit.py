@@ -1,7 +1,17 @@
-"""What a larger batch will need in memory, from what the job has shown: the allocator peak (or reserved bytes)
-at each batch size it ran, fitted as a base plus a per-sample slope. With one batch size seen there is no slope
-to fit: all of its memory is taken as per-sample (base 0) — an upper bound when memory grows with the batch, so
-an uncertain prediction makes a smaller step, never a larger one.
+"""What a batch knob's value will need in memory, from what the job has shown: the allocator peak of each stretch of
+steps between two memory samples, fitted against the knob's value and the tokens per sample the steps ran at —
+
+    peak = base + value × (per_sample + per_token × tokens_per_sample)
+
+— so a job whose sequences grow is seen needing more memory at the same batch size, and the length's trend says
+how much more it will need soon. A token-budget knob (``contract.knobs.is_token_budget``: its value is tokens in
+flight) is fitted as base + per_token × value, whatever the length. The fit keeps running as the job runs: each
+stretch is weighted by its age (``memory_fit_half_life_s`` of step time), so memory that moves is followed.
+
+Where the evidence cannot tell two terms apart the fit takes the larger prediction, never the smaller: one value
+seen puts the base into the per-sample memory (an upper bound for a larger value); lengths that barely moved
+(under ``memory_min_length_spread_pct``) put the per-sample memory into the per-token one (an upper bound for a
+longer length). The prediction's margin is ``memory_margin_pct`` of the GPU plus the fit's largest recent miss.
 """
 
 from __future__ import annotations
@@ -10,11 +20,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from trimtab.contract.knobs import is_token_budget
 from trimtab.rebalancer.rules import ControllerSettings
 from trimtab.rebalancer.window import JobStep
 from trimtab.store.jobs import StoredChange
 
 GIB = 2**30
+RECENT_WEIGHT = 0.25  # the fit's miss is read on stretches at least this recent (two half-lives)
 
 
 def knob_history(changes: Sequence[StoredChange], knob: str, now_value: float):
@@ -33,53 +45,223 @@ def knob_history(changes: Sequence[StoredChange], knob: str, now_value: float):
     return at, {c.applied_step for c in applied}
 
 
+def tokens_per_sample(step: JobStep) -> Optional[float]:
+    tokens, samples = step.rl.get("tokens"), step.samples
+    return tokens / samples if tokens and samples else None
+
+
+@dataclass(frozen=True)
+class Point:
+    value: float              # the knob's value over the stretch
+    length: Optional[float]   # the most tokens per sample in the stretch (None: the job reports no tokens)
+    peak_bytes: float
+    weight: float             # 0.5 per memory_fit_half_life_s of step time since the stretch
+
+
 @dataclass(frozen=True)
 class MemoryFit:
-    points: dict[float, float]    # batch size → the highest peak seen at it, bytes
+    knob: str
     base_bytes: float
     per_sample_bytes: float
-    margin_bytes: float
-    line_bytes: float             # raise_batch_max_mem_pct of the GPU's capacity
+    per_token_bytes: float        # per token per sample (a sample knob) or per token of the budget (a token knob)
+    margin_bytes: float           # memory_margin_pct of the GPU + the fit's largest recent miss
+    miss_bytes: float             # the fit's largest recent miss alone
+    line_bytes: float             # memory_line_pct of the GPU
+    total_bytes: float
+    length_now: Optional[float]   # tokens per sample now (the trend's value), None without tokens
+    length_per_s: float           # the length's trend, tokens per sample per second of step time
+    points: tuple[Point, ...]
     model: str
 
-    def predict(self, batch: float) -> float:
-        return self.base_bytes + self.per_sample_bytes * batch
+    @property
+    def token_budget(self) -> bool:
+        return is_token_budget(self.knob)
 
-    def largest_fitting(self) -> float:
+    def length_ahead(self, ahead_s: float) -> Optional[float]:
+        """Tokens per sample ``ahead_s`` seconds of step time from now: the trend where it grows, never less
+        than now (a shrinking length is waited for, not anticipated)."""
+        if self.length_now is None:
+            return None
+        return self.length_now + max(0.0, self.length_per_s) * ahead_s
+
+    def predict(self, value: float, length: Optional[float] = None) -> float:
+        if self.token_budget:
+            return self.base_bytes + self.per_token_bytes * value
+        length = self.length_now if length is None else length
+        return self.base_bytes + value * (self.per_sample_bytes + self.per_token_bytes * (length or 0.0))
+
+    def largest_fitting(self, length: Optional[float] = None) -> float:
+        """The largest value whose prediction plus the margin stays under the line (∞: memory does not grow)."""
         room = self.line_bytes - self.margin_bytes - self.base_bytes
-        return math.floor(room / self.per_sample_bytes) if self.per_sample_bytes > 0 else math.inf
+        per_unit = self.predict(1.0, length) - self.base_bytes
+        return math.floor(room / per_unit) if per_unit > 0 else math.inf
 
-    def evidence(self, batch: float) -> dict[str, Any]:
-        return {"model": self.model, "batch": batch, "predicted_gib": round(self.predict(batch) / GIB, 3),
-                "margin_gib": round(self.margin_bytes / GIB, 3), "line_gib": round(self.line_bytes / GIB, 3),
-                "points_gib": {f"{b:g}": round(p / GIB, 3) for b, p in sorted(self.points.items())}}
+    def evidence(self, value: float, length: Optional[float] = None) -> dict[str, Any]:
+        recent = sorted(self.points, key=lambda p: -p.weight)[:8]
+        out = {"model": self.model, "knob": self.knob, "batch": value,
+               "predicted_gib": round(self.predict(value, length) / GIB, 3),
+               "margin_gib": round(self.margin_bytes / GIB, 3), "line_gib": round(self.line_bytes / GIB, 3),
+               "base_gib": round(self.base_bytes / GIB, 3), "per_sample_mib": round(self.per_sample_bytes / 2**20, 3),
+               "per_token_kib": round(self.per_token_bytes / 2**10, 3), "stretches": len(self.points),
+               "points_gib": {f"{p.value:g}" + (f"@{p.length:.0f}" if p.length else ""): round(p.peak_bytes / GIB, 3)
+                              for p in recent}}
+        if self.length_now is not None and not self.token_budget:
+            out.update(tokens_per_sample_now=round(self.length_now, 1),
+                       tokens_per_sample_at=round(self.length_now if length is None else length, 1),
+                       length_trend_per_s=round(self.length_per_s, 4))
+        return out
+
+
+def _points(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str, now_value: float,
+            half_life_s: float) -> list[Point]:
+    """One point per stretch of steps between two memory samples (the peak is reset at each sample), skipping a
+    stretch the knob moved in (the step a change took effect at ran partly at the old value)."""
+    at, applied_steps = knob_history(changes, knob, now_value)
+    age_after: list[float] = []  # step time after each step, to the newest
+    total = 0.0
+    for s in reversed(steps):
+        age_after.append(total)
+        total += s.step_time_s
+    age_after.reverse()
+    out, stretch = [], []
+    for i, s in enumerate(steps):
+        stretch.append(s)
+        if s.mem_peak_bytes is None:
+            continue
+        values = {at(x.step) for x in stretch}
+        lengths = [v for v in map(tokens_per_sample, stretch) if v is not None]
+        moved = any(x.step in applied_steps for x in stretch)
+        stretch = []
+        if moved or len(values) != 1 or None in values:
+            continue
+        weight = 0.5 ** (age_after[i] / half_life_s) if half_life_s > 0 else 1.0
+        out.append(Point(values.pop(), max(lengths) if lengths else None, float(s.mem_peak_bytes), weight))
+    return out
+
+
+def _solve(rows: list[list[float]], ys: list[float], ws: list[float]) -> Optional[list[float]]:
+    """Weighted least squares (normal equations, Gaussian elimination); None when the terms cannot be told apart."""
+    n = len(rows[0])
+    a = [[sum(w * r[i] * r[j] for r, w in zip(rows, ws)) for j in range(n)] for i in range(n)]
+    b = [sum(w * r[i] * y for r, y, w in zip(rows, ys, ws)) for i in range(n)]
+    scale = [math.sqrt(a[i][i]) or 1.0 for i in range(n)]  # conditioning on the scaled system
+    a = [[a[i][j] / (scale[i] * scale[j]) for j in range(n)] for i in range(n)]
+    b = [b[i] / scale[i] for i in range(n)]
+    for c in range(n):
+        pivot = max(range(c, n), key=lambda r: abs(a[r][c]))
+        if abs(a[pivot][c]) < 1e-9:
+            return None
+        a[c], a[pivot], b[c], b[pivot] = a[pivot], a[c], b[pivot], b[c]
+        for r in range(n):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+                b[r] -= f * b[c]
+    return [b[i] / a[i][i] / scale[i] for i in range(n)]
+
+
+def _nonnegative(sol: Optional[list[float]], rows: list[list[float]], ys: Sequence[float]) -> Optional[list[float]]:
+    """``sol`` with negative terms that move the fit by rounding error only (under 0.1 % of the mean peak) set to
+    0; None when a term is truly negative."""
+    if sol is None:
+        return None
+    mean_y = sum(ys) / len(ys)
+    out = []
+    for j, c in enumerate(sol):
+        if c < 0 and abs(c) * max(abs(r[j]) for r in rows) > 1e-3 * mean_y:
+            return None
+        out.append(max(0.0, c))
+    return out
+
+
+def _spread(values: Sequence[float], ws: Sequence[float]) -> float:
+    """Weighted coefficient of variation."""
+    mean = sum(v * w for v, w in zip(values, ws)) / sum(ws)
+    var = sum(w * (v - mean) ** 2 for v, w in zip(values, ws)) / sum(ws)
+    return math.sqrt(var) / mean if mean > 0 else 0.0
+
+
+def _fit_terms(pts: list[Point], token_budget: bool, min_spread: float) -> tuple[float, float, float, str]:
+    """(base, per_sample, per_token, model) — see the module docstring for which terms the evidence carries."""
+    ws = [p.weight for p in pts]
+    ys = [p.peak_bytes for p in pts]
+    vs = [p.value for p in pts]
+    several = _spread(vs, ws) > 1e-6
+    if token_budget or any(p.length is None for p in pts):
+        what = "per token of the budget" if token_budget else "per sample"
+        sol = _solve([[1.0, v] for v in vs], ys, ws) if several else None
+        if sol is not None and sol[1] >= 0:
+            base, slope = sol if sol[0] >= 0 else (0.0, _through_origin(vs, ys, ws))
+            model = f"base + {what} fitted on {len(pts)} stretches"
+        else:
+            base, slope, model = 0.0, _through_origin(vs, ys, ws), f"one value seen: all memory {what} (an upper bound)"
+        return (base, 0.0, slope, model) if token_budget else (base, slope, 0.0, model)
+    ls = [p.length for p in pts]
+    xs = [v * length for v, length in zip(vs, ls)]
+    if _spread(ls, ws) * 100.0 >= min_spread:
+        if several:
+            # A term the data make negative is dropped (memory does not shrink with a larger value or length):
+            # first the per-sample one (a KV cache is all per token), then the base.
+            for terms in ((1, 1, 1), (1, 0, 1), (0, 1, 1)):
+                rows = [[t for t, on in zip((1.0, v, x), terms) if on] for v, x in zip(vs, xs)]
+                sol = _nonnegative(_solve(rows, ys, ws), rows, ys)
+                if sol is not None:
+                    full = iter(sol)
+                    base, per_sample, per_token = (next(full) if on else 0.0 for on in terms)
+                    return base, per_sample, per_token, (f"base + per sample + per token fitted on {len(pts)} "
+                                                         f"stretches")
+        v0 = sum(v * w for v, w in zip(vs, ws)) / sum(ws)
+        sol = _solve([[1.0, x] for x in xs], ys, ws)
+        if sol is not None and sol[1] >= 0:
+            # One batch size: its fixed part (base + per-sample memory) cannot be split: all of it per sample.
+            return 0.0, max(0.0, sol[0]) / v0, sol[1], (f"per sample + per token fitted on {len(pts)} stretches at "
+                                                       f"one value (the base counted per sample: an upper bound)")
+    # Lengths that barely moved: every byte that grows with the value is taken to grow with the length too.
+    length_ref = sum(length * w for length, w in zip(ls, ws)) / sum(ws)
+    base, per_sample, _, model = _fit_terms([Point(p.value, None, p.peak_bytes, p.weight) for p in pts], False,
+                                            min_spread)
+    return base, 0.0, per_sample / length_ref, f"{model}, all of it per token (lengths barely moved: an upper bound)"
+
+
+def _through_origin(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> float:
+    """The largest per-unit slope the points show with no base: an upper bound for a larger value."""
+    return max(y / x for x, y in zip(xs, ys) if x > 0) if any(x > 0 for x in xs) else 0.0
+
+
+def _length_trend(steps: Sequence[JobStep], half_life_s: float) -> tuple[Optional[float], float]:
+    """(tokens per sample now, tokens per sample per second of step time) from the steps' lengths, weighted by age."""
+    pts, age = [], 0.0
+    for s in reversed(steps):
+        length = tokens_per_sample(s)
+        if length is not None:
+            pts.append((-age, length, 0.5 ** (age / half_life_s) if half_life_s > 0 else 1.0))
+        age += s.step_time_s
+    if not pts:
+        return None, 0.0
+    sol = _solve([[1.0, t] for t, _, _ in pts], [length for _, length, _ in pts], [w for _, _, w in pts]) \
+        if len(pts) >= 3 else None
+    if sol is None:
+        return pts[0][1], 0.0
+    return max(0.0, sol[0]), sol[1]
 
 
 def fit(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str, now_value: float,
         ctl: ControllerSettings) -> Optional[MemoryFit]:
-    """The job's memory as a function of ``knob``; None without peaks or a capacity in its reports."""
-    at, applied_steps = knob_history(changes, knob, now_value)
-    points: dict[float, float] = {}
-    totals = []
-    for s in steps:
-        if s.mem_total_bytes:
-            totals.append(s.mem_total_bytes)
-        value = at(s.step)
-        if s.mem_peak_bytes is None or value is None or s.step in applied_steps:
-            continue  # the step a change took effect at ran partly at the old value
-        points[value] = max(points.get(value, 0.0), float(s.mem_peak_bytes))
-    if not points or not totals:
+    """The job's memory as a function of ``knob`` (and its tokens per sample); None without peaks or a capacity."""
+    totals = [s.mem_total_bytes for s in steps if s.mem_total_bytes]
+    pts = [p for p in _points(steps, changes, knob, now_value, ctl.memory_fit_half_life_s) if p.value > 0]
+    if not pts or not totals:
         return None
-    line = min(totals) * ctl.raise_batch_max_mem_pct / 100.0
-    margin = min(totals) * ctl.memory_margin_pct / 100.0
-    if len(points) == 1:
-        [(b, peak)] = points.items()
-        return MemoryFit(points, 0.0, peak / b, margin, line, "one batch size seen: all memory per sample (an upper bound)")
-    xs, ys = list(points), [points[b] for b in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx)
-    base = my - slope * mx
-    residual = max(abs(y - (base + slope * x)) for x, y in zip(xs, ys))
-    return MemoryFit(points, base, slope, margin + residual, line,
-                     f"base + per-sample slope fitted on {len(points)} batch sizes")
+    token_budget = is_token_budget(knob)
+    if not token_budget and any(p.length is not None for p in pts):
+        pts = [p for p in pts if p.length is not None]  # stretches before the job reported tokens: another model
+    total = float(min(totals))
+    base, per_sample, per_token, model = _fit_terms(pts, token_budget, ctl.memory_min_length_spread_pct)
+    length_now, per_s = _length_trend(steps, ctl.memory_fit_half_life_s) if pts[0].length is not None else (None, 0.0)
+    mfit = MemoryFit(knob, base, per_sample, per_token, 0.0, 0.0, total * ctl.memory_line_pct / 100.0, total,
+                     length_now, per_s, tuple(pts), model)
+    recent = [p for p in pts if p.weight >= RECENT_WEIGHT] or pts
+    miss = max(abs(p.peak_bytes - mfit.predict(p.value, p.length)) for p in recent)
+    margin = total * ctl.memory_margin_pct / 100.0 + miss
+    return MemoryFit(knob, base, per_sample, per_token, margin, miss, mfit.line_bytes, total, length_now, per_s,
+                     tuple(pts), model)

@@ -20,7 +20,7 @@ SCOPES = ("job", "gpu")
 KNOWN_SIGNALS = {
     "ooms", "mem_used_pct", "fragmentation_pct", "collective_latency_x_baseline", "pcie_pct_of_peak",
     "communication_share_pct", "generation_share_pct", "evaluation_share_pct", "wait_share_pct", "update_share_pct",
-    "utilization_spread_pts",
+    "utilization_spread_pts", "memory_forecast_pct",
 }
 
 
@@ -35,6 +35,7 @@ class Action:
     by: float
     needs_memory_headroom: bool = False
     strong_by: Optional[float] = None  # the step when the rule's signal is above its strong_above line
+    to_memory_fit: bool = False  # a lower goes to the largest value the memory forecast says fits (at most ÷by)
 
     def apply(self, value: float, strong: bool = False) -> float:
         by = self.strong_by if strong and self.strong_by is not None else self.by
@@ -119,6 +120,11 @@ class ControllerSettings:
     raise_batch_max_mem_pct: float = 85.0
     raise_batch_max_fragmentation_pct: float = 15.0
     memory_margin_pct: float = 3.0
+    memory_line_pct: float = 95.0
+    memory_fit_half_life_s: float = 60.0
+    memory_lookahead_s: float = 5.0
+    memory_lower_lookahead_x: float = 1.0
+    memory_min_length_spread_pct: float = 5.0
     gpu_min_samples: int = 3
     probe_baseline_steps: int = 5
     period_knob: str = "sync_every"
@@ -278,9 +284,9 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         for i, a in enumerate(d["actions"]):
             w = f"{where('actions')}[{i}]"
             if not isinstance(a, Mapping) or not {"knob", "op", "by"} <= set(a) \
-                    or set(a) - {"knob", "op", "by", "needs_memory_headroom", "strong_by"}:
-                raise RulesError(f"{w}: needs exactly knob, op, by (and optionally needs_memory_headroom, strong_by), "
-                                 f"got {a!r}")
+                    or set(a) - {"knob", "op", "by", "needs_memory_headroom", "strong_by", "to_memory_fit"}:
+                raise RulesError(f"{w}: needs exactly knob, op, by (and optionally needs_memory_headroom, strong_by, "
+                                 f"to_memory_fit), got {a!r}")
             if a["op"] not in OPS:
                 raise RulesError(f"{w}: op must be one of {OPS}, got {a['op']!r}")
             by = _number(a["by"], f"{w}.by")
@@ -292,7 +298,12 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
             if strong_by is not None and Action(a["knob"], a["op"], strong_by).direction != \
                     Action(a["knob"], a["op"], by).direction:
                 raise RulesError(f"{w}: strong_by={strong_by} moves the knob the other way than by={by}")
-            actions.append(Action(a["knob"], a["op"], by, bool(a.get("needs_memory_headroom", False)), strong_by))
+            action = Action(a["knob"], a["op"], by, bool(a.get("needs_memory_headroom", False)), strong_by,
+                            bool(a.get("to_memory_fit", False)))
+            if action.to_memory_fit and action.direction > 0:
+                raise RulesError(f"{w}: to_memory_fit lowers a knob to what the memory forecast says fits: its op "
+                                 f"and by must lower it")
+            actions.append(action)
         if d.get("follow_above") is not None and _number(d["follow_above"], where("follow_above")) >= act:
             raise RulesError(f"{where('follow_above')}: follow_above ({d['follow_above']}) must be below act_above "
                              f"({act}): it is the line a rule follows a gain down to, under the one it acts at")

@@ -136,6 +136,7 @@ class Hook:
         self._timer = PhaseTimer(cuda_events)
         self._held: deque[tuple[int, StepReport]] = deque()  # (boundary, report) waiting for its GPU time
         self._memory = MemorySampler(memory_every_s)
+        self._memory.since_now()  # the memory reported is this loop's, from attach on
         self._sync = KnobSync(knob_sync_every)
         self._probe = LatencyProbe(probe_every, probe_baseline_n)
         self._pid, self._hostname = os.getpid(), socket.gethostname()

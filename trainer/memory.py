@@ -41,6 +41,19 @@ class MemorySampler:
         self._last_retries: Optional[int] = None
         self._last_ooms: Optional[int] = None
 
+    def since_now(self) -> None:
+        """Starts the peak from now (the hook calls it at attach): the first sample's peak is then the peak since
+        attach, not the high point of an earlier phase of the process (loading, a previous run) that says nothing
+        about this loop's batch size. Without CUDA in use there is no earlier peak to drop."""
+        if self._enabled_fn():
+            self._reset_peak()
+
+    def _reset_peak(self) -> None:
+        try:
+            self._reset_peak_fn()
+        except Exception:  # a peak that cannot be reset only makes the next one an older high point
+            pass
+
     def maybe_sample(self, now_s: float) -> Optional[dict]:
         if self.every_s <= 0 or now_s < self._next_s or not self._enabled_fn():
             return None
@@ -55,10 +68,7 @@ class MemorySampler:
         retries = int(stats.get("num_alloc_retries", 0))
         ooms = int(stats.get("num_ooms", 0))
         peak = stats.get("allocated_bytes.all.peak")
-        try:
-            self._reset_peak_fn()
-        except Exception:  # a peak that cannot be reset only makes the next one an older high point
-            pass
+        self._reset_peak()
         out = {
             "allocated_bytes": allocated,
             "reserved_bytes": reserved,

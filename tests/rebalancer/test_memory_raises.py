@@ -20,27 +20,28 @@ def test_a_raise_that_would_not_fit_is_cut_to_the_largest_batch_predicted_to_fit
     # The H200 OOM: batch 16 at 48 GiB of 141 (34 %: the headroom check passes), ×4 would need 192 GiB.
     history = with_memory(steps(0, 3), lambda s: 48.0)
     p = plan(state(history, gpu_job(batch=16), gpus=[gpu(0, mem_pct=34.0), gpu(1, mem_pct=34.0)]), RULES)
-    line = 0.85 * 141 - 0.03 * 141  # raise_batch_max_mem_pct less memory_margin_pct
+    line = 0.95 * 141 - 0.03 * 141  # memory_line_pct less memory_margin_pct
     acts(p, "generation_bound", "batch_size", 16, int(line // 3))  # 3 GiB per sample, base 0 (one size: upper bound)
     prediction = p.evidence["memory_prediction"]
     assert prediction["predicted_gib"] == pytest.approx(3 * int(line // 3)) and prediction["points_gib"] == {"16": 48.0}
-    assert prediction["model"].startswith("one batch size seen")
+    assert prediction["model"].startswith("one value seen")
     assert any(n.startswith("memory: batch_size=64 would need 192.0 GiB") for n in p.evidence["step_policy"])
 
 
 def test_with_two_batch_sizes_seen_the_fit_has_a_base_and_a_slope():
-    # batch 8 → 30 GiB, batch 16 → 50 GiB: 10 GiB base + 2.5 GiB per sample; under the line (119.85 GiB less a
-    # 4.23 GiB margin) fits (115.62 − 10) / 2.5 = 42.2 → 42, not 64; the one-size upper bound would have said 36.
+    # batch 8 → 30 GiB, batch 16 → 50 GiB: 10 GiB base + 2.5 GiB per sample; under the line (133.95 GiB less a
+    # 4.23 GiB margin) fits (129.72 − 10) / 2.5 = 47.9 → 47, not 64; the one-size upper bound would have said 41.
     changes = [change(id=3, value=16, previous=8, applied_step=3)]
     history = with_memory(steps(0, 6), lambda s: 30.0 if s < 3 else 50.0)
     p = plan(state(history, job(batch=16), changes=changes), RULES)
-    acts(p, "generation_bound", "batch_size", 16, 42)
+    acts(p, "generation_bound", "batch_size", 16, 47)
     fit = p.evidence["memory_prediction"]
-    assert fit["points_gib"] == {"8": 30.0, "16": 50.0} and fit["model"].startswith("base + per-sample slope")
+    assert set(fit["points_gib"].items()) == {("8", 30.0), ("16", 50.0)} and fit["model"].startswith("base + per sample")
+    assert fit["base_gib"] == 10.0 and fit["per_sample_mib"] == 2.5 * 1024
 
 
 def test_when_not_even_one_more_sample_fits_the_raise_is_skipped_for_the_next_action():
-    history = with_memory(steps(0, 3), lambda s: 110.0)
+    history = with_memory(steps(0, 3), lambda s: 125.0)  # 17 × 125/16 + 4.23 GiB margin > 129.72 GiB
     p = plan(state(history, job(batch=16)), RULES)
     acts(p, "generation_bound", "prefetch", 0, 2)
     assert "memory predicted at batch_size=17" in p.evidence["skipped"][0]

@@ -10,7 +10,7 @@ import pytest
 
 from trimtab.rebalancer.rules import Action, RulesError, RuleSet, load_rules, thresholds
 
-SHIPPED_ORDER = ["oom", "memory", "fragmentation", "collective_latency", "pcie", "communication_bound",
+SHIPPED_ORDER = ["oom", "memory", "memory_forecast", "fragmentation", "collective_latency", "pcie", "communication_bound",
                  "generation_bound", "rollout_wait_bound", "evaluation_bound", "utilization_spread",
                  "update_bound"]
 
@@ -42,8 +42,8 @@ def test_shipped_rules_load_sorted_by_priority_with_their_actions():
     rs = load_rules()
     assert rs.names() == SHIPPED_ORDER
     priorities = [r.priority for r in rs.rules]
-    assert priorities == sorted(priorities) == [10, 20, 30, 40, 50, 60, 70, 75, 80, 90, 95]
-    assert [r.name for r in rs.rules if r.safety] == ["oom", "memory", "fragmentation"]
+    assert priorities == sorted(priorities) == [10, 20, 25, 30, 40, 50, 60, 70, 75, 80, 90, 95]
+    assert [r.name for r in rs.rules if r.safety] == ["oom", "memory", "memory_forecast", "fragmentation"]
     gen = rs["generation_bound"]
     assert gen.actions == (Action("batch_size", "mul", 4.0, needs_memory_headroom=True),
                            Action("prefetch", "add", 2.0))
@@ -108,7 +108,7 @@ def test_a_file_overriding_a_controller_value_and_priority_reorders(tmp_path):
         priority = 65
         """))
     assert rs.controller.dead_band_pct == 5.0 and rs.controller.retry_after_s == 600.0
-    assert rs.names()[5:8] == ["communication_bound", "evaluation_bound", "generation_bound"]
+    assert rs.names()[6:9] == ["communication_bound", "evaluation_bound", "generation_bound"]
 
 
 def test_trimtab_toml_overrides_apply_after_the_file(tmp_path):

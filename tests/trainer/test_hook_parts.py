@@ -99,3 +99,51 @@ def test_the_memory_sample_carries_the_peak_since_the_last_sample_and_the_gpu_ca
                             total_fn=lambda: 141 * 2**30)
     out = sampler.maybe_sample(0.0)
     assert (out["peak_allocated_bytes"], out["total_bytes"], len(resets)) == (7 * 2**30, 141 * 2**30, 1)
+
+
+class _Allocator:
+    """torch.cuda's allocator statistics as a job sees them, without a GPU (this machine has none): the peak stays
+    at the highest allocation until reset."""
+
+    def __init__(self):
+        self.current = self.peak = 0
+
+    def alloc(self, n: int) -> None:
+        self.current += n
+        self.peak = max(self.peak, self.current)
+
+    def free(self, n: int) -> None:
+        self.current -= n
+
+    def stats(self) -> dict:
+        return {"allocated_bytes.all.current": self.current, "allocated_bytes.all.peak": self.peak,
+                "reserved_bytes.all.current": self.peak}
+
+    def reset_peak(self, device=None) -> None:
+        self.peak = self.current
+
+
+def test_the_first_memory_sample_is_the_peak_since_attach_not_an_earlier_phase_of_the_process(monkeypatch):
+    # The H200 run of issue 20: the process loaded a model (a 100 GiB high point) before attaching; the first
+    # report said 100 GiB for a loop whose steps need 5, and the first prediction was 162 GiB for batch 5.
+    import torch
+
+    gib = 2**30
+    alloc = _Allocator()
+    for name, fn in {"is_available": lambda: True, "is_initialized": lambda: True, "memory_stats": alloc.stats,
+                     "reset_peak_memory_stats": alloc.reset_peak, "current_device": lambda: 0,
+                     "get_device_properties": lambda d: type("P", (), {"total_memory": 141 * gib})()}.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    alloc.alloc(100 * gib)   # an earlier phase of the same process
+    alloc.free(98 * gib)     # 2 GiB of weights stay
+    hook = attach("peak-since-attach", memory_every_s=1e-9, cuda_events=False)
+    alloc.alloc(3 * gib)     # the step's activations
+    alloc.free(3 * gib)
+    hook.step_end(samples=1)
+    memory = hook.last_report.memory
+    assert memory["peak_allocated_bytes"] == 5 * gib and memory["total_bytes"] == 141 * gib
+    alloc.alloc(1 * gib)
+    alloc.free(1 * gib)
+    hook.step_end(samples=1)
+    assert hook.last_report.memory["peak_allocated_bytes"] == 3 * gib  # since the previous sample
+    hook.close()
