@@ -27,6 +27,7 @@ class Smoke:
     args: tuple[str, ...]
     shows: str                    # a line fragment the run's stdout must contain
     gpu: Optional[str] = None     # why the script's real path is not run here (it needs GPUs)
+    via: Optional[str] = None     # a module of another script's, not run alone: the script whose run exercises it
 
 
 SMOKE = {
@@ -38,6 +39,10 @@ SMOKE = {
                               "overhead"),
     "memory_growth.py": Smoke(("--device-map", "cpu", "--tiny", "--max-steps", "4", "--tail", "2", "--budget-s", "10"),
                               "CUDA OOMs: 0"),
+    "moving_job.py": Smoke(("--device-map", "cpu", "--smoke"), "of the best static"),
+    "moving_gpu.py": Smoke(("--device-map", "cpu", "--live", "--steps", "30", "--step-s", "0.01"), "OOMs 0",
+                           gpu="real KV allocations on a GPU: here the same path with memory simulated",
+                           via="moving_job.py"),
     "multigpu_nvlink.py": Smoke(("--dry-run", "--gpus", "0,1"), "phases peer",
                                 gpu="moves bytes over NVLink between GPUs: the plan (--dry-run) only"),
     "multigpu_pipeline.py": Smoke(("--dry-run", "--device-map", "cpu", "--world", "2"), "plan: 2 ranks",
@@ -64,7 +69,7 @@ def test_each_bench_script_runs_at_a_tiny_size_and_leaves_no_temporary_files(scr
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1",
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch-cache")}  # torch's own cache, not the script's
-    proc = subprocess.run([sys.executable, f"bench/{script}", *smoke.args], cwd=REPO, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, f"bench/{smoke.via or script}", *smoke.args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     output = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, output
