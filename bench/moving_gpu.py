@@ -159,7 +159,7 @@ def run_gpu(args, shape: Shape) -> int:
         print(f"hook: {hook.stats}", flush=True)
         run.decisions = story.api_get(daemon, f"/v1/decisions?job={name}&limit=200")["decisions"]
     finally:
-        daemon.stop()
+        daemon.close()
     auto_s = time.monotonic() - started
     lengths = run.lengths  # the steps that ran
     if job.cuda:
