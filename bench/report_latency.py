@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import psutil
 
 GOAL_P99_MS = 50.0
 KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},
@@ -46,7 +47,7 @@ async def run_phase(client: httpx.AsyncClient, names: list[str], steps: dict, ra
     """Every job reports ``rate`` steps a second for ``seconds``; returns the report latencies (ms) and errors."""
     period_s = 1.0 / rate
     latencies: list[float] = []
-    errors = 0
+    errors, reasons = 0, {}
     t0 = time.monotonic()
 
     async def job_loop(i: int, name: str) -> None:
@@ -59,8 +60,11 @@ async def run_phase(client: httpx.AsyncClient, names: list[str], steps: dict, ra
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             step = steps[name]
             for change_id in pending:  # the hook applies a change at the next step boundary, then acks
-                await client.post(f"/v1/jobs/{name}/acks", json={"change_id": change_id, "rank": 0,
-                                                                 "applied_at_step": step})
+                try:
+                    await client.post(f"/v1/jobs/{name}/acks", json={"change_id": change_id, "rank": 0,
+                                                                     "applied_at_step": step})
+                except httpx.HTTPError as exc:
+                    reasons[f"ack: {type(exc).__name__}"] = reasons.get(f"ack: {type(exc).__name__}", 0) + 1
             report = {"step": step, "rank": 0, "step_time_s": period_s, "samples": 8,
                       "phases": {"generation": 0.9 * period_s, "evaluation": 0.05 * period_s,
                                  "update": 0.03 * period_s}}
@@ -70,14 +74,22 @@ async def run_phase(client: httpx.AsyncClient, names: list[str], steps: dict, ra
                 latencies.append((time.perf_counter() - start) * 1000)
                 r.raise_for_status()
                 pending = [c["change_id"] for c in r.json()["pending_changes"]]
-            except httpx.HTTPError:
+            except httpx.HTTPError as exc:
                 errors += 1
+                why = f"HTTP {exc.response.status_code}: {exc.response.text[:120]}" \
+                    if isinstance(exc, httpx.HTTPStatusError) else type(exc).__name__
+                reasons[why] = reasons.get(why, 0) + 1
                 pending = []
             steps[name] = step + 1
             tick += 1
 
     await asyncio.gather(*(job_loop(i, n) for i, n in enumerate(names)))
-    return {"latencies": latencies, "errors": errors, "wall_s": time.monotonic() - t0}
+    return {"latencies": latencies, "errors": errors, "reasons": reasons, "wall_s": time.monotonic() - t0}
+
+
+def cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def plans(base: str) -> int:
@@ -88,7 +100,7 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-async def bench(base: str, token: str, n_jobs: int, rate: float, seconds: float) -> list[dict]:
+async def bench(base: str, token: str, server: psutil.Process, n_jobs: int, rate: float, seconds: float) -> list[dict]:
     names = [f"job{i:03d}" for i in range(n_jobs)]
     limits = httpx.Limits(max_connections=n_jobs, max_keepalive_connections=n_jobs)
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30.0,
@@ -101,16 +113,16 @@ async def bench(base: str, token: str, n_jobs: int, rate: float, seconds: float)
             if phase == "planning":
                 for name in names:
                     (await client.put(f"/v1/jobs/{name}/mode", json={"mode": "auto"})).raise_for_status()
-            before = plans(base)
+            before, cpu_before = plans(base), cpu_s(server)
             res = await run_phase(client, names, steps, rate, seconds)
-            res.update(phase=phase, plans=plans(base) - before)
+            res.update(phase=phase, plans=plans(base) - before, server_cpu_s=cpu_s(server) - cpu_before)
             results.append(res)
     return results
 
 
 @contextmanager
-def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0) -> Iterator[tuple[str, str]]:
-    """A real `trimtab server` over ``db_url`` on loopback (ephemeral port); yields its URL and admin token."""
+def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0) -> Iterator[tuple[str, str, int]]:
+    """A real `trimtab server` over ``db_url`` on loopback (ephemeral port); yields its URL, admin token, pid."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -133,7 +145,7 @@ def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0) 
             time.sleep(0.1)
         # admin.token for the state dir's own store, admin-<database>-<hash>.token for another one
         [token_file] = Path(state_dir).glob("admin*.token")
-        yield base, token_file.read_text().strip()
+        yield base, token_file.read_text().strip(), server.pid
     finally:
         server.terminate()
         server.wait(10)
@@ -148,19 +160,27 @@ def main() -> int:
     args = ap.parse_args()
     if args.smoke:
         args.jobs, args.seconds = 10, 2.0
+    load_at_start = os.getloadavg()[0]  # other work on the machine shows in every figure: say how much there was
     tmp = Path(tempfile.mkdtemp(prefix="trimtab-report-latency-"))
-    with trimtab_server(f"sqlite:///{tmp}/trimtab.db", tmp / "state") as (base, token):
-        results = asyncio.run(bench(base, token, args.jobs, args.rate, args.seconds))
+    with trimtab_server(f"sqlite:///{tmp}/trimtab.db", tmp / "state") as (base, token, pid):
+        results = asyncio.run(bench(base, token, psutil.Process(pid), args.jobs, args.rate, args.seconds))
     print(f"trimtab server on SQLite; {args.jobs} jobs × {args.rate:g} reports/s, {args.seconds:g} s per phase; "
           f"cores: {os.cpu_count()}")
     print(f"{'phase':>9} {'reports':>8} {'errors':>7} {'plans':>6} {'plans/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8}")
+          f"{'max ms':>8} {'server CPU %':>13}")
     for r in results:
         lat = r["latencies"]
         r["p50"], r["p99"] = pct(lat, 50), pct(lat, 99)
         print(f"{r['phase']:>9} {len(lat):>8} {r['errors']:>7} {r['plans']:>6} {r['plans'] / r['wall_s']:>8.1f} "
-              f"{r['p50']:>8.1f} {r['p99']:>8.1f} {max(lat):>8.1f}")
+              f"{r['p50']:>8.1f} {r['p99']:>8.1f} {max(lat):>8.1f} {100 * r['server_cpu_s'] / r['wall_s']:>13.0f}")
+        for why, n in r["reasons"].items():
+            print(f"{'':>9} {n} × {why}")
     idle, load = results
+    per_report_ms = 1000 * idle["server_cpu_s"] / max(1, len(idle["latencies"]))
+    per_plan_ms = 1000 * (load["server_cpu_s"] - idle["server_cpu_s"] * load["wall_s"] / idle["wall_s"]) \
+        / max(1, load["plans"])
+    print(f"server CPU per report (idle phase) {per_report_ms:.1f} ms; per plan (planning phase's extra) "
+          f"{per_plan_ms:.1f} ms; load average at the start {load_at_start:.1f}")
     print(f"planning / idle: p50 ×{load['p50'] / idle['p50']:.2f}, p99 ×{load['p99'] / idle['p99']:.2f}")
     ok = load["p99"] < GOAL_P99_MS and load["plans"] > 0 and not (idle["errors"] or load["errors"])
     print(f"report p99 while planning {load['p99']:.1f} ms: {'under' if ok else 'NOT under'} the {GOAL_P99_MS:g} ms "

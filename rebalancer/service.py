@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +39,13 @@ from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob, now_ms
 
 log = logging.getLogger("trimtab.rebalancer")
+# The most of its time the planning thread spends planning (CPU time); it rests for the remainder. The API runs in
+# the same process: a thread that plans without rest holds the interpreter lock (GIL) most of the time, and every
+# report then waits for its turn at each store call (100 jobs planning back to back keep it busy).
+PLAN_SHARE = 0.5
+# The interpreter's thread switch interval while the rebalancer runs (Python's default: 5 ms). A report's store
+# calls each give the GIL up and wait for it back: up to one interval each while a plan holds it.
+SWITCH_INTERVAL_S = 0.001
 @dataclass
 class RebalancerStats:
     evaluations: int = 0
@@ -123,8 +131,12 @@ class _PlanQueue:
 
 
 class Rebalancer:
-    def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0):
+    def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0,
+                 plan_share: float = PLAN_SHARE):
+        if not 0.0 < plan_share <= 1.0:
+            raise ValueError(f"plan_share must be in (0, 1], not {plan_share!r}")
         self.engine = engine
+        self.plan_share = plan_share
         self.rules = rules or default_rules()
         self.interval_s = interval_s
         self.stats = RebalancerStats()
@@ -141,6 +153,7 @@ class Rebalancer:
     # -- driving -------------------------------------------------------------------------------------------
 
     def start(self) -> "Rebalancer":
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="trimtab-rebalancer", daemon=True)
         self._thread.start()
         return self
@@ -160,16 +173,23 @@ class Rebalancer:
             try:
                 queued = self._queue.take(max(0.0, next_sweep - time.monotonic()))
                 if queued is not None:
+                    cpu_s = time.thread_time()
                     try:
                         if not self._stop.is_set():
                             self._plan_queued(*queued)
                     finally:
                         self._queue.done()
+                    self._stop.wait(self._rest_s(time.thread_time() - cpu_s))
                 if time.monotonic() >= next_sweep and not self._stop.is_set():
                     self.run_once()
                     next_sweep = time.monotonic() + self.interval_s
             except Exception as exc:  # noqa: BLE001 - a bug here must not end planning for every job
                 self._failed("the planning thread", exc)
+
+    def _rest_s(self, plan_cpu_s: float) -> float:
+        """How long to leave the interpreter to the API after a plan that took ``plan_cpu_s`` of CPU: planning
+        may hold Python's one lock (the GIL) for at most ``plan_share`` of the time, or reports queue behind it."""
+        return plan_cpu_s * (1.0 - self.plan_share) / self.plan_share
 
     def _plan_queued(self, job: StoredJob, forced: bool) -> None:
         fresh = job_store.get_job(self.engine, job.name) or job

@@ -155,3 +155,12 @@ def test_a_job_queued_twice_waits_once_and_a_refusal_keeps_it_forced(forced):
     queue.put(type("J", (), {"name": "k"})())
     assert queue.names() == ["j", "k"]
     assert queue.take(0) == (job, forced)
+
+
+def test_the_planning_thread_leaves_the_interpreter_to_the_api_between_plans(sqlite_api):
+    engine = sqlite_api.ctx.engine
+    assert service_mod.Rebalancer(engine)._rest_s(0.04) == pytest.approx(0.04)  # the default: half the time
+    assert service_mod.Rebalancer(engine, plan_share=0.25)._rest_s(0.04) == pytest.approx(0.12)
+    assert service_mod.Rebalancer(engine, plan_share=1.0)._rest_s(0.04) == 0.0
+    with pytest.raises(ValueError, match="plan_share must be in"):
+        service_mod.Rebalancer(engine, plan_share=0.0)
