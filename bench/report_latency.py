@@ -113,9 +113,10 @@ async def bench(base: str, token: str, server: psutil.Process, n_jobs: int, rate
             if phase == "planning":
                 for name in names:
                     (await client.put(f"/v1/jobs/{name}/mode", json={"mode": "auto"})).raise_for_status()
-            before, cpu_before = plans(base), cpu_s(server)
+            before, cpu_before, own_before = plans(base), cpu_s(server), cpu_s(psutil.Process())
             res = await run_phase(client, names, steps, rate, seconds)
-            res.update(phase=phase, plans=plans(base) - before, server_cpu_s=cpu_s(server) - cpu_before)
+            res.update(phase=phase, plans=plans(base) - before, server_cpu_s=cpu_s(server) - cpu_before,
+                       client_cpu_s=cpu_s(psutil.Process()) - own_before)
             results.append(res)
     return results
 
@@ -167,12 +168,13 @@ def main() -> int:
     print(f"trimtab server on SQLite; {args.jobs} jobs × {args.rate:g} reports/s, {args.seconds:g} s per phase; "
           f"cores: {os.cpu_count()}")
     print(f"{'phase':>9} {'reports':>8} {'errors':>7} {'plans':>6} {'plans/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8} {'server CPU %':>13}")
+          f"{'max ms':>8} {'server CPU %':>13} {'client CPU %':>13}")
     for r in results:
         lat = r["latencies"]
         r["p50"], r["p99"] = pct(lat, 50), pct(lat, 99)
         print(f"{r['phase']:>9} {len(lat):>8} {r['errors']:>7} {r['plans']:>6} {r['plans'] / r['wall_s']:>8.1f} "
-              f"{r['p50']:>8.1f} {r['p99']:>8.1f} {max(lat):>8.1f} {100 * r['server_cpu_s'] / r['wall_s']:>13.0f}")
+              f"{r['p50']:>8.1f} {r['p99']:>8.1f} {max(lat):>8.1f} {100 * r['server_cpu_s'] / r['wall_s']:>13.0f} "
+              f"{100 * r['client_cpu_s'] / r['wall_s']:>13.0f}")
         for why, n in r["reasons"].items():
             print(f"{'':>9} {n} × {why}")
     idle, load = results
