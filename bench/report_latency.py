@@ -47,6 +47,7 @@ async def run_phase(client: httpx.AsyncClient, names: list[str], steps: dict, ra
     """Every job reports ``rate`` steps a second for ``seconds``; returns the report latencies (ms) and errors."""
     period_s = 1.0 / rate
     latencies: list[float] = []
+    lags: list[float] = []
     errors, reasons = 0, {}
     t0 = time.monotonic()
 
@@ -83,8 +84,17 @@ async def run_phase(client: httpx.AsyncClient, names: list[str], steps: dict, ra
             steps[name] = step + 1
             tick += 1
 
-    await asyncio.gather(*(job_loop(i, n) for i, n in enumerate(names)))
-    return {"latencies": latencies, "errors": errors, "reasons": reasons, "wall_s": time.monotonic() - t0}
+    async def ticker() -> None:
+        # How late the client's own event loop wakes up (a busy machine delays the client too, and that delay
+        # would count in every latency above).
+        while time.monotonic() - t0 < seconds:
+            due = time.monotonic() + 0.01
+            await asyncio.sleep(0.01)
+            lags.append((time.monotonic() - due) * 1000)
+
+    await asyncio.gather(ticker(), *(job_loop(i, n) for i, n in enumerate(names)))
+    return {"latencies": latencies, "lags": lags, "errors": errors, "reasons": reasons,
+            "wall_s": time.monotonic() - t0}
 
 
 def cpu_s(process: psutil.Process) -> float:
@@ -168,13 +178,13 @@ def main() -> int:
     print(f"trimtab server on SQLite; {args.jobs} jobs × {args.rate:g} reports/s, {args.seconds:g} s per phase; "
           f"cores: {os.cpu_count()}")
     print(f"{'phase':>9} {'reports':>8} {'errors':>7} {'plans':>6} {'plans/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8} {'server CPU %':>13} {'client CPU %':>13}")
+          f"{'max ms':>8} {'server CPU %':>13} {'client CPU %':>13} {'client loop lag p50/p99 ms':>27}")
     for r in results:
         lat = r["latencies"]
         r["p50"], r["p99"] = pct(lat, 50), pct(lat, 99)
         print(f"{r['phase']:>9} {len(lat):>8} {r['errors']:>7} {r['plans']:>6} {r['plans'] / r['wall_s']:>8.1f} "
               f"{r['p50']:>8.1f} {r['p99']:>8.1f} {max(lat):>8.1f} {100 * r['server_cpu_s'] / r['wall_s']:>13.0f} "
-              f"{100 * r['client_cpu_s'] / r['wall_s']:>13.0f}")
+              f"{100 * r['client_cpu_s'] / r['wall_s']:>13.0f} {pct(r['lags'], 50):>16.1f}/{pct(r['lags'], 99):<10.1f}")
         for why, n in r["reasons"].items():
             print(f"{'':>9} {n} × {why}")
     idle, load = results

@@ -172,17 +172,17 @@ class Rebalancer:
         while not self._stop.is_set():
             try:
                 queued = self._queue.take(max(0.0, next_sweep - time.monotonic()))
+                cpu_s = time.thread_time()
                 if queued is not None:
-                    cpu_s = time.thread_time()
                     try:
                         if not self._stop.is_set():
                             self._plan_queued(*queued)
                     finally:
                         self._queue.done()
-                    self._stop.wait(self._rest_s(time.thread_time() - cpu_s))
                 if time.monotonic() >= next_sweep and not self._stop.is_set():
                     self.run_once()
                     next_sweep = time.monotonic() + self.interval_s
+                self._stop.wait(self._rest_s(time.thread_time() - cpu_s))
             except Exception as exc:  # noqa: BLE001 - a bug here must not end planning for every job
                 self._failed("the planning thread", exc)
 
@@ -214,17 +214,23 @@ class Rebalancer:
             self._queue.put(job, forced)
 
     def run_once(self) -> None:
-        """Evaluate every job that reported recently (and is not off)."""
+        """Plan every job that reported recently (and is not off) and may have something new to plan: queued
+        for the planning thread (which calls this every ``interval_s``), or at once if it was never started."""
         try:
             jobs = job_store.list_jobs(self.engine, limit=10_000, offset=0)
         except Exception as exc:  # a dead store connection: next round
             self._failed("listing jobs", exc)
             return
         cutoff = now_ms() - LIVE_JOB_S * 1000
+        queued = set(self.queued())
         for job in jobs:
             if job.mode != "off" and job.last_report_ms is not None and job.last_report_ms >= cutoff \
-                    and self._seen.get(job.name) != _state_key(job) and self._worth_planning(job):
-                self.evaluate(job, wait=True)
+                    and job.name not in queued and self._seen.get(job.name) != _state_key(job):
+                if self._thread is None:
+                    if self._worth_planning(job):
+                        self.evaluate(job, wait=True)
+                else:  # whether it is worth planning is asked when its turn comes, at the thread's pace: a
+                    self._queue.put(job)  # hundred jobs' store queries in one burst would hold up the reports
 
     def _worth_planning(self, job: StoredJob) -> bool:
         """For the loop: the job's last plan is over (due, or the job changed since), or the steps stored since
@@ -326,12 +332,13 @@ class Rebalancer:
         result = plan(state, rules, placement=placement_for)
         self.stats.evaluations += 1
         self.stats.last_evaluation_ms = now_ms()
-        self._execute(job, result)
+        stored_step = next((d.applied_step for d in state.decisions if d.id == result.measuring), None)
+        self._execute(job, result, stored_applied_step=stored_step)
         newest = state.steps[-1].step if state.steps else -1
         self._cadence[job.name] = _Cadence(job.updated_ms, newest, result.wait)
         return result
 
-    def _execute(self, job: StoredJob, p: Plan) -> None:
+    def _execute(self, job: StoredJob, p: Plan, stored_applied_step: Optional[int] = None) -> None:
         engine = self.engine
         if p.close is not None:
             rollback = None
@@ -349,7 +356,8 @@ class Rebalancer:
             elif p.outcome == "kept":
                 self.stats.kept += 1
             log.info("rebalancer: job %s: %s", job.name, p.note)
-        elif p.measuring is not None and p.applied_step is not None:
+        elif p.measuring is not None and p.applied_step is not None and p.applied_step != stored_applied_step:
+            # (once: every plan while measuring would rewrite it, and SQLite has one writer for reports too)
             decision_store.set_applied_step(engine, p.measuring, p.applied_step)
         if p.change is not None:
             c = p.change
