@@ -273,7 +273,8 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
     because another writer committed in between. The writers of one process queue for it on
     :func:`sqlite_writer_turn` first.
     """
-    with sqlite_writer_turn(engine), engine.connect() as conn:
+    # (the connection first: opening one runs the pragmas, which need no turn and must not hold one up)
+    with engine.connect() as conn, sqlite_writer_turn(engine):
         if conn.dialect.name == "sqlite":
             conn.execution_options(**{_IMMEDIATE: True})
         with conn.begin():
