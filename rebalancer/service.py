@@ -7,13 +7,16 @@ seconds and the hook time out). The report route only notes that the job is wort
 job at most once however many reports come in meanwhile); the thread plans the queued jobs in turn, and a change
 it decides reaches the job in the response to its next report. Every ``interval_s`` the thread also sweeps the
 jobs for ones whose last report came in while they were being planned. An error in one job's plan is logged,
-counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. A Rebalancer that
-was never started plans on the caller's thread (tests and benches that step a job one report at a time).
+counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The thread rests
+between plans (it plans at most ``PLAN_SHARE`` of the time): the API shares its process and interpreter lock. A
+Rebalancer that was never started plans on the caller's thread (tests and benches that step a job one report at
+a time).
 
 Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
 before planning again can change anything (:class:`~trimtab.rebalancer.plan_types.Wait`), and until then a report
 costs a few counter updates here — no store read. A new registration, an ack, a mode switch (anything that moves
-the job's ``updated_ms``) or a refusal plans at once; a restarted daemon plans at the first report.
+the job's ``updated_ms``) queues a plan at the job's next report (or the next sweep), a refusal at once; a
+restarted daemon plans at the first report.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ PLAN_SHARE = 0.5
 # The interpreter's thread switch interval while the rebalancer runs (Python's default: 5 ms). A report's store
 # calls each give the GIL up and wait for it back: up to one interval each while a plan holds it.
 SWITCH_INTERVAL_S = 0.001
+
+
 @dataclass
 class RebalancerStats:
     evaluations: int = 0
