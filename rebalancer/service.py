@@ -1,22 +1,32 @@
 """The rebalancer inside `trimtab up` and `trimtab server`: loads each live job's state from the store, runs the
 controller's plan and writes what it decided (a change with its pending decision, a verdict, a rollback, advice).
 
-It is driven two ways: right after a step report is stored (so a change rides on the response to that very
-report and the job applies it at its next boundary, one step sooner than polling), and by a background loop that
-catches jobs whose last report came in while an evaluation was running. One evaluation per job at a time (a lock
-per job); an error in one job's evaluation is logged, counted on /healthz and never reaches the report's sender.
+Plans run on the rebalancer's own thread, never on a report's: a report is answered from ingest alone (with the
+changes already pending), so a slow plan cannot delay it (issue 20: a plan on the report's path made reports take
+seconds and the hook time out). The report route only notes that the job is worth planning and queues it (each
+job at most once however many reports come in meanwhile); the thread plans the queued jobs in turn, and a change
+it decides reaches the job in the response to its next report. Every ``interval_s`` the thread also sweeps the
+jobs for ones whose last report came in while they were being planned. An error in one job's plan is logged,
+counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The thread rests
+between plans (it plans at most ``PLAN_SHARE`` of the time): the API shares its process and interpreter lock. A
+Rebalancer that was never started plans on the caller's thread (tests and benches that step a job one report at
+a time).
 
 Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
 before planning again can change anything (:class:`~trimtab.rebalancer.plan_types.Wait`), and until then a report
 costs a few counter updates here — no store read. A new registration, an ack, a mode switch (anything that moves
-the job's ``updated_ms``) or a refusal plans at once; a restarted daemon plans at the first report.
+the job's ``updated_ms``) queues a plan at the job's next report (or the next sweep), a refusal at once; a
+restarted daemon plans at the first report.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
+import sys
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -33,6 +43,15 @@ from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob, now_ms
 
 log = logging.getLogger("trimtab.rebalancer")
+# The most of its time the planning thread spends planning (CPU time); it rests for the remainder. The API runs in
+# the same process: a thread that plans without rest holds the interpreter lock (GIL) most of the time, and every
+# report then waits for its turn at each store call (100 jobs planning back to back keep it busy).
+PLAN_SHARE = 0.5
+# The interpreter's thread switch interval while the rebalancer runs (Python's default: 5 ms). A report's store
+# calls each give the GIL up and wait for it back: up to one interval each while a plan holds it.
+SWITCH_INTERVAL_S = 0.001
+
+
 @dataclass
 class RebalancerStats:
     evaluations: int = 0
@@ -67,9 +86,62 @@ class _Cadence:
         return self.due
 
 
+class _PlanQueue:
+    """Jobs waiting for a plan, in the order they asked, each at most once: a job queued again before its plan
+    ran keeps its place (with the newest copy of the job, and ``forced`` if either asked for it)."""
+
+    def __init__(self) -> None:
+        self._jobs: "OrderedDict[str, tuple[StoredJob, bool]]" = OrderedDict()
+        self._cond = threading.Condition()
+        self._taken = False  # a job taken and not yet done
+
+    def put(self, job: StoredJob, forced: bool = False) -> None:
+        with self._cond:
+            queued = self._jobs.get(job.name)
+            if queued is not None:
+                self._jobs[job.name] = (job, forced or queued[1])
+                return
+            self._jobs[job.name] = (job, forced)
+            self._cond.notify()
+
+    def take(self, timeout_s: float) -> Optional[tuple[StoredJob, bool]]:
+        """The job that asked first and whether it was forced, or None once ``timeout_s`` passed (or on wake)."""
+        with self._cond:
+            if not self._jobs:
+                self._cond.wait(timeout_s)
+            if not self._jobs:
+                return None
+            self._taken = True
+            return self._jobs.popitem(last=False)[1]
+
+    def done(self) -> None:
+        with self._cond:
+            self._taken = False
+            self._cond.notify_all()
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        """Until nothing is queued or being planned; False if ``timeout_s`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._jobs and not self._taken, timeout_s)
+
+    def wake(self, drop: bool = False) -> None:
+        with self._cond:
+            if drop:
+                self._jobs.clear()
+            self._cond.notify_all()
+
+    def names(self) -> list[str]:
+        with self._cond:
+            return list(self._jobs)
+
+
 class Rebalancer:
-    def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0):
+    def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0,
+                 plan_share: float = PLAN_SHARE):
+        if not 0.0 < plan_share <= 1.0:
+            raise ValueError(f"plan_share must be in (0, 1], not {plan_share!r}")
         self.engine = engine
+        self.plan_share = plan_share
         self.rules = rules or default_rules()
         self.interval_s = interval_s
         self.stats = RebalancerStats()
@@ -79,37 +151,91 @@ class Rebalancer:
         # an ack, a mode switch or a registration came in since (else it would reread the same window every second)
         self._seen: dict[str, tuple] = {}
         self._cadence: dict[str, _Cadence] = {}  # job → when it is next worth planning
+        self._queue = _PlanQueue()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     # -- driving -------------------------------------------------------------------------------------------
 
     def start(self) -> "Rebalancer":
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="trimtab-rebalancer", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop planning: the plan in progress ends, the queued ones are dropped (a restart plans at the next
+        report)."""
         self._stop.set()
+        self._queue.wake(drop=True)
         if self._thread is not None:
             self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.run_once()
+        """The planning thread: the queued jobs in turn, and a sweep of every live job each ``interval_s``."""
+        next_sweep = time.monotonic() + self.interval_s
+        while not self._stop.is_set():
+            try:
+                queued = self._queue.take(max(0.0, next_sweep - time.monotonic()))
+                cpu_s = time.thread_time()
+                if queued is not None:
+                    try:
+                        if not self._stop.is_set():
+                            self._plan_queued(*queued)
+                    finally:
+                        self._queue.done()
+                if time.monotonic() >= next_sweep and not self._stop.is_set():
+                    self.run_once()
+                    next_sweep = time.monotonic() + self.interval_s
+                self._stop.wait(self._rest_s(time.thread_time() - cpu_s))
+            except Exception as exc:  # noqa: BLE001 - a bug here must not end planning for every job
+                self._failed("the planning thread", exc)
+
+    def _rest_s(self, plan_cpu_s: float) -> float:
+        """How long to leave the interpreter to the API after a plan that took ``plan_cpu_s`` of CPU: planning
+        may hold Python's one lock (the GIL) for at most ``plan_share`` of the time, or reports queue behind it."""
+        return plan_cpu_s * (1.0 - self.plan_share) / self.plan_share
+
+    def _plan_queued(self, job: StoredJob, forced: bool) -> None:
+        fresh = job_store.get_job(self.engine, job.name) or job
+        # A plan that ran since the job was queued (the sweep's, or its own while reports kept coming) may have
+        # covered it already: then its wait decides, as it would have on the report's path.
+        if forced or self._worth_planning(fresh):
+            self.evaluate(fresh, wait=True)
+
+    def queued(self) -> list[str]:
+        """The jobs waiting for a plan, first first."""
+        return self._queue.names()
+
+    def wait_planned(self, timeout_s: float = 10.0) -> bool:
+        """Until every queued plan has run (tests, benches); False if ``timeout_s`` passed first."""
+        return self._queue.wait_empty(timeout_s)
+
+    def _request_plan(self, job: StoredJob, forced: bool = False) -> None:
+        """Plan ``job`` on the planning thread (on the caller's if the rebalancer was never started)."""
+        if self._thread is None:
+            self.evaluate(job, wait=False)
+        elif not self._stop.is_set():
+            self._queue.put(job, forced)
 
     def run_once(self) -> None:
-        """Evaluate every job that reported recently (and is not off)."""
+        """Plan every job that reported recently (and is not off) and may have something new to plan: queued
+        for the planning thread (which calls this every ``interval_s``), or at once if it was never started."""
         try:
             jobs = job_store.list_jobs(self.engine, limit=10_000, offset=0)
         except Exception as exc:  # a dead store connection: next round
             self._failed("listing jobs", exc)
             return
         cutoff = now_ms() - LIVE_JOB_S * 1000
+        queued = set(self.queued())
         for job in jobs:
             if job.mode != "off" and job.last_report_ms is not None and job.last_report_ms >= cutoff \
-                    and self._seen.get(job.name) != _state_key(job) and self._worth_planning(job):
-                self.evaluate(job, wait=True)
+                    and job.name not in queued and self._seen.get(job.name) != _state_key(job):
+                if self._thread is None:
+                    if self._worth_planning(job):
+                        self.evaluate(job, wait=True)
+                else:  # whether it is worth planning is asked when its turn comes, at the thread's pace: a
+                    self._queue.put(job)  # hundred jobs' store queries in one burst would hold up the reports
 
     def _worth_planning(self, job: StoredJob) -> bool:
         """For the loop: the job's last plan is over (due, or the job changed since), or the steps stored since
@@ -121,11 +247,11 @@ class Rebalancer:
         return cadence.wait.over(steps, seconds)
 
     def after_report(self, job: StoredJob, step: int, step_time_s: Optional[float] = None) -> None:
-        """Called by the report route once a report is stored (``step_time_s``: the report's). It plans only when
-        the job's last plan said a window's worth of new steps could change something (or the job changed since),
-        and then only at the report that completes its step (the last rank's) — with 64 ranks the other 63 would
-        reread the same window for nothing; it skips if the job is being evaluated already (the loop catches
-        up). Without ``step_time_s`` (an older caller) every completed step plans."""
+        """Called by the report route once a report is stored (``step_time_s``: the report's). It queues the job
+        for a plan only when the job's last plan said a window's worth of new steps could change something (or the
+        job changed since), and then only at the report that completes its step (the last rank's) — with 64 ranks
+        the other 63 would reread the same window for nothing. It never plans on the caller's thread (unless the
+        rebalancer was never started). Without ``step_time_s`` (an older caller) every completed step plans."""
         if job.mode == "off":
             return
         cadence = self._cadence.get(job.name)
@@ -134,12 +260,13 @@ class Rebalancer:
             return
         if job.ranks > 1 and job_store.ranks_reported(self.engine, job.id, step) < job.ranks:
             return
-        self.evaluate(job, wait=False)
+        self._request_plan(job)
 
     def after_refusal(self, job: StoredJob) -> None:
-        """Called by the refusal route: the decision of the refused change is closed at once."""
+        """Called by the refusal route: the decision of the refused change is closed at the job's next plan,
+        queued now."""
         if job.mode != "off":
-            self.evaluate(job, wait=False)
+            self._request_plan(job, forced=True)
 
     def _lock(self, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -199,8 +326,8 @@ class Rebalancer:
         result = self._plan_and_execute(job, rules)
         if result.close is not None and result.rollback_to is None:
             # A verdict that queued nothing: the window it was judged on is the next decision's "before" window,
-            # so decide now and let the next change ride on this same report's response (a step sooner: 25 s at
-            # batch 4 on the H200).
+            # so decide now: the next change is pending for the job's next report, not a window later (a step
+            # sooner: 25 s at batch 4 on the H200).
             fresh = job_store.get_job(self.engine, job.name) or job
             follow = self._plan_and_execute(fresh, rules)
             result = follow if (follow.change or follow.advised or follow.advice_rule) else result
@@ -211,12 +338,13 @@ class Rebalancer:
         result = plan(state, rules, placement=placement_for)
         self.stats.evaluations += 1
         self.stats.last_evaluation_ms = now_ms()
-        self._execute(job, result)
+        stored_step = next((d.applied_step for d in state.decisions if d.id == result.measuring), None)
+        self._execute(job, result, stored_applied_step=stored_step)
         newest = state.steps[-1].step if state.steps else -1
         self._cadence[job.name] = _Cadence(job.updated_ms, newest, result.wait)
         return result
 
-    def _execute(self, job: StoredJob, p: Plan) -> None:
+    def _execute(self, job: StoredJob, p: Plan, stored_applied_step: Optional[int] = None) -> None:
         engine = self.engine
         if p.close is not None:
             rollback = None
@@ -234,7 +362,8 @@ class Rebalancer:
             elif p.outcome == "kept":
                 self.stats.kept += 1
             log.info("rebalancer: job %s: %s", job.name, p.note)
-        elif p.measuring is not None and p.applied_step is not None:
+        elif p.measuring is not None and p.applied_step is not None and p.applied_step != stored_applied_step:
+            # (once: every plan while measuring would rewrite it, and SQLite has one writer for reports too)
             decision_store.set_applied_step(engine, p.measuring, p.applied_step)
         if p.change is not None:
             c = p.change
@@ -263,7 +392,7 @@ class Rebalancer:
         return {"state": "running" if alive else "stopped", "rules": len(self.rules.rules),
                 "evaluations": s.evaluations, "changes_queued": s.changes_queued, "kept": s.kept,
                 "rolled_back": s.rolled_back, "refused": s.refused, "advised": s.advised, "errors": s.errors, "last_error": s.last_error,
-                "last_evaluation_ms": s.last_evaluation_ms, "jobs": dict(s.notes)}
+                "last_evaluation_ms": s.last_evaluation_ms, "queued": len(self.queued()), "jobs": dict(s.notes)}
 
     def status_line(self) -> str:
         s = self.stats

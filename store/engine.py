@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import re
 import threading
-from contextlib import contextmanager
+import weakref
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator
+from typing import ContextManager, Iterator
 
 from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
@@ -242,6 +243,7 @@ def _sqlite_engine(url: URL) -> Engine:
         url = url.set(database=str(path))
         database = str(path)
     engine = create_engine(url)
+    _WRITER_TURNS[engine] = threading.RLock()
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
@@ -268,13 +270,30 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
 
     On SQLite it starts with ``BEGIN IMMEDIATE``: the write lock is taken (waiting up to busy_timeout) before
     the first read, so a transaction that reads and then writes can never fail half-way with SQLITE_BUSY
-    because another writer committed in between.
+    because another writer committed in between. The writers of one process queue for it on
+    :func:`sqlite_writer_turn` first.
     """
-    with engine.connect() as conn:
+    # (the connection first: opening one runs the pragmas, which need no turn and must not hold one up)
+    with engine.connect() as conn, sqlite_writer_turn(engine):
         if conn.dialect.name == "sqlite":
             conn.execution_options(**{_IMMEDIATE: True})
         with conn.begin():
             yield conn
+
+
+# engine → the lock its writers in this process take before SQLite's write lock (SQLite engines only)
+_WRITER_TURNS: "weakref.WeakKeyDictionary[Engine, threading.RLock]" = weakref.WeakKeyDictionary()
+
+
+def sqlite_writer_turn(engine: Engine) -> ContextManager:
+    """This process's turn at ``engine``'s SQLite write lock (nothing to wait for on PostgreSQL).
+
+    SQLite has one writer at a time, and a writer that finds the lock taken polls for it: its busy handler
+    sleeps 1, 2, 5 … then 100 ms between tries, never woken when the lock frees, so with a steady stream of
+    writers (reports, acks, the rebalancer's decisions, the agent's batches) one can lose every race for
+    seconds. Writers of one process instead queue on a lock here, which hands over the moment it is released;
+    SQLite's own lock then only arbitrates between processes."""
+    return _WRITER_TURNS.get(engine) or nullcontext()
 
 
 def insert_for(dialect: Dialect, table: Table):

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, Batch, GpuInfo, \
     NodeInfo
-from trimtab.store.engine import insert_for
+from trimtab.store.engine import insert_for, sqlite_writer_turn
 from trimtab.store.models import (
     ROLLUP_STATE_ID,
     UNKNOWN_GPU_INDEX,
@@ -211,7 +211,7 @@ class BatchWriter:
         new_nodes: dict[str, tuple[int, NodeInfo, int]] = {}
         new_gpus: dict[str, _GpuRow] = {}
         try:
-            with self._driver_errors():
+            with sqlite_writer_turn(self._engine), self._driver_errors():
                 if self._begin:
                     driver.execute(self._begin)
                 node_id = self._node_id(driver, batch, new_nodes)

@@ -72,9 +72,10 @@ def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
              summary="Post a step report",
              description="One rank's report of one step: step time and its phases, samples, tokens, allocator "
                          "statistics, collective latency. A resent (step, rank) is not stored twice. The response "
-                         "carries the job's pending knob changes (the rebalancer evaluates the job as soon as the "
-                         "report is stored, so a change it decides arrives here): apply them at a step boundary on "
-                         "every rank, then acknowledge. Scope: job — the job token that registered the job, or "
+                         "carries the job's pending knob changes: apply them at a step boundary on every rank, then "
+                         "acknowledge. The report is answered from ingest alone; the rebalancer plans the job on its "
+                         "own thread once the report is stored, so a change it decides arrives in the response to a "
+                         "following report. Scope: job — the job token that registered the job, or "
                          "an admin; 403 for any other job token, and for every job token when an admin "
                          "registered the job.")
 def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
@@ -83,7 +84,7 @@ def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = D
     _check_possible(ctx, job, body)
     stored = job_store.add_report(ctx.engine, job.id, to_columns(body.model_dump()))
     if stored and ctx.after_report is not None:
-        ctx.after_report(job, body.step, body.step_time_s)  # the rebalancer: a change decided now rides on this response
+        ctx.after_report(job, body.step, body.step_time_s)  # queues a plan (never runs one here)
     pending = [] if job.mode == "off" else job_store.pending_changes(ctx.engine, job.id)
     return ReportAcceptedOut(stored=stored, pending_changes=[
         PendingChangeOut(change_id=c.id, knob=c.knob, value=c.value, reason=c.reason) for c in pending])
@@ -137,7 +138,7 @@ def refuse(body: RefusalIn, name: str = job_name_path(), ctx: ApiContext = Depen
     change = _known(job_store.refuse_change(ctx.engine, job.id, body.change_id, body.rank, body.reason), name,
                     body.change_id)
     if ctx.after_refusal is not None:
-        ctx.after_refusal(job)  # the rebalancer closes the decision now rather than at the next report
+        ctx.after_refusal(job)  # the rebalancer closes the decision at once (on its own thread), not at the next report
     return change_out(change)
 
 

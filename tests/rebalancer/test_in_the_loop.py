@@ -1,5 +1,5 @@
-"""The rebalancer wired into the API and the daemon: a change decided on a report rides on that report's response,
-per-job rules are checked at registration, a bad rules file stops the daemon with its line, and /healthz shows the
+"""The rebalancer wired into the API and the daemon: a report queues a plan, the plan runs on the rebalancer's
+thread and the change it decides rides on the response to the job's next report; per-job rules are checked at registration, a bad rules file stops the daemon with its line, and /healthz shows the
 rebalancer."""
 
 from __future__ import annotations
@@ -24,15 +24,34 @@ def report(step: int, step_time: float = 45.0, gen: float = 44.0) -> dict:
 
 
 @pytest.fixture
-def loop_api(sqlite_api):
-    sqlite_api.ctx.after_report = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules).after_report
+def rebalancer(sqlite_api):
+    """The rebalancer as the daemon wires it (its own planning thread); no sweep: only reports queue plans."""
+    rb = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules, interval_s=3600).start()
+    sqlite_api.ctx.after_report, sqlite_api.ctx.after_refusal = rb.after_report, rb.after_refusal
+    yield rb
+    rb.stop()
+
+
+@pytest.fixture
+def loop_api(sqlite_api, rebalancer):
     return sqlite_api
 
 
-def test_a_change_decided_on_a_report_comes_back_in_that_reports_response(loop_api):
+def until(predicate, timeout_s: float = 20.0):
+    """Polls ``predicate`` (the daemon in a subprocess plans on its own thread) until it returns something true."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+    return value
+
+
+def test_a_change_decided_on_a_report_comes_back_in_the_next_reports_response(loop_api, rebalancer):
     api = loop_api
     assert api.post("/v1/jobs", JOB, scope="job").status_code == 201
-    body = api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()
+    assert api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()["stored"] is True
+    assert rebalancer.wait_planned()
+    body = api.post("/v1/jobs/ppo/reports", report(1), scope="job").json()
     assert [(c["knob"], c["value"]) for c in body["pending_changes"]] == [("batch_size", 4)]
     assert body["pending_changes"][0]["reason"].startswith("generation_bound:")
     decision = api.get("/v1/decisions", job="ppo").json()["decisions"][0]
@@ -40,20 +59,23 @@ def test_a_change_decided_on_a_report_comes_back_in_that_reports_response(loop_a
         ("generation_bound", "pending", 1, 4)
     assert decision["evidence"]["reading"]["value"] == pytest.approx(100 * 44.0 / 45.0, abs=0.01)
     # A resent report stores nothing and decides nothing new: still exactly one change.
-    again = api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()
-    assert again["stored"] is False and len(api.get("/v1/jobs/ppo/changes").json()["changes"]) == 1
+    again = api.post("/v1/jobs/ppo/reports", report(1), scope="job").json()
+    assert again["stored"] is False and rebalancer.wait_planned()
+    assert len(api.get("/v1/jobs/ppo/changes").json()["changes"]) == 1
 
 
-def test_advise_mode_answers_reports_without_changes_but_records_the_advice(loop_api):
+def test_advise_mode_answers_reports_without_changes_but_records_the_advice(loop_api, rebalancer):
     api = loop_api
     assert api.post("/v1/jobs", {**JOB, "mode": "advise"}, scope="job").status_code == 201
-    body = api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()
+    api.post("/v1/jobs/ppo/reports", report(0), scope="job")
+    assert rebalancer.wait_planned()
+    body = api.post("/v1/jobs/ppo/reports", report(1), scope="job").json()
     assert body["pending_changes"] == []
     [decision] = api.get("/v1/decisions", job="ppo").json()["decisions"]
     assert decision["outcome"] == "advised" and decision["new_value"] == 4 and decision["change_id"] is None
 
 
-def test_per_job_rules_are_checked_at_registration_and_used(loop_api):
+def test_per_job_rules_are_checked_at_registration_and_used(loop_api, rebalancer):
     api = loop_api
     bad = api.post("/v1/jobs", {**JOB, "rules": {"rules": {"generation_bound": {"act_abov": 60}}}}, scope="job")
     assert bad.status_code == 422 and "has no key 'act_abov'" in bad.text
@@ -61,8 +83,11 @@ def test_per_job_rules_are_checked_at_registration_and_used(loop_api):
     assert bad.status_code == 422 and "expected a number" in bad.text
     ok = api.post("/v1/jobs", {**JOB, "rules": {"rules": {"generation_bound": {"act_above": 99.0}}}}, scope="job")
     assert ok.status_code == 201 and ok.json()["rules"] == {"rules": {"generation_bound": {"act_above": 99.0}}}
-    body = api.post("/v1/jobs/ppo/reports", report(0), scope="job").json()
+    api.post("/v1/jobs/ppo/reports", report(0), scope="job")
+    assert rebalancer.wait_planned()
+    body = api.post("/v1/jobs/ppo/reports", report(1), scope="job").json()
     assert body["pending_changes"] == []  # 97.8 % generation is below this job's own act line
+    assert rebalancer.health()["evaluations"] >= 1  # (it was planned, and decided nothing)
 
 
 def test_a_bad_rules_file_stops_the_daemon_with_its_line(tmp_path):
@@ -144,28 +169,34 @@ def test_a_daemon_killed_mid_change_resumes_it_from_the_store_and_applies_it_onc
     try:
         admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
         assert httpx.post(f"{url}/v1/jobs", json=JOB, headers=admin).status_code == 201
-        first = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(0), headers=admin).json()
+        httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(0), headers=admin)
+        until(lambda: httpx.get(f"{url}/v1/jobs/ppo/changes").json()["changes"])  # planned on its own thread
+        first = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(1), headers=admin).json()
         [change] = first["pending_changes"]
         assert (change["knob"], change["value"]) == ("batch_size", 4)
         stop(proc, signal.SIGKILL)  # the daemon dies with the change in flight, before the job applied it
 
         proc = start()
-        again = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(1), headers=admin).json()
+        again = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(2), headers=admin).json()
         assert again["pending_changes"] == first["pending_changes"]  # the same change, not a second one
-        ack = {"change_id": change["change_id"], "applied_at_step": 2, "rank": 0}
+        ack = {"change_id": change["change_id"], "applied_at_step": 3, "rank": 0}
         assert httpx.post(f"{url}/v1/jobs/ppo/acks", json=ack, headers=admin).status_code == 200
         stop(proc, signal.SIGKILL)  # and dies again while measuring the change
 
         proc = start()
-        for step in (2, 3):  # the settle step, then a 12 s step at batch 4: 4× the throughput
-            body = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(step, step_time=12.0, gen=11.0),
-                              headers=admin).json()
+        for step in (3, 4):  # the settle step, then a 12 s step at batch 4: 4× the throughput
+            httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(step, step_time=12.0, gen=11.0), headers=admin)
+
+        def next_change():
+            return [c for c in httpx.get(f"{url}/v1/jobs/ppo/changes").json()["changes"] if c["value"] == 16]
+        until(next_change)  # the verdict and, in the same plan, the next change
         [kept, *_] = httpx.get(f"{url}/v1/decisions", params={"job": "ppo"}).json()["decisions"][::-1]
-        assert (kept["outcome"], kept["applied_step"], kept["change_id"]) == ("kept", 2, change["change_id"])
+        assert (kept["outcome"], kept["applied_step"], kept["change_id"]) == ("kept", 3, change["change_id"])
         assert kept["throughput_after_samples_per_s"] == pytest.approx(64 / 12)
         changes = httpx.get(f"{url}/v1/jobs/ppo/changes").json()["changes"]
         assert [c["change_id"] for c in changes if c["value"] == 4] == [change["change_id"]]  # applied once
-        assert [c["value"] for c in body["pending_changes"]] == [16]  # the verdict's report carries the next change
+        body = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(5, step_time=12.0, gen=11.0), headers=admin).json()
+        assert [c["value"] for c in body["pending_changes"]] == [16]  # the next report carries the next change
     finally:
         stop(proc)
 
@@ -184,9 +215,10 @@ def test_the_head_node_rebalances_jobs_on_postgresql(pg_url, tmp_path):
         assert httpx.post(f"{url}/v1/jobs", json={**JOB, "ranks": 2}, headers=admin).status_code == 201
         r0 = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(0), headers=admin).json()
         assert r0["pending_changes"] == []  # rank 1 has not reported step 0 yet
-        r1 = httpx.post(f"{url}/v1/jobs/ppo/reports", json={**report(0), "rank": 1}, headers=admin).json()
+        httpx.post(f"{url}/v1/jobs/ppo/reports", json={**report(0), "rank": 1}, headers=admin)
+        until(lambda: httpx.get(f"{url}/healthz").json()["components"]["rebalancer"]["changes_queued"] == 1)
+        r1 = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(1), headers=admin).json()
         assert [(c["knob"], c["value"]) for c in r1["pending_changes"]] == [("batch_size", 4)]
-        assert httpx.get(f"{url}/healthz").json()["components"]["rebalancer"]["changes_queued"] == 1
         time.sleep(1.5)  # one status period
     finally:
         _, err = stop(server)
