@@ -57,6 +57,7 @@ SMOKE = {
     "plan_cost.py": Smoke(("--rates", "21", "--seconds", "2"), "ratio"),
     "rebalance.py": Smoke(("--config", "smoke", "--best", "4,0,1", "--max-steps", "2", "--best-steps", "1",
                            "--tail", "1", "--budget-s", "3"), "best static"),
+    "report_latency.py": Smoke(("--smoke",), "planning / idle"),
     "server_load.py": Smoke(("--db", "sqlite", "--nodes", "1,2", "--seconds", "1"), "largest N with 0 drops"),
     "store_ingest.py": Smoke(("--ticks", "20", "--repeats", "1", "--pg-url", ""), "sqlite"),
     "workloads.py": Smoke(("--seeds", "1", "--max-steps", "40"), "communication-bound"),
