@@ -11,7 +11,8 @@ stretch is weighted by its age (``memory_fit_half_life_s`` of step time), so mem
 Where the evidence cannot tell two terms apart the fit takes the larger prediction, never the smaller: one value
 seen puts the base into the per-sample memory (an upper bound for a larger value); lengths that barely moved
 (under ``memory_min_length_spread_pct``) put the per-sample memory into the per-token one (an upper bound for a
-longer length). The prediction's margin is ``memory_margin_pct`` of the GPU plus the fit's largest recent miss.
+longer length); several values whose peaks did not grow are flat (the largest peak). The prediction's margin is
+``memory_margin_pct`` of the GPU plus the fit's largest recent under-prediction.
 """
 
 from __future__ import annotations
@@ -193,6 +194,12 @@ def _fit_terms(pts: list[Point], token_budget: bool, min_spread: float) -> tuple
         if sol is not None and sol[1] >= 0:
             base, slope = sol if sol[0] >= 0 else (0.0, _through_origin(vs, ys, ws))
             model = f"base + {what} fitted on {len(pts)} stretches"
+        elif sol is not None:
+            # Several values, and the peak did not grow with them (a rounding error either side of flat, or a peak
+            # set by another phase): memory is flat across the values seen. Reading it as "one value seen" put
+            # all of the peak per sample (20 GiB at batch 1 predicted 80 GiB at batch 4 on the H200 pipeline).
+            base, slope = max(ys), 0.0
+            model = f"flat across the {len(set(vs))} values seen (the largest peak)"
         else:
             base, slope, model = 0.0, _through_origin(vs, ys, ws), f"one value seen: all memory {what} (an upper bound)"
         return (base, 0.0, slope, model) if token_budget else (base, slope, 0.0, model)
@@ -261,7 +268,8 @@ def fit(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str, no
     mfit = MemoryFit(knob, base, per_sample, per_token, 0.0, 0.0, total * ctl.memory_line_pct / 100.0, total,
                      length_now, per_s, tuple(pts), model)
     recent = [p for p in pts if p.weight >= RECENT_WEIGHT] or pts
-    miss = max(abs(p.peak_bytes - mfit.predict(p.value, p.length)) for p in recent)
+    # Only a peak above the fit widens the margin: an over-prediction (an upper-bound model) is the safe side.
+    miss = max(max(0.0, p.peak_bytes - mfit.predict(p.value, p.length)) for p in recent)
     margin = total * ctl.memory_margin_pct / 100.0 + miss
     return MemoryFit(knob, base, per_sample, per_token, margin, miss, mfit.line_bytes, total, length_now, per_s,
                      tuple(pts), model)
