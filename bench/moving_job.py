@@ -15,7 +15,7 @@ Throughput is samples over seconds of whole steps (a step lost to an OOM counts 
 
 CPU (``--device-map cpu``): the job's memory is 2 GiB + batch × length × ``--kv-mib-per-token`` against a 141 GiB
 GPU (an OOM when above), its step time 0.8 s of weight-bound decode + 0.5 ms per sample + 1 µs per token in flight
-(±3 % noise), the lengths ±2 % around the line, all from the seed; it posts its reports to a live API (real store,
+(±3 % noise), the lengths ±2 % around the line, all drawn from the run's random seed; it posts its reports to a live API (real store,
 real Rebalancer) and applies what comes back at the next step, as ``bench/workloads.py`` does — an OOM halves the
 batch and lowers its max, as the hook does.
 
@@ -57,7 +57,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class SimJob:
-    """The simulated job: memory and step time as functions of batch and length, noise from the seed."""
+    """The simulated job: memory and step time as functions of batch and length, noise drawn from the run's random seed."""
     shape: Shape
     seed: int
     limit_gib: float = 141.0
@@ -244,7 +244,7 @@ def main() -> int:
     ap.add_argument("--kv-mib-per-token", type=float, default=Shape.kv_mib_per_token)
     ap.add_argument("--goal-pct", type=float, default=150.0,
                     help="exit 1 below this %% of the best static (or on an OOM)")
-    ap.add_argument("--path", action="store_true", help="print every seed's batch path")
+    ap.add_argument("--path", action="store_true", help="print the batch path of every seed")
     ap.add_argument("--step-s", type=float, default=0.8, help="GPU: the decode step's time (calibrated at batch 64)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="GPU: stop the auto run after this long")
     ap.add_argument("--baseline-every", type=int, default=10, help="GPU: static and oracle timed on every Nth step")

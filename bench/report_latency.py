@@ -172,9 +172,10 @@ def main() -> int:
     if args.smoke:
         args.jobs, args.seconds = 10, 2.0
     load_at_start = os.getloadavg()[0]  # other work on the machine shows in every figure: say how much there was
-    tmp = Path(tempfile.mkdtemp(prefix="trimtab-report-latency-"))
-    with trimtab_server(f"sqlite:///{tmp}/trimtab.db", tmp / "state") as (base, token, pid):
-        results = asyncio.run(bench(base, token, psutil.Process(pid), args.jobs, args.rate, args.seconds))
+    with tempfile.TemporaryDirectory(prefix="trimtab-report-latency-") as tmp_dir:  # the store, removed after
+        tmp = Path(tmp_dir)
+        with trimtab_server(f"sqlite:///{tmp}/trimtab.db", tmp / "state") as (base, token, pid):
+            results = asyncio.run(bench(base, token, psutil.Process(pid), args.jobs, args.rate, args.seconds))
     print(f"trimtab server on SQLite; {args.jobs} jobs × {args.rate:g} reports/s, {args.seconds:g} s per phase; "
           f"cores: {os.cpu_count()}")
     print(f"{'phase':>9} {'reports':>8} {'errors':>7} {'plans':>6} {'plans/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
