@@ -114,7 +114,11 @@ def _ensure_ray() -> None:
     t0 = time.time()
     # 2 logical CPUs: TransferQueue's controller and its one storage unit are each @ray.remote(num_cpus=1);
     # with num_cpus=1 tq.init() waits forever for the second actor.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Ray's session files in a directory of the suite's own, removed at exit (after ray.shutdown, registered later):
+    # a suite run leaves nothing under /tmp (Ray's default /tmp/ray stays behind).
+    temp_dir = tempfile.mkdtemp(prefix="trimtab-ray-")
+    atexit.register(shutil.rmtree, temp_dir, True)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, _temp_dir=temp_dir)
     _SESSION["ray_start_s"] = time.time() - t0
     _SESSION["ray_owned"] = True
     atexit.register(shutdown)
