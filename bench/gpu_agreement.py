@@ -100,7 +100,7 @@ class Dmon:
 def agent_means(db: str, start: float, end: float) -> dict:
     from sqlalchemy import create_engine, text
 
-    from trimtab.agent.readings import GPU_METRIC_NAMES
+    from trimtab.contract.readings import GPU_METRIC_NAMES
 
     eng = create_engine(db)
     cols = ", ".join(f"AVG({m}) AS {m}" for m in GPU_METRIC_NAMES)
@@ -115,7 +115,7 @@ def agent_means(db: str, start: float, end: float) -> dict:
 def unsupported_metrics(db: str) -> list[str]:
     from sqlalchemy import create_engine, text
 
-    from trimtab.agent.readings import GPU_METRIC_NAMES
+    from trimtab.contract.readings import GPU_METRIC_NAMES
 
     eng = create_engine(db)
     with eng.connect() as c:

@@ -118,10 +118,10 @@ def smoke(steps: int, step_s: float) -> int:
     import torch
 
     from trimtab.contract.step_report import to_columns
-    from trimtab.rebalancer.grading import job_rows
-    from trimtab.rebalancer.rules import default_rules
-    from trimtab.rebalancer.signals import JobContext
-    from trimtab.rebalancer.window import fold_step, throughput
+    from trimtab.grading.grading import job_rows
+    from trimtab.grading.rules import default_rules
+    from trimtab.grading.signals import JobContext
+    from trimtab.grading.window import fold_step, throughput
     from trimtab.trainer import attach
 
     cuda = torch.cuda.is_available()
@@ -176,7 +176,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     from trimtab.trainer import attach
-    from trimtab.trainer.pipeline.story import start_daemon
+    from trimtab.workload.story import start_daemon
 
     busy = None
     if cuda:

@@ -48,9 +48,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from trimtab.trainer import attach
-    from trimtab.trainer.pipeline.cli import knob_declaration
-    from trimtab.trainer.pipeline.config import Knobs, parse_device_map, preset
-    from trimtab.trainer.pipeline.loop import Pipeline
+    from trimtab.workload.cli import knob_declaration
+    from trimtab.workload.config import Knobs, parse_device_map, preset
+    from trimtab.workload.loop import Pipeline
 
     config = preset(args.config)
     devices = parse_device_map(args.device_map)

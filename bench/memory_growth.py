@@ -138,9 +138,9 @@ def main() -> int:
 
     import torch
 
-    from trimtab.rebalancer.rules import default_rules
+    from trimtab.grading.rules import default_rules
     from trimtab.trainer import attach
-    from trimtab.trainer.pipeline import story
+    from trimtab.workload import story
 
     if not args.tiny and args.device_map.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device: use --device-map cpu --tiny", file=sys.stderr)

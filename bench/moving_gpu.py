@@ -106,7 +106,7 @@ def run_gpu(args, shape: Shape) -> int:
     import torch
 
     from trimtab.trainer import attach
-    from trimtab.trainer.pipeline import story
+    from trimtab.workload import story
 
     if args.device_map.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device: use --device-map cpu", flush=True)

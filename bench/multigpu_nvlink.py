@@ -429,7 +429,7 @@ class HealthPoller(threading.Thread):
         self.d, self.every_s, self.polls, self.stop_event = daemon, every_s, [], threading.Event()
 
     def run(self) -> None:
-        from trimtab.trainer.pipeline import story
+        from trimtab.workload import story
 
         while not self.stop_event.wait(self.every_s):
             try:
@@ -476,7 +476,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from trimtab.store.engine import open_engine
     from trimtab.store.queries import gpu_aggregates
-    from trimtab.trainer.pipeline import story
+    from trimtab.workload import story
 
     if not torch.cuda.is_available():
         print("no CUDA device: this bench needs GPUs (--dry-run prints the plan)", file=sys.stderr)

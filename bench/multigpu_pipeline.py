@@ -6,7 +6,7 @@ running it.
 
 One `trimtab up` (NVML agent at 1 s, SQLite, rebalancer) on loopback; the ranks are WORLD_SIZE processes
 (``torch.multiprocessing.spawn``; NCCL with NVLink multicast off on CUDA, gloo on CPU), each a
-``DataParallelPipeline`` (``trimtab.trainer.pipeline.ddp``) on its own device map, all built once. In that one
+``DataParallelPipeline`` (``trimtab.workload.ddp``) on its own device map, all built once. In that one
 spawn, every rank: (1) measures each static setting of ``--grid`` (no hook; ``--warmup`` + ``--grid-steps``
 steps); (2) attaches the hook (mode ``auto``, knobs at the defaults (1, 0, 1), ``--probe-every`` steps between NCCL
 latency probes) and runs until rank 0 sees the rebalancer settled for ``--tail`` steps, or ``--max-steps`` /
@@ -186,18 +186,18 @@ def rank_main(rank: int, world: int, port: int, plan_path: str) -> None:
     import logging
     import types
 
-    from trimtab.trainer.pipeline.ddp import apply_safe_env
+    from trimtab.workload.ddp import apply_safe_env
 
     apply_safe_env()
     import torch
     import torch.distributed as dist
 
     from trimtab.trainer import attach
-    from trimtab.trainer.pipeline import story
-    from trimtab.trainer.pipeline.config import preset
-    from trimtab.trainer.pipeline.ddp import (DataParallelPipeline, init_distributed, params_digest,
+    from trimtab.workload import story
+    from trimtab.workload.config import preset
+    from trimtab.workload.ddp import (DataParallelPipeline, init_distributed, params_digest,
                                               rank_device_map)
-    from trimtab.trainer.pipeline.loop import set_cpu_threads
+    from trimtab.workload.loop import set_cpu_threads
 
     plan = json.loads(Path(plan_path).read_text())
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
@@ -332,7 +332,7 @@ def gpu_busy(daemon, start_s: float, end_s: float) -> dict[int, Optional[float]]
 
 
 def fetch_all(daemon, path: str, key: str) -> list[dict]:
-    from trimtab.trainer.pipeline import story
+    from trimtab.workload import story
 
     rows, offset = [], 0
     while offset is not None:
@@ -369,7 +369,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
 
-    from trimtab.trainer.pipeline.ddp import apply_safe_env, hook_map, parse_job_map, split_job_map
+    from trimtab.workload.ddp import apply_safe_env, hook_map, parse_job_map, split_job_map
 
     apply_safe_env()
     if args.rank_maps:
@@ -403,7 +403,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.dry_run:
         return 0
 
-    from trimtab.trainer.pipeline import story
+    from trimtab.workload import story
 
     work = Path(tempfile.mkdtemp(prefix="trimtab-ddp-"))
     daemon = story.start_daemon(work / "daemon", args=args.daemon_args.split())

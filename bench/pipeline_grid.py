@@ -41,14 +41,14 @@ def _import_pipeline():
     """The pipeline package, installed or straight from this checkout (a bare GPU machine may have no editable
     install, nor httpx, which ``trimtab.trainer``'s hook needs and this benchmark does not)."""
     try:
-        import trimtab.trainer.pipeline.loop  # noqa: F401
+        import trimtab.workload.loop  # noqa: F401
     except ImportError:
         repo = Path(__file__).resolve().parents[1]
         for name, folder in (("trimtab", "core"), ("trimtab.trainer", "trainer")):
             package = types.ModuleType(name)
             package.__path__ = [str(repo / folder)]
             sys.modules[name] = package
-    from trimtab.trainer.pipeline import config, loop
+    from trimtab.workload import config, loop
 
     return config, loop
 

@@ -25,7 +25,7 @@ KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}}
 
 def run(rate: float, ranks: int, seconds: float, cadence: str, seed: int = 1) -> dict:
     """One simulated job on a fresh store; ``cadence`` "step" (evaluate every completed step) or "window"."""
-    from trimtab.rebalancer.service import Rebalancer
+    from trimtab.control.service import Rebalancer
     from trimtab.store import jobs as job_store
     from trimtab.store.engine import migrate, open_engine
 

@@ -52,10 +52,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from trimtab.trainer import attach
-    from trimtab.trainer.pipeline.config import preset
-    from trimtab.trainer.pipeline.loop import Pipeline, set_cpu_threads
-    from trimtab.trainer.pipeline.config import parse_device_map
-    from trimtab.trainer.pipeline import story
+    from trimtab.workload.config import preset
+    from trimtab.workload.loop import Pipeline, set_cpu_threads
+    from trimtab.workload.config import parse_device_map
+    from trimtab.workload import story
 
     config = preset(args.config)
     devices = parse_device_map(args.device_map)

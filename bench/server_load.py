@@ -89,7 +89,7 @@ def count_rows(url: str) -> int:
 
 
 async def run_step(base: str, token: str, n_nodes: int, seconds: float, run_id: str) -> dict:
-    from trimtab.agent.readings import Batch, NodeInfo
+    from trimtab.contract.readings import Batch, NodeInfo
     from trimtab.agent.simulated import SimulatedNode
 
     nodes = [SimulatedNode(8, scenario="balanced", seed=i, hostname=f"{run_id}-n{n_nodes}-{i}") for i in range(n_nodes)]

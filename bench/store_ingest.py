@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from sqlalchemy import create_engine, text
 
-from trimtab.agent.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
+from trimtab.contract.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
 from trimtab.store.engine import insert_for, migrate, open_engine
 from trimtab.store.ingest import BatchWriter, DriverStatement
 from trimtab.store.models import gpu_samples, gpus, host_samples, nodes

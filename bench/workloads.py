@@ -346,8 +346,8 @@ def local_api(job_token_name: str, rules_file: Optional[str] = None) -> Iterator
     from trimtab.api.auth import ensure_admin_token
     from trimtab.api.context import ApiContext
     from trimtab.daemon import ApiServer
-    from trimtab.rebalancer.rules import load_rules
-    from trimtab.rebalancer.service import Rebalancer
+    from trimtab.grading.rules import load_rules
+    from trimtab.control.service import Rebalancer
     from trimtab.store.engine import migrate, open_engine
 
     with tempfile.TemporaryDirectory(prefix="trimtab-workloads-") as tmp:

@@ -17,7 +17,7 @@ Conventions (grafana/README.md explains them for readers of the dashboards):
   sample count.
 * A metric a GPU does not support is NULL in the store and absent in Prometheus. Time series leave such a GPU out
   (no flat zero line) and say "unsupported" when nothing is left; tables map NULL to "unsupported".
-* Job panels fold the ranks' reports into steps as the rebalancer does (``trimtab.rebalancer.window``): a step
+* Job panels fold the ranks' reports into steps as the rebalancer does (``trimtab.grading.window``): a step
   lasts as long as its slowest rank, each phase takes the slowest rank's time, samples add up.
 """
 
@@ -103,7 +103,7 @@ def balance_pg() -> dict:
         table("Verdict per threshold (last 30 s of the range)",
               "What `trimtab check` grades, per node, over the last 30 seconds of the selected range: utilization "
               "spread, the worst GPU's PCIe use (% of link peak) and memory use (% of total), each against the "
-              "thresholds of rebalancer/rules.toml. act: above the act threshold; watch: between the two; ok: below healthy.",
+              "thresholds of src/trimtab/grading/rules.toml. act: above the act threshold; watch: between the two; ok: below healthy.",
               sql(VERDICT_SQL, "table"),
               ["host", "check", "value", "unit", "status", "healthy below", "act above"],
               overrides=[override("status", mappings=STATUS_MAPPINGS,

@@ -19,7 +19,7 @@ PROM_UID, PROM_TYPE = "trimtab-prometheus", "prometheus"
 PG = {"type": PG_TYPE, "uid": PG_UID}
 PROM = {"type": PROM_TYPE, "uid": "${datasource}"}  # the Prometheus dashboards' datasource variable
 
-# -- thresholds: rebalancer/rules.toml's defaults (tests/grafana compares them with that file) -----------------
+# -- thresholds: src/trimtab/grading/rules.toml's defaults (tests/grafana compares them with that file) -----------------
 SPREAD = (25.0, 40.0)          # utilization_spread: healthy below, act above (points)
 PCIE = (70.0, 90.0)            # pcie: % of the link's per-direction peak
 MEMORY = (90.0, 98.0)          # memory: (used + reserved) / total, %

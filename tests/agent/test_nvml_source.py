@@ -13,7 +13,7 @@ from tests.agent import fake_pynvml as fk
 from trimtab.agent.nvml import NvmlSource
 from trimtab.agent.nvml import gpm as nvml_gpm
 from trimtab.agent.nvml import slow as nvml_slow
-from trimtab.agent.readings import EVENT_GPU_LOST, EVENT_SOURCE_ERROR, EVENT_XID
+from trimtab.contract.readings import EVENT_GPU_LOST, EVENT_SOURCE_ERROR, EVENT_XID
 from trimtab.agent.source import SourceUnavailable
 
 

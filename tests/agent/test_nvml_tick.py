@@ -12,7 +12,7 @@ import pytest
 from tests.agent import fake_pynvml as fk
 from trimtab.agent.nvml import gpm as nvml_gpm
 from trimtab.agent.nvml.structs import field_reader
-from trimtab.agent.readings import GpuSample
+from trimtab.contract.readings import GpuSample
 
 nv = fk._real
 

@@ -4,7 +4,7 @@ import math
 import threading
 import time
 
-from trimtab.agent.readings import EVENT_SOURCE_ERROR, GpuInfo, GpuSample, HostSample, NvlinkSample, Readings
+from trimtab.contract.readings import EVENT_SOURCE_ERROR, GpuInfo, GpuSample, HostSample, NvlinkSample, Readings
 from trimtab.agent.sampler import Sampler
 from trimtab.agent.source import Inventory
 

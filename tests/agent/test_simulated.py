@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from trimtab.agent.readings import GPU_METRIC_NAMES
+from trimtab.contract.readings import GPU_METRIC_NAMES
 from trimtab.agent.simulated import (NVLINK_PEAK_BYTES_PER_S, PCIE_PEAK_BYTES_PER_S, SCENARIOS, SimulatedNode)
 from trimtab.agent.source import Source
 
@@ -126,7 +126,7 @@ def test_every_reading_is_physical(scenario, n_gpus):
 
 
 def test_readings_serialize():
-    from trimtab.agent.readings import Batch, NodeInfo
+    from trimtab.contract.readings import Batch, NodeInfo
 
     node = SimulatedNode(4)
     batch = Batch(node=NodeInfo(hostname="h", simulated=True), gpus=node.inventory().gpus,

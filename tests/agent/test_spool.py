@@ -2,7 +2,7 @@
 
 import json
 
-from trimtab.agent.readings import Batch, GpuSample, NodeInfo, NvlinkSample
+from trimtab.contract.readings import Batch, GpuSample, NodeInfo, NvlinkSample
 from trimtab.agent.spool import Spool
 
 

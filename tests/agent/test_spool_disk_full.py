@@ -7,7 +7,7 @@ import re
 import threading
 import time
 
-from trimtab.agent.readings import EVENT_SPOOL_DROPPED, Batch, GpuSample, NodeInfo
+from trimtab.contract.readings import EVENT_SPOOL_DROPPED, Batch, GpuSample, NodeInfo
 from trimtab.agent.sinks import SinkUnavailable
 from trimtab.agent.spool import Spool
 from trimtab.agent.writer import DROP_DETAIL, Writer

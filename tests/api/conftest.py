@@ -17,7 +17,7 @@ import httpx
 import pytest
 import uvicorn
 
-from trimtab.agent.readings import Batch, NodeInfo
+from trimtab.contract.readings import Batch, NodeInfo
 from trimtab.api.app import create_app
 from trimtab.api.auth import ensure_admin_token
 from trimtab.api.context import ApiContext

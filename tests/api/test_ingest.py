@@ -8,7 +8,7 @@ import json
 import pytest
 from sqlalchemy.engine import make_url
 
-from trimtab.agent.readings import GpuProcess, HealthEvent
+from trimtab.contract.readings import GpuProcess, HealthEvent
 from tests.api.conftest import SIM_NODE, recent_batch
 from tests.support.tcpproxy import TcpProxy
 

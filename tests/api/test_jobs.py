@@ -231,7 +231,7 @@ def test_gpus_a_job_could_not_tell_are_found_by_matching_its_worker_pids_to_nvml
     process list on that node (written here through the store's own batch writer) names the GPUs."""
     import time
 
-    from trimtab.agent.readings import Batch, GpuInfo, GpuProcess, NodeInfo
+    from trimtab.contract.readings import Batch, GpuInfo, GpuProcess, NodeInfo
     from trimtab.store.ingest import BatchWriter
 
     now = int(time.time() * 1000)

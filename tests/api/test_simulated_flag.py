@@ -1,7 +1,7 @@
 """On a machine whose only node is simulated (stored as '<host>-sim'), everything about it says simulated: its
 events, and the jobs that run there (they report under the plain host name)."""
 
-from trimtab.agent.readings import NodeInfo
+from trimtab.contract.readings import NodeInfo
 from tests.api.conftest import recent_batch
 
 SIM = NodeInfo(hostname="gpu-box-sim", simulated=True, scenario="actor-hot")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, HealthEvent
+from trimtab.contract.readings import GPU_METRIC_NAMES, HealthEvent
 from trimtab.store.models import HOUR_MS, MINUTE_MS
 from trimtab.store.rollup import rollup
 from tests.api.conftest import REAL_NODE, SIM_NODE, now_ms, recent_batch

@@ -216,7 +216,7 @@ def test_a_stopped_agent_makes_check_exit_non_zero_at_once_naming_the_node_and_t
 
 
 def test_the_shipped_freshness_rule_is_five_intervals_and_at_least_three_seconds(tmp_path):
-    from trimtab.rebalancer.rules import default_rules
+    from trimtab.grading.rules import default_rules
 
     ctl = default_rules().controller
     assert (ctl.stale_after_intervals, ctl.stale_min_s) == (5.0, 3.0)

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from trimtab.agent.sampler import Sampler
 from trimtab.agent.simulated import SimulatedNode
 from trimtab.cli.main import cli
-from trimtab.rebalancer.job_report import job_summary, job_verdicts, live_job_summaries
-from trimtab.rebalancer.rules import load_rules
+from trimtab.grading.job_report import job_summary, job_verdicts, live_job_summaries
+from trimtab.grading.rules import load_rules
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store.engine import migrate, open_engine

@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("torch")
 
 from trimtab.cli.demo_cmd import _decision_row, _print_rollback, _story  # noqa: E402
-from trimtab.trainer.pipeline import story  # noqa: E402
-from trimtab.trainer.pipeline.config import preset  # noqa: E402
-from trimtab.trainer.pipeline.loop import Pipeline  # noqa: E402
+from trimtab.workload import story  # noqa: E402
+from trimtab.workload.config import preset  # noqa: E402
+from trimtab.workload.loop import Pipeline  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")

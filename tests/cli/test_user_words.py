@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from trimtab.cli.main import cli
-from trimtab.rebalancer.rules import load_rules
+from trimtab.grading.rules import load_rules
 
 PLANNING_WORDS = re.compile(r"\bbrief\b|\bseed(?:'s| §|\s+scenario)|\bthe seed\b|§|check_balance|made real|DESIGN\.md|"
                             r"NOTES_[A-Z]|STYLE\.md", re.IGNORECASE)
@@ -58,7 +58,7 @@ def _repository_texts() -> dict[str, str]:
 
 def test_no_comment_or_document_of_the_repository_cites_a_file_it_does_not_hold():
     texts = _repository_texts()
-    assert "rebalancer/grading.py" in texts and "README.md" in texts  # it reads the sources, not nothing
+    assert "src/trimtab/grading/grading.py" in texts and "README.md" in texts  # it reads the sources, not nothing
     per_file = {}
     for where, text in texts.items():
         for line_no, line in enumerate(text.splitlines(), 1):

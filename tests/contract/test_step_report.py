@@ -12,8 +12,8 @@ from trimtab.api.job_schemas import GpuPhases, MemoryIn, Phases, ReportIn, Repor
 from trimtab.contract import step_report as contract
 from trimtab.contract.step_report import (BY_RANK, COLUMNS, COUNT_RANKS, GPU_PHASES, GROUPS, MEMORY_KEYS, PHASES,
                                           REPORT_FIELDS, SUM, fold_ranks, to_columns, to_wire, top_level)
-from trimtab.rebalancer.job_report import job_summary
-from trimtab.rebalancer.window import load_steps
+from trimtab.grading.job_report import job_summary
+from trimtab.grading.window import load_steps
 from trimtab.store import jobs as job_store
 from trimtab.store.models import job_reports
 from trimtab.store.steps import STEP_COLUMNS

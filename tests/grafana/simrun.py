@@ -11,7 +11,7 @@ from typing import Optional
 
 from sqlalchemy import Engine, insert
 
-from trimtab.agent.readings import Batch, GpuInfo, NodeInfo, Readings
+from trimtab.contract.readings import Batch, GpuInfo, NodeInfo, Readings
 from trimtab.agent.simulated import SimulatedNode
 from trimtab.agent.source import Inventory
 from trimtab.store.ingest import BatchWriter

@@ -173,8 +173,8 @@ def test_the_json_is_what_generate_py_writes():
 
 
 def _rules() -> dict[str, dict]:
-    """Each rule's thresholds as the rebalancer ships them (rebalancer/rules.toml)."""
-    data = tomllib.loads((ROOT / "rebalancer" / "rules.toml").read_text())
+    """Each rule's thresholds as the rebalancer ships them (src/trimtab/grading/rules.toml)."""
+    data = tomllib.loads((ROOT / "src" / "trimtab" / "grading" / "rules.toml").read_text())
     return {**data["rules"], "controller": data.get("controller", {})}
 
 

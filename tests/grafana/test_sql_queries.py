@@ -253,7 +253,7 @@ def test_rollup_ranges_read_the_rollups(store: Store):
 
 
 def test_verdicts_match_trimtab_check(store: Store):
-    from trimtab.rebalancer.node_report import node_reports
+    from trimtab.grading.node_report import node_reports
 
     rows = _run_panel(store, "balance.json", "Verdict per threshold")
     engine = open_engine(store.url)
@@ -316,8 +316,8 @@ def test_step_composition_is_graded_on_gpu_time_where_the_steps_report_it(store:
     are on GPU time. (Runs last in this module: it adds a job, and removes it.)"""
     from sqlalchemy import delete, insert
 
-    from trimtab.rebalancer.signals import phase_share_pct, time_base
-    from trimtab.rebalancer.window import fold_step
+    from trimtab.grading.signals import phase_share_pct, time_base
+    from trimtab.grading.window import fold_step
     from trimtab.store.models import job_reports, jobs
 
     name, engine = "gpu-async", open_engine(store.url)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trimtab.agent.readings import Batch
+from trimtab.contract.readings import Batch
 from trimtab.agent.sampler import Sampler
 from trimtab.agent.simulated import SimulatedNode
 from trimtab.api.context import ApiContext

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, Batch, GpuInfo, GpuSample, NodeInfo
+from trimtab.contract.readings import GPU_METRIC_NAMES, Batch, GpuInfo, GpuSample, NodeInfo
 from trimtab.agent.sampler import Sampler
 from trimtab.agent.simulated import SimulatedNode
 from trimtab.api.metrics import DCGM_METRICS, render_metrics

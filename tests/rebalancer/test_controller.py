@@ -10,9 +10,9 @@ from typing import Optional
 
 import pytest
 
-from trimtab.rebalancer.controller import JobState, Plan, plan
-from trimtab.rebalancer.rules import load_rules
-from trimtab.rebalancer.window import JobStep, window
+from trimtab.control.controller import JobState, Plan, plan
+from trimtab.grading.rules import load_rules
+from trimtab.grading.window import JobStep, window
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, StoredJob
 from trimtab.store.queries import GpuAggregate

@@ -10,10 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trimtab.api.metrics import render_metrics
 from trimtab.contract.step_report import to_columns
-from trimtab.rebalancer.grading import COMPOSITION, job_rows
-from trimtab.rebalancer.rules import default_rules
-from trimtab.rebalancer.signals import GPU_TIME, WALL_TIME, JobContext, job_reading, phase_share_pct, time_base
-from trimtab.rebalancer.window import JobStep, fold_step, throughput
+from trimtab.grading.grading import COMPOSITION, job_rows
+from trimtab.grading.rules import default_rules
+from trimtab.grading.signals import GPU_TIME, WALL_TIME, JobContext, job_reading, phase_share_pct, time_base
+from trimtab.grading.window import JobStep, fold_step, throughput
 
 WALL = {"generation": 0.2, "evaluation": 0.0, "update": 0.8, "other": 0.0}  # the async loop, as Python sees it
 GPU = {"generation": 0.2, "evaluation": 0.6, "update": 0.2}                  # what the GPU did

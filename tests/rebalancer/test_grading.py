@@ -14,9 +14,9 @@ from tests.metrics.conftest import Feeder, scrape
 from trimtab.api.app import create_app
 from trimtab.api.context import ApiContext
 from trimtab.cli.main import cli
-from trimtab.rebalancer.grading import SEVERITY, job_checks, node_rules
-from trimtab.rebalancer.rules import RulesError, load_rules
-from trimtab.rebalancer.signals import gpu_reading
+from trimtab.grading.grading import SEVERITY, job_checks, node_rules
+from trimtab.grading.rules import RulesError, load_rules
+from trimtab.grading.signals import gpu_reading
 from trimtab.store.engine import migrate, open_engine
 from trimtab.store.queries import gpu_aggregates
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from tests.support.procs import admin_secret, stop, trimtab, wait_http
-from trimtab.rebalancer.service import Rebalancer
-from trimtab.rebalancer.rules import default_rules
+from trimtab.control.service import Rebalancer
+from trimtab.grading.rules import default_rules
 
 KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},
          "sync_every": {"value": 1, "min": 1, "max": 8}}

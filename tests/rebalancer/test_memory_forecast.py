@@ -10,7 +10,7 @@ import pytest
 
 from tests.rebalancer.test_controller import GIB, RULES, acts, change, decision, job, plan, state, steps
 from trimtab.contract.knobs import is_token_budget
-from trimtab.rebalancer.memory_fit import fit
+from trimtab.control.memory_fit import fit
 from trimtab.store.jobs import StoredJob
 
 MIB = 2**20
@@ -148,7 +148,7 @@ def test_a_raise_being_measured_is_cut_short_when_the_forecast_fires():
 
 
 def test_to_memory_fit_is_for_lowering_actions_only(tmp_path):
-    from trimtab.rebalancer.rules import RulesError, load_rules
+    from trimtab.grading.rules import RulesError, load_rules
 
     bad = tmp_path / "rules.toml"
     bad.write_text('[rules.memory_forecast]\n'

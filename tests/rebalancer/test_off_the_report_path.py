@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.rebalancer.test_in_the_loop import JOB, loop_api, rebalancer, report  # noqa: F401 (fixtures)
-from trimtab.rebalancer import service as service_mod
+from trimtab.control import service as service_mod
 from trimtab.trainer.reporter import Reporter
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trimtab.rebalancer import placement as placement_mod
-from trimtab.rebalancer.placement import GpuLoad, PlacementAdvice, propose_placement
+from trimtab.control import placement as placement_mod
+from trimtab.control.placement import GpuLoad, PlacementAdvice, propose_placement
 
 SEED_MAP = {"actor": [0, 1], "critic": [2], "reward": [3], "ref": [0, 1]}
 SEED_SHARES = {"actor": 0.55, "ref": 0.15, "critic": 0.15, "reward": 0.10}

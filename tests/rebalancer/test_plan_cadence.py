@@ -8,8 +8,8 @@ import pytest
 
 from tests.rebalancer.test_service import RANKS, ack, changes, register
 from tests.rebalancer.test_service import sqlite_engine as engine  # noqa: F401 (a fixture)
-from trimtab.rebalancer import service as service_mod
-from trimtab.rebalancer.service import Rebalancer
+from trimtab.control import service as service_mod
+from trimtab.control.service import Rebalancer
 from trimtab.store import jobs as job_store
 
 

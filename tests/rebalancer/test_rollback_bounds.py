@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trimtab.rebalancer.controller import Plan, plan
+from trimtab.control.controller import Plan, plan
 from trimtab.store.jobs import StoredJob
 from tests.rebalancer.test_controller import RULES, change, decision, job, state, steps
 

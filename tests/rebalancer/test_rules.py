@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from trimtab.rebalancer.rules import Action, RulesError, RuleSet, load_rules, thresholds
+from trimtab.grading.rules import Action, RulesError, RuleSet, load_rules, thresholds
 
 SHIPPED_ORDER = ["oom", "memory", "memory_forecast", "fragmentation", "collective_latency", "pcie", "communication_bound",
                  "generation_bound", "rollout_wait_bound", "evaluation_bound", "utilization_spread",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from tests.rebalancer.test_controller import RULES, acts, decision, job, nothing, state, steps
-from trimtab.rebalancer.controller import plan
+from trimtab.control.controller import plan
 from trimtab.store.jobs import StoredChange
 
 GEN_BOUND = dict(step_time=1.0, gen=0.9, ev=0.01, comm=0.01)  # generation 90 % of the step: the rule raises
@@ -139,7 +139,7 @@ def test_no_follow_through_below_follow_above():
 def test_follow_above_is_data_and_must_lie_under_the_act_line():
     import pytest
 
-    from trimtab.rebalancer.rules import RulesError, load_rules
+    from trimtab.grading.rules import RulesError, load_rules
 
     assert load_rules().__getitem__("communication_bound").follow_above == 5.0
     with pytest.raises(RulesError, match="follow_above .* must be below act_above"):

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from trimtab.rebalancer import service as service_mod
-from trimtab.rebalancer.service import Rebalancer
+from trimtab.control import service as service_mod
+from trimtab.control.service import Rebalancer
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store.engine import migrate, open_engine

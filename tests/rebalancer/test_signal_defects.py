@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests.rebalancer.test_controller import RULES, job, state, steps
-from trimtab.rebalancer.controller import plan
-from trimtab.rebalancer.rules import load_rules
-from trimtab.rebalancer.window import window
+from trimtab.control.controller import plan
+from trimtab.grading.rules import load_rules
+from trimtab.grading.window import window
 
 
 def synced_every(n_steps: int, every: int, step_s: float = 1.0, sync_s: float = 0.5, gen: float = 0.3) -> list:

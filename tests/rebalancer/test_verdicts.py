@@ -7,7 +7,7 @@ import random
 from dataclasses import replace
 
 from tests.rebalancer.test_controller import RULES, acts, change, decision, job, state, steps
-from trimtab.rebalancer.controller import plan
+from trimtab.control.controller import plan
 
 
 def noisy(first: int, n: int, step_s: float, noise: float, seed: int) -> list:

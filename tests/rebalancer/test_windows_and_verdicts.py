@@ -10,12 +10,12 @@ import random
 from dataclasses import replace
 
 from tests.rebalancer.test_controller import (NOW, RULES, T0, acts, change, decision, job, state, steps)
-from trimtab.rebalancer.controller import plan
-from trimtab.rebalancer.history import blocked
-from trimtab.rebalancer.plan_types import steps_needed
-from trimtab.rebalancer.rules import load_rules
-from trimtab.rebalancer.verdict import Sample, unsettled
-from trimtab.rebalancer.window import JobStep, screen, window
+from trimtab.control.controller import plan
+from trimtab.control.bracket import blocked
+from trimtab.control.plan import steps_needed
+from trimtab.grading.rules import load_rules
+from trimtab.control.verdict import Sample, unsettled
+from trimtab.grading.window import JobStep, screen, window
 
 
 def timed(times: list[float], first: int = 0, gen_share: float = 0.9, samples: float = 64) -> list[JobStep]:
@@ -162,7 +162,7 @@ def test_a_step_longer_than_the_job_has_existed_is_refused_naming_step_time_s(sq
 def test_the_new_window_limits_are_checked_when_the_rules_load():
     import pytest
 
-    from trimtab.rebalancer.rules import RulesError
+    from trimtab.grading.rules import RulesError
 
     with pytest.raises(RulesError, match="steps_read_max ≥ 2 × window_enough_steps"):
         load_rules(overrides={"controller": {"steps_read_max": 10}})

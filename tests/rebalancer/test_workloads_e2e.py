@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from bench.workloads import GOAL_STEPS, WORKLOADS, run, score
-from trimtab.rebalancer.service import Rebalancer
+from trimtab.control.service import Rebalancer
 
 
 @pytest.mark.parametrize("key", list(WORKLOADS))

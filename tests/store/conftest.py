@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from trimtab.agent.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
+from trimtab.contract.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
 from trimtab.store.engine import mask_url, migrate, open_engine
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from trimtab.agent.readings import Batch, GpuProcess, GpuSample, HealthEvent, NodeInfo, NvlinkSample
+from trimtab.contract.readings import Batch, GpuProcess, GpuSample, HealthEvent, NodeInfo, NvlinkSample
 from trimtab.store.engine import migrate, open_engine
 from trimtab.store.ingest import BatchWriter
 from trimtab.store.models import (gpu_nvlink_samples, gpu_processes, gpu_samples, gpus, health_events, host_samples,

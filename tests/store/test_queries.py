@@ -2,7 +2,7 @@
 
 import pytest
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, Batch, HealthEvent, NodeInfo
+from trimtab.contract.readings import GPU_METRIC_NAMES, Batch, HealthEvent, NodeInfo
 from trimtab.store.ingest import BatchWriter
 from trimtab.store.queries import (gpu_aggregates, gpu_window, health_events, host_window, latest_gpu_samples,
                                    list_gpus, list_nodes)

@@ -6,7 +6,7 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from trimtab.agent.readings import Batch, GpuProcess, HealthEvent, NvlinkSample
+from trimtab.contract.readings import Batch, GpuProcess, HealthEvent, NvlinkSample
 from trimtab.store.ingest import BatchWriter
 from trimtab.store.models import (gpu_nvlink_samples, gpu_processes, gpu_rollup_1h, gpu_rollup_1m, gpu_samples, gpus,
                                   health_events, host_samples, rollup_state)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import create_engine
 
-from trimtab.agent.readings import NodeInfo
+from trimtab.contract.readings import NodeInfo
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store import steps as step_store

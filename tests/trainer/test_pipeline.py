@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from trimtab.trainer import attach
-from trimtab.trainer.pipeline import generation
-from trimtab.trainer.pipeline.config import preset
-from trimtab.trainer.pipeline.loop import Pipeline
+from trimtab.workload import generation
+from trimtab.workload.config import preset
+from trimtab.workload.loop import Pipeline
 
 from tests.trainer.test_hook_live import eventually, reports_of
 
@@ -169,7 +169,7 @@ def test_a_failing_worker_surfaces_in_the_trainer(monkeypatch):
 def test_cli_runs_three_steps_and_writes_records(tmp_path):
     out = tmp_path / "out.json"
     result = subprocess.run(
-        [sys.executable, "-m", "trimtab.trainer.pipeline", "--config", "tiny", "--steps", "3", "--json", str(out)],
+        [sys.executable, "-m", "trimtab.workload", "--config", "tiny", "--steps", "3", "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "samples/s" in result.stdout and "summary:" in result.stdout
@@ -183,7 +183,7 @@ def test_cli_runs_three_steps_and_writes_records(tmp_path):
 def test_cli_without_torch_says_what_to_install_in_one_line():
     """As `trimtab demo` does: no traceback. torch is made unimportable in the child (sys.modules[...] = None)."""
     blocked = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['pipeline', '--steps', '1']; "
-               "runpy.run_module('trimtab.trainer.pipeline', run_name='__main__')")
+               "runpy.run_module('trimtab.workload', run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", blocked], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

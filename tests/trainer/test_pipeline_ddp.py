@@ -1,4 +1,4 @@
-"""The data-parallel reference pipeline (``trimtab.trainer.pipeline.ddp``) with two real ranks: two processes, gloo
+"""The data-parallel reference pipeline (``trimtab.workload.ddp``) with two real ranks: two processes, gloo
 over a loopback TCP store, tiny config on CPU. Each rank trains on its own samples; after every update both
 ranks' actors (and critics) are bit-identical, because every gradient was averaged — the averaged gradient is the
 mean of the two local ones, which differ. A knob change queued on the live API is applied at the same step on
@@ -92,7 +92,7 @@ def test_two_ranks_stay_identical_and_apply_a_queued_change_at_the_same_step(sql
 
 
 def test_job_maps_split_per_rank_and_union_back():
-    from trimtab.trainer.pipeline.ddp import hook_map, parse_job_map, rank_device_map, split_job_map
+    from trimtab.workload.ddp import hook_map, parse_job_map, rank_device_map, split_job_map
 
     seed = parse_job_map("actor=0,1;ref=0,1;critic=2;reward=3")
     maps = split_job_map(seed)
@@ -145,8 +145,8 @@ def _rank_main(rank: int, world: int, port: int, out: str, url: str, token: str)
     import torch
 
     from trimtab.trainer import attach
-    from trimtab.trainer.pipeline.config import preset
-    from trimtab.trainer.pipeline.ddp import DataParallelPipeline, init_distributed, params_digest, rank_device_map
+    from trimtab.workload.config import preset
+    from trimtab.workload.ddp import DataParallelPipeline, init_distributed, params_digest, rank_device_map
 
     logging.basicConfig(level=logging.INFO, format=f"%(relativeCreated)d rank {rank}: %(message)s")
     torch.set_num_threads(1)

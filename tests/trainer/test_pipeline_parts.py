@@ -9,12 +9,12 @@ import time
 import pytest
 import torch
 
-from trimtab.trainer.pipeline.channel import Closed, PrefetchQueue
-from trimtab.trainer.pipeline.config import ModelSize, parse_device_map, preset
-from trimtab.trainer.pipeline.generation import generate
-from trimtab.trainer.pipeline.models import CausalLM
-from trimtab.trainer.pipeline.ppo import Rollout, advantages_and_returns, response_logprobs
-from trimtab.trainer.pipeline.weights import WeightSync
+from trimtab.workload.channel import Closed, PrefetchQueue
+from trimtab.workload.config import ModelSize, parse_device_map, preset
+from trimtab.workload.generation import generate
+from trimtab.workload.models import CausalLM
+from trimtab.workload.ppo import Rollout, advantages_and_returns, response_logprobs
+from trimtab.workload.weights import WeightSync
 
 
 def tiny_lm(seed: int = 0) -> CausalLM:

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from trimtab.trainer import attach
-from trimtab.trainer.pipeline.config import preset
-from trimtab.trainer.pipeline.loop import Pipeline
+from trimtab.workload.config import preset
+from trimtab.workload.loop import Pipeline
 
 # One generation call makes a whole step's samples, so prefetch N lets generation run N steps ahead.
 SMALL = preset("tiny", samples_per_step=16, train_micro_batch=8, reward_pretrain_steps=40)

@@ -23,8 +23,8 @@ from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
 from tests.trainer import verl_harness as tests_harness  # noqa: E402
 from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
 from trimtab.cli.main import cli  # noqa: E402
-from trimtab.rebalancer.rules import load_rules  # noqa: E402
-from trimtab.rebalancer.service import Rebalancer  # noqa: E402
+from trimtab.grading.rules import load_rules  # noqa: E402
+from trimtab.control.service import Rebalancer  # noqa: E402
 from trimtab.trainer.adapters.verl_metrics import verl_step  # noqa: E402
 
 PHASE_COLUMNS = ("generation_s", "evaluation_s", "communication_s", "update_s", "validation_s", "checkpoint_s",

@@ -7,7 +7,7 @@ from typing import Optional
 
 import psutil
 
-from trimtab.agent.readings import HostSample, Readings
+from trimtab.contract.readings import HostSample, Readings
 from trimtab.agent.source import Inventory
 
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from trimtab.agent.readings import Batch
+from trimtab.contract.readings import Batch
 from trimtab.agent.sampler import Sampler
 from trimtab.agent.sinks import Sink
 from trimtab.agent.source import Source, SourceUnavailable

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from trimtab.agent.readings import (
+from trimtab.contract.readings import (
     EVENT_SOURCE_ERROR,
     Batch,
     GpuInfo,

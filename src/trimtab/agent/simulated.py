@@ -11,7 +11,7 @@ import socket
 from typing import Optional
 
 from trimtab.agent.pcie import pcie_peak_bytes_per_s
-from trimtab.agent.readings import GpuInfo, GpuSample, NvlinkSample, Readings
+from trimtab.contract.readings import GpuInfo, GpuSample, NvlinkSample, Readings
 from trimtab.agent.scenarios import NORMAL, SCENARIOS, RoleProfile, device_roles, get_scenario
 from trimtab.agent.source import Inventory
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Optional, Protocol
 
-from trimtab.agent.readings import Batch
+from trimtab.contract.readings import Batch
 
 log = logging.getLogger(__name__)
 

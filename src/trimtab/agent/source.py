@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, runtime_checkable
 
-from trimtab.agent.readings import GpuInfo, Readings
+from trimtab.contract.readings import GpuInfo, Readings
 
 
 @dataclass(frozen=True)

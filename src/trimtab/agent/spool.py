@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from trimtab.agent.readings import Batch
+from trimtab.contract.readings import Batch
 from trimtab.agent.slotfile import SlotFile
 from trimtab.paths import private_dir
 

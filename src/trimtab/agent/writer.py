@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from trimtab.agent.readings import EVENT_SPOOL_DROPPED, Batch, HealthEvent, NodeInfo
+from trimtab.contract.readings import EVENT_SPOOL_DROPPED, Batch, HealthEvent, NodeInfo
 from trimtab.agent.sinks import Sink, SinkMisconfigured, SinkUnavailable
 from trimtab.agent.spool import Dropped, Spool
 

@@ -1,4 +1,4 @@
-"""The ingest body: a pydantic mirror of :class:`trimtab.agent.readings.Batch` with the bounds a reading can
+"""The ingest body: a pydantic mirror of :class:`trimtab.contract.readings.Batch` with the bounds a reading can
 plausibly have, so a broken or hostile agent gets a 422 naming the field instead of filling the store with junk.
 
 Metric fields come from ``GPU_METRICS`` / ``HOST_METRICS`` with bounds by unit. Unknown fields are ignored here
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 from pydantic import ConfigDict, Field, StrictBool, StringConstraints, create_model
 
-from trimtab.agent.readings import (GPU_METRICS, HOST_METRICS, MAX_CLOCK_AHEAD_S, NVLINK_LINK_METRICS, Batch,
+from trimtab.contract.readings import (GPU_METRICS, HOST_METRICS, MAX_CLOCK_AHEAD_S, NVLINK_LINK_METRICS, Batch,
                                     MetricSpec)
 from trimtab.api.schemas import EVENT_KIND, MAX_INT32, MAX_INT64, NO_CONTROL_CHARS, NO_NUL, EpochMs, GpuUuid, Hostname, \
     InputModel, Model

@@ -14,9 +14,9 @@ from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, MAX_CLOCK_AHEAD_S, NVLINK_LINK_METRIC_NAMES
-from trimtab.agent.snapshot import LatestSnapshot
-from trimtab.rebalancer.rules import RuleSet, default_rules
+from trimtab.contract.readings import GPU_METRIC_NAMES, MAX_CLOCK_AHEAD_S, NVLINK_LINK_METRIC_NAMES
+from trimtab.api.live_view import LatestSnapshot
+from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.store.jobs import StoredJob
 from trimtab.store.queries import LatestLink, LatestSample, latest_gpu_samples, latest_nvlink_samples
 

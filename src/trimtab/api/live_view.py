@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from trimtab.agent.readings import MAX_CLOCK_AHEAD_S, Batch, GpuInfo, GpuSample, HostSample, NodeInfo, NvlinkSample
+from trimtab.contract.readings import MAX_CLOCK_AHEAD_S, Batch, GpuInfo, GpuSample, HostSample, NodeInfo, NvlinkSample
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
-from trimtab.agent.readings import GPU_METRICS
+from trimtab.contract.readings import GPU_METRICS
 from trimtab.contract.kinds import NO_CONTROL_CHARS, NUMBER, Kind, Spec
 from trimtab.contract.knobs import NAME_PATTERN
 

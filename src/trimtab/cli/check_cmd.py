@@ -29,7 +29,7 @@ class CheckError(Exception):
 
 def _load_rules(rules_file):
     """The rules the daemon grades jobs by: the shipped file, --rules-file, then trimtab.toml's tables."""
-    from trimtab.rebalancer.rules import RulesError, load_rules
+    from trimtab.grading.rules import RulesError, load_rules
 
     obj = click.get_current_context().find_root().obj or {}
     try:
@@ -43,8 +43,8 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
     """(node reports, job summaries) from the store. Job sections replace the nodes' "no job data" rows."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from trimtab.rebalancer.job_report import live_job_summaries
-    from trimtab.rebalancer.node_report import node_reports
+    from trimtab.grading.job_report import live_job_summaries
+    from trimtab.grading.node_report import node_reports
     from trimtab.store.engine import StoreError, has_schema, mask_url, open_engine
 
     if db_url.startswith("sqlite:///") and not Path(db_url[len("sqlite:///"):]).exists():
@@ -96,10 +96,10 @@ def _get(url: str, params: dict):
 def _from_server(server_url: str, window_s: float, node):
     """The same from a running `trimtab up`/`trimtab server`: GET /v1/balance (nodes) and GET /v1/balance/jobs
     (jobs; a server without that route has no job sections)."""
-    from trimtab.rebalancer.balance import BalanceReport
-    from trimtab.rebalancer.grading import job_checks
-    from trimtab.rebalancer.job_report import JobSummary
-    from trimtab.rebalancer.rules import default_rules
+    from trimtab.grading.balance import BalanceReport
+    from trimtab.grading.grading import job_checks
+    from trimtab.grading.job_report import JobSummary
+    from trimtab.grading.rules import default_rules
 
     params = {"window_s": window_s, **({"node": node} if node else {})}
     url = server_url.rstrip("/") + "/v1/balance"

@@ -56,9 +56,9 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
         import torch  # noqa: F401
 
         from trimtab.trainer import attach
-        from trimtab.trainer.pipeline import story
-        from trimtab.trainer.pipeline.config import parse_device_map, preset
-        from trimtab.trainer.pipeline.loop import Pipeline, set_cpu_threads
+        from trimtab.workload import story
+        from trimtab.workload.config import parse_device_map, preset
+        from trimtab.workload.loop import Pipeline, set_cpu_threads
     except ImportError as exc:
         raise click.ClickException(f"demo needs the trainer extra: pip install '.[trainer]' in trimtab's checkout; "
                                    f"without a GPU install the CPU build of torch first, {CPU_TORCH} ({exc})") from exc
@@ -134,7 +134,7 @@ def _progress(say, daemon, job: str, start: tuple):
     """One line per knob change, with the rebalancer's own figures — the windows of steps its decisions and verdicts
     are measured over (a single step's rate right after a change is no measure: a deeper prefetch starts on batches
     already generated, so its first steps run fast whatever the verdict will be)."""
-    from trimtab.trainer.pipeline import story
+    from trimtab.workload import story
 
     last = [start]
 

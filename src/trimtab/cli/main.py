@@ -41,7 +41,7 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str) -> None:
         if path is not None:
             params = {name: {p.name for p in cmd.params if p.name} for name, cmd in cli.commands.items()}
             data = load_toml(path)
-            # [controller] and [rules.<name>] override the rules file (trimtab.rebalancer.rules), not options.
+            # [controller] and [rules.<name>] override the rules file (trimtab.grading.rules), not options.
             overrides = {k: data.pop(k) for k in ("controller", "rules") if k in data}
             ctx.obj["rules_overrides"] = overrides or None
             ctx.default_map = build_default_map(data, params, str(path))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trimtab.rebalancer.balance import ACT, NO_DATA, OK, UNSUPPORTED, WATCH, BalanceReport
-from trimtab.rebalancer.step_facts import cadence_line
+from trimtab.grading.balance import ACT, NO_DATA, OK, UNSUPPORTED, WATCH, BalanceReport
+from trimtab.grading.step_facts import cadence_line
 
 MARK = {OK: "ok   ", WATCH: "WATCH", ACT: "ACT  ", NO_DATA: "-    ", UNSUPPORTED: "n/a  "}
 
@@ -89,7 +89,7 @@ def roles_line(gpus_by_role) -> str:
 
 
 def render_job(j) -> str:
-    """One job's section (a :class:`trimtab.rebalancer.job_report.JobSummary`): knobs, window, the three job rows
+    """One job's section (a :class:`trimtab.grading.job_report.JobSummary`): knobs, window, the three job rows
     and the recent decisions."""
     head = f"job {j.name}  mode {j.mode}  ranks {j.ranks}" + (f"  on {', '.join(j.hostnames)}" if j.hostnames else "")
     if j.simulated:

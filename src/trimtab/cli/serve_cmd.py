@@ -37,7 +37,7 @@ def rebalancer_options(f):
 def _load_rules(rules_file):
     """The rules, loaded before anything starts: a file that cannot be read or parsed, or a value it may not hold,
     stops start-up with the file, line and reason, exit 78 (waiting cannot fix it: no restart loop under systemd)."""
-    from trimtab.rebalancer.rules import RulesError, load_rules
+    from trimtab.grading.rules import RulesError, load_rules
 
     obj = click.get_current_context().find_root().obj or {}
     try:
@@ -49,7 +49,7 @@ def _load_rules(rules_file):
 
 def _start_rebalancer(ctx, rules, enabled: bool):
     """Give the API the rules (:func:`_load_rules`) and start the rebalancer."""
-    from trimtab.rebalancer.service import Rebalancer
+    from trimtab.control.service import Rebalancer
 
     ctx.rules = rules
     if not enabled:

@@ -12,7 +12,7 @@ its GPU time ``gpu_<phase>_s`` (:attr:`ReportField.column`).
 Why GPU time beside wall time: a phase that launches its kernels and returns (a reward model scoring into GPU
 tensors) takes no wall time of its own; its cost lands on the next phase that waits for the GPU. The hook's CUDA
 events around each phase block measure what the GPU did in it, so step composition is graded on them where a job
-reports them (:func:`trimtab.rebalancer.signals.time_base`).
+reports them (:func:`trimtab.grading.signals.time_base`).
 """
 
 from __future__ import annotations

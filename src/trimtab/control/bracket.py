@@ -14,13 +14,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
-from trimtab.rebalancer.rules import Action, Rule, RuleSet
-from trimtab.rebalancer.signals import Reading
-from trimtab.rebalancer.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
+from trimtab.grading.rules import Action, Rule, RuleSet
+from trimtab.grading.signals import Reading
+from trimtab.control.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
 if TYPE_CHECKING:
-    from trimtab.rebalancer.plan_types import JobState
+    from trimtab.control.plan import JobState
 
 
 def _evidence(d: StoredDecision) -> dict:

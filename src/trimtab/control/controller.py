@@ -31,16 +31,16 @@ import math
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
-from trimtab.rebalancer.follow_up import follow_up
-from trimtab.rebalancer import memory_forecast as forecast
-from trimtab.rebalancer.history import blocked, bracket, follows_through
-from trimtab.rebalancer.memory_fit import GIB
-from trimtab.rebalancer.plan_types import (JobState, NewChange, Plan, Wait, last_applied_step, leading, period,
+from trimtab.control.follow_up import follow_up
+from trimtab.control import memory_forecast as forecast
+from trimtab.control.bracket import blocked, bracket, follows_through
+from trimtab.control.memory_fit import GIB
+from trimtab.control.plan import (JobState, NewChange, Plan, Wait, last_applied_step, leading, period,
                                            window_evidence, window_wait)
-from trimtab.rebalancer.rules import Action, Rule, RuleSet
-from trimtab.rebalancer.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
-from trimtab.rebalancer.verdict import Sample, unsettled
-from trimtab.rebalancer.window import JobStep, screen, throughput, window
+from trimtab.grading.rules import Action, Rule, RuleSet
+from trimtab.grading.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
+from trimtab.control.verdict import Sample, unsettled
+from trimtab.grading.window import JobStep, screen, throughput, window
 from trimtab.store.decisions import StoredDecision
 
 __all__ = ["JobState", "NewChange", "Plan", "Wait", "plan", "period", "readings_for"]

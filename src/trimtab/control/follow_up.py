@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from trimtab.rebalancer.memory_fit import GIB
-from trimtab.rebalancer.plan_types import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
-from trimtab.rebalancer.rules import RuleSet
-from trimtab.rebalancer.signals import JobContext, job_reading
-from trimtab.rebalancer.verdict import (GAIN, INCONCLUSIVE, WORSE, Sample, Trend, changed_level, compare,
+from trimtab.control.memory_fit import GIB
+from trimtab.control.plan import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
+from trimtab.grading.rules import RuleSet
+from trimtab.grading.signals import JobContext, job_reading
+from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Sample, Trend, changed_level, compare,
                                         unsettled)
-from trimtab.rebalancer.window import JobStep, throughput
+from trimtab.grading.window import JobStep, throughput
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
 

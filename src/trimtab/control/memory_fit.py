@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from trimtab.contract.knobs import is_token_budget
-from trimtab.rebalancer.rules import ControllerSettings
-from trimtab.rebalancer.window import JobStep
+from trimtab.grading.rules import ControllerSettings
+from trimtab.grading.window import JobStep
 from trimtab.store.jobs import StoredChange
 
 GIB = 2**30

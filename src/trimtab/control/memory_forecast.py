@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trimtab.rebalancer.memory_fit import GIB, MemoryFit, fit
-from trimtab.rebalancer.plan_types import JobState
-from trimtab.rebalancer.rules import Rule, RuleSet
-from trimtab.rebalancer.signals import NO_DATA, Reading
+from trimtab.control.memory_fit import GIB, MemoryFit, fit
+from trimtab.control.plan import JobState
+from trimtab.grading.rules import Rule, RuleSet
+from trimtab.grading.signals import NO_DATA, Reading
 
 SIGNAL = "memory_forecast_pct"
 

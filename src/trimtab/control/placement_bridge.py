@@ -1,4 +1,4 @@
-"""From a job's window to :func:`trimtab.rebalancer.placement.propose_placement`'s inputs: per-GPU load from the
+"""From a job's window to :func:`trimtab.control.placement.propose_placement`'s inputs: per-GPU load from the
 agent's samples, per-component load from the hook's phase times.
 
 The phase → component mapping is an estimate, stated in the advice's evidence: generation runs on the generation
@@ -12,9 +12,9 @@ import statistics
 from dataclasses import asdict
 from typing import Any, Optional, Sequence
 
-from trimtab.rebalancer.signals import mem_used_pct, step_share_pct, time_base
-from trimtab.rebalancer.placement import GpuLoad, propose_placement
-from trimtab.rebalancer.window import JobStep
+from trimtab.grading.signals import mem_used_pct, step_share_pct, time_base
+from trimtab.control.placement import GpuLoad, propose_placement
+from trimtab.grading.window import JobStep
 
 SCORERS = ("reward", "critic", "ref")
 

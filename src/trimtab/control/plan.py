@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from trimtab.rebalancer.balance import GpuWindow
-from trimtab.rebalancer.rules import RuleSet
-from trimtab.rebalancer.signals import Reading
-from trimtab.rebalancer.window import JobStep, throughput
+from trimtab.grading.balance import GpuWindow
+from trimtab.grading.rules import RuleSet
+from trimtab.grading.signals import Reading
+from trimtab.grading.window import JobStep, throughput
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, StoredJob
 

@@ -13,7 +13,7 @@ Rebalancer that was never started plans on the caller's thread (tests and benche
 a time).
 
 Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
-before planning again can change anything (:class:`~trimtab.rebalancer.plan_types.Wait`), and until then a report
+before planning again can change anything (:class:`~trimtab.control.plan.Wait`), and until then a report
 costs a few counter updates here — no store read. A new registration, an ack, a mode switch (anything that moves
 the job's ``updated_ms``) queues a plan at the job's next report (or the next sweep), a refusal at once; a
 restarted daemon plans at the first report.
@@ -32,17 +32,17 @@ from typing import Any, Optional
 
 from sqlalchemy import Engine
 
-from trimtab.rebalancer.controller import JobState, Plan, Wait, plan
-from trimtab.rebalancer.grading import LIVE_JOB_S, rules_for
-from trimtab.rebalancer.placement_bridge import placement_for
-from trimtab.rebalancer.plan_types import period, steps_needed
-from trimtab.rebalancer.rules import RuleSet, default_rules
-from trimtab.rebalancer.window import first_probes, load_steps, steps_since
+from trimtab.control.controller import JobState, Plan, Wait, plan
+from trimtab.grading.grading import LIVE_JOB_S, rules_for
+from trimtab.control.placement_bridge import placement_for
+from trimtab.control.plan import period, steps_needed
+from trimtab.grading.rules import RuleSet, default_rules
+from trimtab.grading.window import first_probes, load_steps, steps_since
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob, now_ms
 
-log = logging.getLogger("trimtab.rebalancer")
+log = logging.getLogger("trimtab.control")
 # The most of its time the planning thread spends planning (CPU time); it rests for the remainder. The API runs in
 # the same process: a thread that plans without rest holds the interpreter lock (GIL) most of the time, and every
 # report then waits for its turn at each store call (100 jobs planning back to back keep it busy).

@@ -16,8 +16,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
-from trimtab.rebalancer.rules import ControllerSettings
-from trimtab.rebalancer.window import JobStep, chunk_rates
+from trimtab.grading.rules import ControllerSettings
+from trimtab.grading.window import JobStep, chunk_rates
 
 GAIN, WORSE, NO_GAIN, INCONCLUSIVE = "gain", "worse", "no_gain", "inconclusive"
 

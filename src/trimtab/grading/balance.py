@@ -1,7 +1,7 @@
 """The balance report of one node over a window: its GPUs' window means and one row per rule.
 
 Input is per-GPU window aggregates (means and maxima of each metric); the rows are the rule set's GPU rules, graded
-by :mod:`trimtab.rebalancer.grading` (the controller's own readings). Output is a :class:`BalanceReport` that
+by :mod:`trimtab.grading.grading` (the controller's own readings). Output is a :class:`BalanceReport` that
 `trimtab check`, the API and Prometheus all render; nothing here reads a store or talks to a GPU.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from trimtab.rebalancer.grading import (ACT, NO_DATA, OK, SEVERITY, UNSUPPORTED, WATCH, Verdict, no_job_data,
+from trimtab.grading.grading import (ACT, NO_DATA, OK, SEVERITY, UNSUPPORTED, WATCH, Verdict, no_job_data,
                                         node_rows)
-from trimtab.rebalancer.rules import RuleSet, default_rules
-from trimtab.rebalancer.signals import GpuWindow, mem_used_pct, pcie_pct_of_peak
+from trimtab.grading.rules import RuleSet, default_rules
+from trimtab.grading.signals import GpuWindow, mem_used_pct, pcie_pct_of_peak
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The rows `trimtab check`, ``GET /v1/balance``, ``GET /v1/balance/jobs`` and ``/metrics`` show, one per rule of the
-rule set in force: each row is the rule's reading as the controller decides on it (:mod:`trimtab.rebalancer.signals`)
+rule set in force: each row is the rule's reading as the controller decides on it (:mod:`trimtab.grading.signals`)
 written out with the rule's name, unit, lines and advice. A rule added to a rules file is a row everywhere.
 
 Node rows are the GPU-scope rules over a node's GPUs (the GPUs that measure the signal); job rows are the job-scope
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from trimtab.contract.step_report import PHASES
-from trimtab.rebalancer.rules import Rule, RuleSet, RulesError
-from trimtab.rebalancer.signals import (GpuGrade, GpuWindow, JobContext, Reading, alloc_retries, grade_gpus,
+from trimtab.grading.rules import Rule, RuleSet, RulesError
+from trimtab.grading.signals import (GpuGrade, GpuWindow, JobContext, Reading, alloc_retries, grade_gpus,
                                        job_reading, time_base_words)
-from trimtab.rebalancer.window import JobStep
+from trimtab.grading.window import JobStep
 
 OK, WATCH, ACT, NO_DATA, UNSUPPORTED = "ok", "watch", "act", "no_data", "unsupported"
 SEVERITY = {OK: 0, NO_DATA: 0, UNSUPPORTED: 0, WATCH: 1, ACT: 2}

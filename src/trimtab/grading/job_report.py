@@ -1,9 +1,9 @@
 """Each live job graded as `trimtab check`, ``GET /v1/balance/jobs`` and ``/metrics`` show it: the job's newest
 window of steps (the controller's window settings, changes ignored), one row per job rule (step composition,
-fragmentation, collective latency with the shipped rules; :func:`trimtab.rebalancer.grading.job_rows`) graded
+fragmentation, collective latency with the shipped rules; :func:`trimtab.grading.grading.job_rows`) graded
 ok / watch / act, its knobs, throughput and recent decisions.
 
-The grading is the controller's own (:func:`trimtab.rebalancer.signals.job_reading`: a row acts only when its
+The grading is the controller's own (:func:`trimtab.grading.signals.job_reading`: a row acts only when its
 signal is above the line over the whole window and over each half of it), so a row that says ``act`` is one the
 rebalancer would act on (fragmentation aside: the controller also wants memory pressure, see the row's message).
 
@@ -24,12 +24,12 @@ from typing import Any, Mapping, Optional, Sequence
 from sqlalchemy import Engine
 
 from trimtab.contract.roles import gpus_by_role
-from trimtab.rebalancer.grading import (ACT, LIVE_JOB_S, NO_DATA, OK, SEVERITY, WATCH, Verdict, job_checks,
+from trimtab.grading.grading import (ACT, LIVE_JOB_S, NO_DATA, OK, SEVERITY, WATCH, Verdict, job_checks,
                                         job_rows, live_since_ms, no_data, rules_for)
-from trimtab.rebalancer.rules import RuleSet, default_rules
-from trimtab.rebalancer.step_facts import generation_cadence, rl_facts
-from trimtab.rebalancer.signals import WALL_TIME, JobContext, phase_share_pct, time_base
-from trimtab.rebalancer.window import PHASES, JobStep, load_jobs_steps, throughput, window
+from trimtab.grading.rules import RuleSet, default_rules
+from trimtab.grading.step_facts import generation_cadence, rl_facts
+from trimtab.grading.signals import WALL_TIME, JobContext, phase_share_pct, time_base
+from trimtab.grading.window import PHASES, JobStep, load_jobs_steps, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store import steps as step_store

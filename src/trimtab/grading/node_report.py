@@ -1,7 +1,7 @@
 """Builds the balance report of each node from the store's window aggregates (used by `trimtab check` and the API).
 
 A node's report grades its GPUs. The job-level checks (step composition, fragmentation, collective latency) are
-graded per job (:mod:`trimtab.rebalancer.job_report`); a node's report carries them as "no job data" rows only
+graded per job (:mod:`trimtab.grading.job_report`); a node's report carries them as "no job data" rows only
 while no job reports through the trainer hook, so nobody reads "no job data" next to a job that does report.
 """
 
@@ -11,9 +11,9 @@ import time
 from collections import defaultdict
 from typing import Optional
 
-from trimtab.rebalancer.balance import NO_DATA, BalanceReport, assess
-from trimtab.rebalancer.grading import job_checks, live_since_ms
-from trimtab.rebalancer.rules import RuleSet, default_rules
+from trimtab.grading.balance import NO_DATA, BalanceReport, assess
+from trimtab.grading.grading import job_checks, live_since_ms
+from trimtab.grading.rules import RuleSet, default_rules
 
 
 def any_live_job(engine, window_s: float, now_ms: int) -> bool:

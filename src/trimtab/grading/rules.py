@@ -336,7 +336,7 @@ def _parse(text: str, source: str) -> dict[str, Any]:
 
 
 def shipped_text() -> str:
-    return resources.files("trimtab.rebalancer").joinpath(SHIPPED).read_text(encoding="utf-8")
+    return resources.files("trimtab.grading").joinpath(SHIPPED).read_text(encoding="utf-8")
 
 
 def load_rules(path: Optional[str | Path] = None, overrides: Optional[Mapping[str, Any]] = None,

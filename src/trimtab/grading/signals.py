@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from trimtab.contract.step_report import GPU_PHASES, NAMED_PHASES, OTHER_PHASE
-from trimtab.rebalancer.rules import Rule
-from trimtab.rebalancer.window import JobStep
+from trimtab.grading.rules import Rule
+from trimtab.grading.window import JobStep
 
 NO_DATA = "no_data"
 GPU_TIME, WALL_TIME = "gpu", "wall"  # what a window's phase shares are measured on

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional, Sequence
 
-from trimtab.rebalancer.window import RL_COUNTS, RL_MEANS, JobStep
+from trimtab.grading.window import RL_COUNTS, RL_MEANS, JobStep
 
 
 def rl_facts(win: Sequence[JobStep]) -> dict[str, Optional[float]]:

@@ -1,4 +1,4 @@
-"""Files a :class:`~trimtab.agent.readings.Batch` into the store: one transaction a batch, one executemany per
+"""Files a :class:`~trimtab.contract.readings.Batch` into the store: one transaction a batch, one executemany per
 table with ``ON CONFLICT DO NOTHING`` (a replayed batch adds nothing), and node/GPU rows written only when they
 change, so a steady stream of one-tick batches costs little more than the sample inserts themselves.
 
@@ -25,7 +25,7 @@ from sqlalchemy import Engine, bindparam, case, literal_column, or_, select, upd
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, Batch, GpuInfo, \
+from trimtab.contract.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, Batch, GpuInfo, \
     NodeInfo
 from trimtab.store.engine import insert_for, sqlite_writer_turn
 from trimtab.store.models import (

@@ -1,5 +1,5 @@
 """The store's tables, as SQLAlchemy Core ``Table``s in one ``metadata``; metric columns come from the specs in
-:mod:`trimtab.agent.readings` and step report columns from :mod:`trimtab.contract.step_report`, so a metric or a
+:mod:`trimtab.contract.readings` and step report columns from :mod:`trimtab.contract.step_report`, so a metric or a
 report field is named in exactly one place.
 
 Core, not ORM: ingest writes thousands of rows a second in executemany batches and reads are aggregates; neither
@@ -29,7 +29,7 @@ from sqlalchemy import (
     text,
 )
 
-from trimtab.agent.readings import GPU_METRICS, HOST_METRICS, NVLINK_LINK_METRICS, ROLLUP_METRIC_NAMES, MetricSpec
+from trimtab.contract.readings import GPU_METRICS, HOST_METRICS, NVLINK_LINK_METRICS, ROLLUP_METRIC_NAMES, MetricSpec
 from trimtab.contract.step_report import REPORT_FIELDS, ReportField
 
 MINUTE_MS = 60_000

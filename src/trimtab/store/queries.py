@@ -12,7 +12,7 @@ from typing import Literal, Optional
 from sqlalchemy import Double, Engine, Select, cast, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from trimtab.agent.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, ROLLUP_METRIC_NAMES
+from trimtab.contract.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, ROLLUP_METRIC_NAMES
 from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_nvlink_samples, gpu_rollup_1h,
                                   gpu_rollup_1m, gpu_samples, gpus, host_samples, nodes)
 from trimtab.store.models import health_events as health_events_table

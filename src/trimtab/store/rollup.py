@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from sqlalchemy import BigInteger, Connection, Engine, bindparam, case, delete, func, literal_column, select, update
 
-from trimtab.agent.readings import ROLLUP_METRIC_NAMES
+from trimtab.contract.readings import ROLLUP_METRIC_NAMES
 from trimtab.store.engine import insert_for, write_transaction
 from trimtab.store.models import (
     HOUR_MS,

@@ -9,7 +9,7 @@ from typing import Optional
 
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
-from trimtab.agent.readings import Batch
+from trimtab.contract.readings import Batch
 from trimtab.agent.sinks import SinkMisconfigured, SinkUnavailable
 from trimtab.store.engine import StoreError, is_disk_full, mask_url, migrate, release_engine, relieve_full_disk, \
     shared_engine

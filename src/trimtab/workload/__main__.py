@@ -1,4 +1,4 @@
-"""``python -m trimtab.trainer.pipeline`` — see ``cli.py``. Without torch (or numpy) it says what to install in one
+"""``python -m trimtab.workload`` — see ``cli.py``. Without torch (or numpy) it says what to install in one
 line, as `trimtab demo` does, instead of a traceback."""
 
 import sys
@@ -8,7 +8,7 @@ try:
 except ModuleNotFoundError as exc:
     if exc.name not in ("torch", "numpy"):
         raise
-    sys.exit(f"python -m trimtab.trainer.pipeline needs the trainer extra (torch and numpy): pip install "
+    sys.exit(f"python -m trimtab.workload needs the trainer extra (torch and numpy): pip install "
              f"'.[trainer]' in trimtab's checkout; without a GPU install the CPU build of torch first, pip install "
              f"torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu ({exc})")
 

@@ -1,4 +1,4 @@
-"""``python -m trimtab.trainer.pipeline``: run the reference PPO job, one line per step, a summary, ``--json``.
+"""``python -m trimtab.workload``: run the reference PPO job, one line per step, a summary, ``--json``.
 
 Defaults are deliberately bad settings (batch 1, no prefetch, sync every step), the state the
 rebalancer is meant to pull the job out of.
@@ -25,7 +25,7 @@ def positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trimtab.trainer.pipeline", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trimtab.workload", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", choices=sorted(PRESETS), default="tiny", help="model and batch sizes")
     parser.add_argument("--steps", type=positive, default=10)

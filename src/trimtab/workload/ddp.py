@@ -2,7 +2,7 @@
 actor and critic gradients are averaged over the ranks after every backward pass (DDP semantics: averaged before
 the gradient clip and the optimizer step, so every rank takes the same step and the replicas stay identical).
 
-    torchrun --nproc-per-node 2 -m trimtab.trainer.pipeline.ddp --config h200 \\
+    torchrun --nproc-per-node 2 -m trimtab.workload.ddp --config h200 \\
         --device-map 'actor=0,1;ref=0,1;critic=2;reward=3' --steps 20 --server URL --token T --mode auto
 
 Device maps. A *job* map (``--device-map``, ``component=devices;…`` or JSON) lists, per component, the devices of the
@@ -11,7 +11,7 @@ where ``actor=0,1`` means "train on 0, generate on 1"). :func:`split_job_map` gi
 a component that has one per rank, and ``devices[r % n]`` of one that has fewer (shared: in
 ``actor=0,1;ref=0,1;critic=2;reward=3`` the critic on GPU 2 and reward on GPU 3 serve both ranks, each rank with its
 own replica). ``--rank-maps`` takes the per-rank maps
-as a JSON list instead. Unnamed components follow :func:`~trimtab.trainer.pipeline.config.parse_device_map`: the
+as a JSON list instead. Unnamed components follow :func:`~trimtab.workload.config.parse_device_map`: the
 generation copy on the rank's actor device, the rest with the actor.
 
 What differs between ranks, and what may not: every rank builds its models from the same ``config.seed`` (same
@@ -51,7 +51,7 @@ from torch import nn
 from .config import COMPONENTS, DeviceMap, PipelineConfig, parse_pairs, parse_device_map
 from .loop import Pipeline
 
-log = logging.getLogger("trimtab.trainer.pipeline.ddp")
+log = logging.getLogger("trimtab.workload.ddp")
 
 RANK_SEED_STRIDE = 1_000_000_007   # rank r > 0: prompt and sampling seeds offset by r × this (steps never reach it)
 # NVLink multicast (NVLS) off: the lent machines require it (a program using it can take shared GPUs out of service).
@@ -349,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .loop import set_cpu_threads
 
     parser = build_parser()
-    parser.prog = "torchrun --nproc-per-node N -m trimtab.trainer.pipeline.ddp"
+    parser.prog = "torchrun --nproc-per-node N -m trimtab.workload.ddp"
     parser.description = __doc__
     parser.add_argument("--rank-maps", default=None, help="JSON list of per-rank device maps (instead of splitting "
                                                           "--device-map)")

@@ -127,7 +127,7 @@ class Pipeline:
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr, **fused)
         self._sync = WeightSync(self.actor, self.generation_model, config.sync_via)
 
-    data_seed_offset = 0  # a data-parallel rank sets its own (trimtab.trainer.pipeline.ddp)
+    data_seed_offset = 0  # a data-parallel rank sets its own (trimtab.workload.ddp)
 
     def _start_workers(self) -> None:
         self.queue = PrefetchQueue(self.current.prefetch)

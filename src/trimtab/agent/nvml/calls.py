@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, Protocol
 
-from trimtab.agent.readings import EVENT_GPU_LOST, EVENT_SOURCE_ERROR, GpuInfo, HealthEvent
+from trimtab.contract.readings import EVENT_GPU_LOST, EVENT_SOURCE_ERROR, GpuInfo, HealthEvent
 from trimtab.agent.source import SourceUnavailable
 
 # What the agent says where there is no driver (commands other than `agent` say their own).

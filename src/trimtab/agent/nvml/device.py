@@ -8,7 +8,7 @@ from typing import Any
 
 from trimtab.agent.nvml.calls import NvmlCalls
 from trimtab.agent.pcie import pcie_peak_bytes_per_s
-from trimtab.agent.readings import GpuInfo
+from trimtab.contract.readings import GpuInfo
 
 
 @dataclass(eq=False)

@@ -17,7 +17,7 @@ from trimtab.agent.nvml.device import Gpu, describe
 from trimtab.agent.nvml.slow import DEFAULT_SLOW_REFRESH_S, SlowReader
 from trimtab.agent.nvml.tick import GpuTick, read_processes
 from trimtab.agent.nvml.xid import XID_EVERY_S, XidWatch
-from trimtab.agent.readings import EVENT_SOURCE_ERROR, GpuInfo, GpuProcess, NvlinkSample, Readings
+from trimtab.contract.readings import EVENT_SOURCE_ERROR, GpuInfo, GpuProcess, NvlinkSample, Readings
 from trimtab.agent.source import Inventory, SourceUnavailable
 
 # Read on a slower cadence than the tick: the process list changes rarely; it was ~25 µs of a per-GPU tick on

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from trimtab.agent.nvml.calls import NvmlCalls, OnCall, timed
 from trimtab.agent.nvml.structs import field_reader
-from trimtab.agent.readings import GpuProcess, GpuSample
+from trimtab.contract.readings import GpuProcess, GpuSample
 
 _new_sample = object.__new__
 

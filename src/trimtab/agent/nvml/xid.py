@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from trimtab.agent.nvml.calls import NvmlCalls, OnCall
 from trimtab.agent.nvml.device import handle_key
-from trimtab.agent.readings import EVENT_XID
+from trimtab.contract.readings import EVENT_XID
 
 XID_EVERY_S = 2.0  # XIDs are rare: polled every few ticks, not on every one
 _MAX_EVENTS_PER_POLL = 32

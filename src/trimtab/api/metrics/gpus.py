@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Optional
 
 from prometheus_client.core import Metric
 
-from trimtab.agent.readings import GPU_METRICS, NVLINK_LINK_METRICS
+from trimtab.contract.readings import GPU_METRICS, NVLINK_LINK_METRICS
 from trimtab.api.metrics.families import Spec, gauges
 from trimtab.store.queries import GpuLabel, LatestLink, LatestSample
 

@@ -10,8 +10,8 @@ from prometheus_client.core import Metric
 
 from trimtab.api.metrics.families import Row, Spec, counter, gauges
 from trimtab.api.metrics.store_reads import JobScrape
-from trimtab.rebalancer.balance import NO_DATA, SEVERITY
-from trimtab.rebalancer.window import PHASES
+from trimtab.grading.balance import NO_DATA, SEVERITY
+from trimtab.grading.window import PHASES
 
 # Settled outcomes only: a counter must never go down, and a pending decision (or change) becomes one of these.
 SETTLED_DECISIONS = ("advised", "kept", "rolled_back", "refused", "superseded", "cancelled")

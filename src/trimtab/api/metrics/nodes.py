@@ -8,7 +8,7 @@ from typing import Iterator, Mapping
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trimtab.api.metrics.families import Row, Spec, family, gauges
-from trimtab.rebalancer.balance import SEVERITY, BalanceReport
+from trimtab.grading.balance import SEVERITY, BalanceReport
 
 BALANCE_WINDOW_S = 30.0  # the window `trimtab check` grades by default
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from trimtab.rebalancer.balance import BalanceReport
+from trimtab.grading.balance import BalanceReport
 
 
 @dataclass
@@ -15,7 +15,7 @@ class JobScrape:
     """The live jobs graded over their newest window, and per-job counts of decisions and changes (all jobs in
     the store)."""
 
-    summaries: list  # list[trimtab.rebalancer.job_report.JobSummary]
+    summaries: list  # list[trimtab.grading.job_report.JobSummary]
     decisions: list[tuple[str, str, Optional[str], int]]  # (job, rule, outcome, count)
     changes: list[tuple[str, str, str, int]]              # (job, source, status, count)
     simulated_jobs: set[str]
@@ -24,7 +24,7 @@ class JobScrape:
 def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
     """The jobs, their newest steps, the probe baselines not known yet, the simulated hosts, and the decision and
     change counts (the store's GROUP BYs)."""
-    from trimtab.rebalancer.job_report import LIVE_JOB_S, job_summaries
+    from trimtab.grading.job_report import LIVE_JOB_S, job_summaries
     from trimtab.store import jobs as job_store
     from trimtab.store.decisions import decision_counts
 
@@ -41,7 +41,7 @@ def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
 def read_store(engine, rules, window_s: float) -> tuple[list[BalanceReport], JobScrape]:
     """Node verdicts over ``window_s`` and the jobs. Jobs first: while any job reports, node verdicts leave the
     job checks to the job series."""
-    from trimtab.rebalancer.node_report import node_reports
+    from trimtab.grading.node_report import node_reports
 
     jobs = read_jobs(engine, rules)
     # Freshness is not a series (a scrape's own timestamps say how old a target's data is): not judged here.

@@ -10,9 +10,9 @@ from trimtab.api.context import ApiContext
 from trimtab.api.deps import READ, get_ctx
 from trimtab.api.routes.gpus import node_query
 from trimtab.api.schemas import BalanceJobsOut, BalanceOut, BalanceReportOut, JobCheckOut
-from trimtab.rebalancer.grading import SEVERITY
-from trimtab.rebalancer.job_report import live_job_summaries
-from trimtab.rebalancer.node_report import node_reports
+from trimtab.grading.grading import SEVERITY
+from trimtab.grading.job_report import live_job_summaries
+from trimtab.grading.node_report import node_reports
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
 

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Depends, Request
 from sqlalchemy.exc import DBAPIError
 
-from trimtab.agent.readings import MAX_CLOCK_AHEAD_S
+from trimtab.contract.readings import MAX_CLOCK_AHEAD_S
 from trimtab.api.batch_schema import BatchIn, IngestOut
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import WRITE, get_ctx, require_scope

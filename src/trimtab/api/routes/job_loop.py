@@ -42,7 +42,7 @@ def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
     the job has existed (since its first registration, give or take the clocks' skew: a 10⁷ s step), a phase far
     longer than the step (a prefetched phase overlaps a few steps, not a million), phases adding up far beyond it,
     or a step number far ahead of the job's newest (it would stay "newest" in every later window). A step that is
-    possible but far off the job's own is stored and left out of the rebalancer's windows (rebalancer/window.py)."""
+    possible but far off the job's own is stored and left out of the rebalancer's windows (src/trimtab/grading/window.py)."""
     ctl = ctx.rules.controller
     age_s = max(0.0, (now_ms() - job.created_ms) / 1000.0)
     if body.step_time_s > age_s + ctl.report_clock_skew_s:

@@ -16,7 +16,7 @@ from trimtab.api.job_schemas import JobIn, JobOut, JobsOut, ModeIn, RoleOut
 from trimtab.api.errors import invalid
 from trimtab.api.schemas import SLUG
 from trimtab.contract.roles import RolePlacement, device_map_of, gpus_by_role, merge
-from trimtab.rebalancer.rules import RulesError, check_job_overrides
+from trimtab.grading.rules import RulesError, check_job_overrides
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob
 from trimtab.store.tokens import StoredToken

@@ -16,7 +16,7 @@ verl 0.9.1 ships two trainers whose ``fit`` is ``async def`` and overrides the `
   legacy trainer (same session, its own phase mapping in :mod:`~trimtab.trainer.adapters.verl_metrics`), reporting
   only: its generation is fixed one step ahead, so it has neither knob.
 
-The two knobs, by their trimtab names so that ``rebalancer/rules.toml`` moves them unchanged:
+The two knobs, by their trimtab names so that ``src/trimtab/grading/rules.toml`` moves them unchanged:
 
 * ``prefetch`` = ``async_training.staleness_threshold``: owned by the rollouter (``self.staleness_threshold``). It
   is applied inside ``reset_staleness()`` — right after verl reset its staleness count at a parameter sync — by
