@@ -73,3 +73,21 @@ def test_an_in_memory_store_plans_on_the_thread(sqlite_api):
         assert rb._apart is None
     finally:
         rb.stop()
+
+
+def test_the_thread_rests_for_the_planning_processs_cpu_time_too(sqlite_api):
+    rb = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules, interval_s=3600, plan_share=0.25)
+    rests: list[float] = []
+    real_wait = rb._stop.wait
+    rb._stop.wait = lambda timeout=None: (rests.append(timeout), real_wait(timeout))[1]
+    rb.start(own_process=True)
+    sqlite_api.ctx.after_report = rb.after_report
+    try:
+        assert sqlite_api.post("/v1/jobs", JOB, scope="job").status_code == 201
+        pending(sqlite_api, 0)
+        until(lambda: rb.stats.evaluations >= 1 and rests)
+        assert rb._apart.cpu_s > 0  # the child's CPU time for the plan came back
+        # a quarter of the time planning: a rest of at least 3× the child's CPU time for the plan
+        assert max(rests) >= 3 * rb._apart.cpu_s * 0.99
+    finally:
+        rb.stop()

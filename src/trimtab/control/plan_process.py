@@ -121,6 +121,7 @@ class PlanProcess:
         self._args = (engine.url.render_as_string(hide_password=False), rules,
                       logging.getLogger("trimtab").getEffectiveLevel(), nice, os.getpid())
         self._pool: Optional[ProcessPoolExecutor] = None
+        self.cpu_s = 0.0  # the CPU time of the plans the child made (the planning thread rests after it)
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:  # spawn, not fork: the API's threads hold locks a forked child would inherit
@@ -147,6 +148,7 @@ class PlanProcess:
         """Plan ``job`` in the child (``check``: only if the store says it is still worth planning) and record
         what it learnt on ``rebalancer``; the Plan (None if it failed or was not worth it)."""
         out: ChildPlan = self._call(_plan_in_child, job, check)
+        self.cpu_s += out.cpu_s
         stats = rebalancer.stats
         for k, n in out.counts.items():
             setattr(stats, k, getattr(stats, k) + n)

@@ -9,8 +9,8 @@ it decides reaches the job in the response to its next report. Every ``interval_
 jobs for ones whose last report came in while they were being planned. An error in one job's plan is logged,
 counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The daemon runs
 each plan in a child process (``start(own_process=True)``, plan_process.py): a thread shares the API's interpreter
-lock, which kept report p99 in seconds while 100 jobs planned. A thread that plans itself rests between plans (at
-most ``PLAN_SHARE`` of its time). A Rebalancer never started plans on the caller's thread (tests, benches).
+lock, which kept report p99 in seconds while 100 jobs planned. The thread rests between plans: planning takes at
+most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans on the caller's thread (tests).
 
 Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
 before planning again can change anything (:class:`~trimtab.control.plan.Wait`), and until then a report
@@ -44,9 +44,9 @@ from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob, now_ms
 
 log = logging.getLogger("trimtab.control")
-# The most of its time the planning thread spends planning (CPU time); it rests for the remainder. The API runs in
-# the same process: a thread that plans without rest holds the interpreter lock (GIL) most of the time, and every
-# report then waits for its turn at each store call (100 jobs planning back to back keep it busy).
+# The most of its time the planning thread spends planning (CPU time, its own or the planning process's); it rests
+# for the remainder. A thread that plans without rest holds the API's interpreter lock (GIL) most of the time; a
+# process that does takes a core of two, and the API's threads, the store's writer and the jobs share the other.
 PLAN_SHARE = 0.5
 # The interpreter's thread switch interval while the rebalancer runs (Python's default: 5 ms). A report's store
 # calls each give the GIL up and wait for it back: up to one interval each while a plan holds it.
@@ -145,7 +145,6 @@ class Rebalancer:
         self.interval_s = interval_s
         self.stats = RebalancerStats()
         self._locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
         # job → (last report, last update) at its last evaluation: the loop re-evaluates a job only when a report,
         # an ack, a mode switch or a registration came in since (else it would reread the same window every second)
         self._seen: dict[str, tuple] = {}
@@ -182,7 +181,7 @@ class Rebalancer:
         while not self._stop.is_set():
             try:
                 queued = self._queue.take(max(0.0, next_sweep - time.monotonic()))
-                cpu_s = time.thread_time()
+                cpu_s = self._cpu_s()
                 if queued is not None:
                     try:
                         if not self._stop.is_set():
@@ -192,13 +191,15 @@ class Rebalancer:
                 if time.monotonic() >= next_sweep and not self._stop.is_set():
                     self.run_once()
                     next_sweep = time.monotonic() + self.interval_s
-                self._stop.wait(self._rest_s(time.thread_time() - cpu_s))
+                self._stop.wait(self._rest_s(self._cpu_s() - cpu_s))
             except Exception as exc:  # noqa: BLE001 - a bug here must not end planning for every job
                 self._failed("the planning thread", exc)
 
-    def _rest_s(self, plan_cpu_s: float) -> float:
-        # After a plan that took ``plan_cpu_s`` of this thread's CPU: it may hold the GIL for at most plan_share.
+    def _rest_s(self, plan_cpu_s: float) -> float:  # planning takes at most plan_share of a core (and the GIL)
         return plan_cpu_s * (1.0 - self.plan_share) / self.plan_share
+
+    def _cpu_s(self) -> float:  # this thread's CPU time and the planning process's
+        return time.thread_time() + (self._apart.cpu_s if self._apart is not None else 0.0)
 
     def _plan_queued(self, job: StoredJob, forced: bool) -> None:
         if self._apart is not None:  # the child reads the store (for the check too), unless this one knows
@@ -212,8 +213,7 @@ class Rebalancer:
     def queued(self) -> list[str]:  # the jobs waiting for a plan, first first
         return self._queue.names()
 
-    def wait_planned(self, timeout_s: float = 10.0) -> bool:
-        """Until every queued plan has run (tests, benches); False if ``timeout_s`` passed first."""
+    def wait_planned(self, timeout_s: float = 10.0) -> bool:  # until every queued plan ran (False: timed out)
         return self._queue.wait_empty(timeout_s)
 
     def _request_plan(self, job: StoredJob, forced: bool = False) -> None:
@@ -270,9 +270,8 @@ class Rebalancer:
         if job.mode != "off":
             self._request_plan(job, forced=True)
 
-    def _lock(self, name: str) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks.setdefault(name, threading.Lock())
+    def _lock(self, name: str) -> threading.Lock:  # (dict.setdefault with a str key is atomic under the GIL)
+        return self._locks.setdefault(name, threading.Lock())
 
     def evaluate(self, job: StoredJob, wait: bool = True) -> Optional[Plan]:
         lock = self._lock(job.name)
