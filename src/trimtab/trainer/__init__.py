@@ -5,7 +5,7 @@ framework's logs (`trimtab verl-tail`, :mod:`trimtab.trainer.adapters.verl`) imp
 
 from importlib import import_module
 
-_WHERE = {"Hook": "hook", "OomEvent": "hook", "attach": "hook", "StepReport": "report", "Reporter": "reporter"}
+_WHERE = {"Hook": "hook", "OomEvent": "hook", "attach": "hook", "StepReport": "step_record", "Reporter": "server_link"}
 __all__ = ["Hook", "OomEvent", "Reporter", "StepReport", "attach"]
 
 

@@ -43,8 +43,8 @@ from trimtab.trainer.apply import APPLIED, KnobApplier, KnobChange
 from trimtab.trainer.dist import KnobSync, LatencyProbe, distributed, rank_and_world
 from trimtab.trainer.knobs import KnobSet, KnobSpecLike, Number
 from trimtab.trainer.memory import MemorySampler, is_oom
-from trimtab.trainer.report import StepReport
-from trimtab.trainer.reporter import Reporter
+from trimtab.trainer.step_record import StepReport
+from trimtab.trainer.server_link import Reporter
 from trimtab.trainer.timing import Phase, PhaseTimer, cuda_in_use
 
 log = logging.getLogger("trimtab.trainer")
