@@ -16,7 +16,7 @@ import pytest
 
 from tests.rebalancer.test_in_the_loop import JOB, loop_api, rebalancer, report  # noqa: F401 (fixtures)
 from trimtab.control import service as service_mod
-from trimtab.trainer.reporter import Reporter
+from trimtab.trainer.server_link import Reporter
 
 
 class Gate:

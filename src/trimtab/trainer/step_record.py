@@ -1,4 +1,5 @@
-"""A step report (one rank, one step) as the hook keeps it, and its wire form: exactly the contract's fields.
+"""The record of one step (one rank, one step) as the hook keeps it (``StepReport``), and its wire form: exactly the
+contract's fields. What sends it is :mod:`trimtab.trainer.server_link`.
 
 ``StepReport``'s fields are made from the contract (:data:`trimtab.contract.step_report.REPORT_FIELDS`): every
 top-level field by its name, the phases in ``phases_s``, their GPU time in ``gpu_phases_s`` (filled in by the hook

@@ -1,5 +1,5 @@
-"""The hook's only network path: a background thread that registers the job, posts step reports and acks, and
-hands the server's pending knob changes to the hook.
+"""The hook's link to the server (``Reporter``), its only network path: a background thread that registers the job,
+posts step reports and acks, and hands the server's pending knob changes to the hook.
 
 Fail-open by construction: the training thread only appends to a bounded in-memory queue (``submit`` never
 waits, never raises on a network problem); the thread retries with exponential backoff, drops the oldest
