@@ -10,6 +10,7 @@ change rolled back, what the pipeline itself counted. Needs the `[trainer]` extr
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -53,7 +54,7 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
     windows around that change. Nothing outside a temporary directory is touched.
     """
     try:
-        import torch  # noqa: F401
+        importlib.import_module("torch")  # the demo's workload needs it: say how to install it, here
 
         from trimtab.trainer import attach
         from trimtab.workload import story

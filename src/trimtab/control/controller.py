@@ -38,7 +38,7 @@ from trimtab.control.memory_fit import GIB
 from trimtab.control.plan import (JobState, NewChange, Plan, Wait, last_applied_step, leading, period,
                                            window_evidence, window_wait)
 from trimtab.grading.rules import Action, Rule, RuleSet
-from trimtab.grading.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
+from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.control.verdict import Sample, unsettled
 from trimtab.grading.window import JobStep, screen, throughput, window
 from trimtab.store.decisions import StoredDecision

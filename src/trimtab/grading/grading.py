@@ -10,7 +10,6 @@ the decision it records says so.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
