@@ -14,7 +14,8 @@ from tests.metrics.conftest import Feeder, scrape
 from trimtab.api.app import create_app
 from trimtab.api.context import ApiContext
 from trimtab.cli.main import cli
-from trimtab.grading.grading import SEVERITY, job_checks, node_rules
+from trimtab.contract.statuses import SEVERITY
+from trimtab.grading.grading import job_checks, node_rules
 from trimtab.grading.rules import RulesError, load_rules
 from trimtab.grading.signals import gpu_reading
 from trimtab.store.engine import migrate, open_engine
