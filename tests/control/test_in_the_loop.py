@@ -9,32 +9,9 @@ import time
 import httpx
 import pytest
 
+from tests.support.loop_job import JOB, report
 from tests.support.procs import admin_secret, stop, trimtab, wait_http
-from trimtab.control.service import Rebalancer
 from trimtab.grading.rules import default_rules
-
-KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},
-         "sync_every": {"value": 1, "min": 1, "max": 8}}
-JOB = {"name": "ppo", "ranks": 1, "device_map": {}, "hostnames": ["cpu-box"], "knobs": KNOBS, "mode": "auto"}
-
-
-def report(step: int, step_time: float = 45.0, gen: float = 44.0) -> dict:
-    return {"step": step, "rank": 0, "step_time_s": step_time, "samples": 64,
-            "phases": {"generation": gen, "evaluation": 0.5, "update": 0.3, "communication": 0.05}}
-
-
-@pytest.fixture
-def rebalancer(sqlite_api):
-    """The rebalancer as the daemon wires it (its own planning thread); no sweep: only reports queue plans."""
-    rb = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules, interval_s=3600).start()
-    sqlite_api.ctx.after_report, sqlite_api.ctx.after_refusal = rb.after_report, rb.after_refusal
-    yield rb
-    rb.stop()
-
-
-@pytest.fixture
-def loop_api(sqlite_api, rebalancer):
-    return sqlite_api
 
 
 def until(predicate, timeout_s: float = 20.0):

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.metrics.test_prometheus_scrape import prometheus, prometheus_binary, wait_for
+from tests.support.prometheus import prometheus, prometheus_binary, wait_for
 from trimtab.agent.sampler import Sampler
 from trimtab.api.context import ApiContext
 from trimtab.store.engine import migrate, open_engine

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.trainer.test_hook_live import eventually, reports_of
+from tests.support.hook_api import reports_of
+from tests.support.waits import eventually
 from tests.trainer.tiny import TinyRegression, examples
 from trimtab.trainer import attach
 

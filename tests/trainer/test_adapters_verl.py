@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("verl")
 
-from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
+from tests.support.hook_api import reports_of  # noqa: E402
+from tests.support.waits import eventually  # noqa: E402
 from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
 from trimtab.trainer.adapters.verl import VerlTailer, parse_device_map, record_to_report, tail_verl  # noqa: E402
 
