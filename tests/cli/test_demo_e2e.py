@@ -15,9 +15,9 @@ import os
 import subprocess
 import sys
 
-import pytest
+from tests.support.frameworks import require
 
-pytest.importorskip("torch")
+require("torch")
 
 
 def test_the_demo_raises_throughput_and_logs_every_change(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.frameworks import require
+
 from trimtab.control.service import Rebalancer
 from trimtab.grading.rules import load_rules
 
@@ -12,7 +14,7 @@ from trimtab.grading.rules import load_rules
 def verl_ray():
     """One ``ray.init(num_cpus=2, include_dashboard=False)`` for the whole session (``verl_harness._ensure_ray``:
     the V1/legacy harness starts it the same way on first use, so every verl test shares this one start)."""
-    pytest.importorskip("verl")
+    require("verl")
     from tests.trainer import verl_harness
 
     verl_harness._ensure_ray()

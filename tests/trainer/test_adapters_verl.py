@@ -11,7 +11,9 @@ import threading
 
 import pytest
 
-pytest.importorskip("verl")
+from tests.support.frameworks import require
+
+require("verl")
 
 from tests.support.hook_api import reports_of  # noqa: E402
 from tests.support.waits import eventually  # noqa: E402

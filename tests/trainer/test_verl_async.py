@@ -16,7 +16,9 @@ import asyncio
 
 import pytest
 
-pytest.importorskip("verl")
+from tests.support.frameworks import require
+
+require("verl")
 
 from click.testing import CliRunner  # noqa: E402
 

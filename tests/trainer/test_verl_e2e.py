@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-pytest.importorskip("verl")
+from tests.support.frameworks import require
+
+require("verl")
 
 from click.testing import CliRunner  # noqa: E402
 
