@@ -6,7 +6,8 @@ inside functions; relative imports resolved):
 A part may import the parts of lower levels, never one of its own level or above. Besides the levels:
 
 * ``trimtab.paths`` (the state directory, token files, exit codes: stdlib only) may be imported by every part;
-* the daemon wiring modules ``trimtab.daemon``, ``trimtab.config`` and ``trimtab.sdnotify`` sit with the cli;
+* the daemon wiring modules ``trimtab.daemon``, ``trimtab.config`` and ``trimtab.sdnotify`` sit with the cli, and
+  import no other part (the daemon: sdnotify); the cli imports them and every lower level;
 * the torch side stays apart: ``trimtab.workload`` (the reference workload) imports ``trimtab.trainer`` and the
   contract only, nothing of the daemon imports ``trimtab.trainer`` or ``trimtab.workload`` (the cli does, inside the
   functions of its ``demo``/``verl-tail`` commands), ``trimtab.trainer`` imports no daemon code, and neither the
@@ -43,8 +44,9 @@ LEVELS = (
     ("api",),
     ("cli", "daemon", "config", "sdnotify"),
 )
-# Within the cli level, what each may import of its own level (paths: anyone).
-SAME_LEVEL = {"cli": {"daemon", "config", "sdnotify"}, "daemon": {"sdnotify"}, "config": set(), "sdnotify": set()}
+# The daemon wiring modules import no other part (paths and the root package aside): the daemon's run loop uses
+# sd_notify, configuration reading and sd_notify stand alone. The cli imports them and every lower level.
+WIRING_MAY_IMPORT = {"daemon": {"sdnotify"}, "config": set(), "sdnotify": set()}
 SHARED = {"paths"}                       # stdlib only, importable from every part
 TORCH_SIDE = {"trainer", "workload"}     # the in-job library and the reference workload
 WORKLOAD_MAY_IMPORT = {"trainer", "contract"}
@@ -146,8 +148,10 @@ def may_import(importer: str, imported: str) -> bool:
         return imported in WORKLOAD_MAY_IMPORT
     if imported == "workload":
         return importer == "cli"
-    if importer in SAME_LEVEL and imported in SAME_LEVEL:
-        return imported in SAME_LEVEL[importer]
+    if importer in WIRING_MAY_IMPORT:
+        return imported in WIRING_MAY_IMPORT[importer]
+    if importer == "cli" and imported in WIRING_MAY_IMPORT:
+        return True
     if importer not in LEVEL or imported not in LEVEL:
         return False
     if imported in TORCH_SIDE and importer in DAEMON and importer != "cli":
@@ -251,9 +255,9 @@ def test_nothing_outside_the_store_builds_sql_or_imports_its_tables():
     assert not leaks, "\n".join(map(str, leaks))
 
 
-def test_the_contract_and_paths_import_only_themselves_and_the_standard_library():
+def test_the_contract_paths_and_sdnotify_import_only_themselves_and_the_standard_library():
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
-    foreign = [str(imp) for where, imports in FOUND.items() if part(where) in ("contract", "paths")
+    foreign = [str(imp) for where, imports in FOUND.items() if part(where) in ("contract", "paths", "sdnotify")
                for imp in imports if not imp.module.startswith(f"trimtab.{part(where)}")
                and imp.module.split(".")[0] not in stdlib]
     assert not foreign, "\n".join(foreign)
@@ -272,7 +276,8 @@ def test_the_daemon_and_the_torch_free_trainer_modules_load_without_torch():
 PLANTS = {
     # file (under src/trimtab), line appended, the arrow it must be reported as
     "store/events.py": ("from trimtab.api.app import create_app\n", ("trimtab.store.events", "trimtab.api.app")),
-    "contract/kinds.py": ("def f():\n    import trimtab.agent.sinks\n", ("trimtab.contract.kinds", "trimtab.agent.sinks")),
+    "contract/kinds.py": ("def f():\n    import trimtab.agent.sinks\n",
+                          ("trimtab.contract.kinds", "trimtab.agent.sinks")),
     "grading/balance.py": ("from trimtab.control import controller\n",
                            ("trimtab.grading.balance", "trimtab.control")),
     "agent/host.py": ("import trimtab.trainer.hook\n", ("trimtab.agent.host", "trimtab.trainer.hook")),
@@ -280,6 +285,8 @@ PLANTS = {
     "cli/verl_cmd.py": ("from trimtab.workload import story\n", ("trimtab.cli.verl_cmd", "trimtab.workload")),
     "trainer/report.py": ("from trimtab.daemon import serve\n", ("trimtab.trainer.report", "trimtab.daemon")),
     "paths.py": ("from trimtab.config import parse_toml\n", ("trimtab.paths", "trimtab.config")),
+    "config.py": ("def f():\n    from trimtab.store.engine import open_engine\n",
+                  ("trimtab.config", "trimtab.store.engine")),
 }
 
 
