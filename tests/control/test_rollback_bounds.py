@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from trimtab.control.controller import Plan, plan
 from trimtab.store.jobs import StoredJob
-from tests.rebalancer.test_controller import RULES, change, decision, job, state, steps
+from tests.support.plans import RULES, change, decision, job, state, steps
 
 
 def narrowed(sync_min: int, sync: int = 2) -> StoredJob:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from tests.rebalancer.test_controller import RULES, acts, decision, job, nothing, state, steps
+from tests.support.plans import RULES, acts, decision, job, nothing, state, steps
 from trimtab.control.controller import plan
 from trimtab.store.jobs import StoredChange
 

@@ -20,7 +20,8 @@ from trimtab.workload import generation
 from trimtab.workload.config import preset
 from trimtab.workload.loop import Pipeline
 
-from tests.trainer.test_hook_live import eventually, reports_of
+from tests.support.hook_api import reports_of
+from tests.support.waits import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = preset("tiny", samples_per_step=16, train_micro_batch=8, reward_pretrain_steps=40)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rebalancer.test_controller import RULES, job, state, steps
+from tests.support.plans import RULES, job, state, steps
 from trimtab.control.controller import plan
 from trimtab.grading.rules import load_rules
 from trimtab.grading.window import window

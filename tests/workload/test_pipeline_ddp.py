@@ -4,7 +4,7 @@ ranks' actors (and critics) are bit-identical, because every gradient was averag
 mean of the two local ones, which differ. A knob change queued on the live API is applied at the same step on
 both ranks and acknowledged by both with that step. Plus the device-map arithmetic the bench relies on.
 
-Run as a module (``python -m tests.trainer.test_pipeline_ddp RANK WORLD PORT OUT URL TOKEN``) it is one rank.
+Run as a module (``python -m tests.workload.test_pipeline_ddp RANK WORLD PORT OUT URL TOKEN``) it is one rank.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import free_port
-from tests.trainer.test_hook_live import eventually
+from tests.support.waits import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "ppo-ddp"
@@ -30,7 +30,7 @@ MAX_STEPS = 150
 def run_ranks(tmp_path: Path, url: str, token: str, world: int = 2) -> list[dict]:
     port = free_port()
     outs = [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.trainer.test_pipeline_ddp", str(r), str(world), str(port),
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.workload.test_pipeline_ddp", str(r), str(world), str(port),
                                str(outs[r]), url, token], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(world)]
     logs = [p.communicate(timeout=120)[0] for p in procs]

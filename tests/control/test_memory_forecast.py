@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.rebalancer.test_controller import GIB, RULES, acts, change, decision, job, plan, state, steps
+from tests.support.plans import GIB, RULES, acts, change, decision, job, state, steps
+from trimtab.control.controller import plan
 from trimtab.contract.knobs import is_token_budget
 from trimtab.control.memory_fit import fit
 from trimtab.store.jobs import StoredJob

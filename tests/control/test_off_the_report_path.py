@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.rebalancer.test_in_the_loop import JOB, loop_api, rebalancer, report  # noqa: F401 (fixtures)
+from tests.support.loop_job import JOB, report
 from trimtab.control import service as service_mod
 from trimtab.trainer.server_link import Reporter
 

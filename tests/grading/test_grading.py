@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.api.conftest import ServedApp
-from tests.metrics.conftest import Feeder, scrape
+from tests.api.metrics.conftest import Feeder, scrape
 from trimtab.api.app import create_app
 from trimtab.api.context import ApiContext
 from trimtab.cli.main import cli

@@ -5,7 +5,7 @@ change must be in the decision log (a rebalancer change with its decision, or th
 for a change that measured worse (or no better than noise, or a gain re-measured because the steps before it had
 not settled), and no knob may leave its declared bounds. Whether a
 rollback happens depends on the machine (a deeper prefetch costs samples sampled twice; on a busy CPU even prefetch
-1 measures worse): the pieces that make it are pinned in tests/trainer/test_pipeline_staleness.py and
+1 measures worse): the pieces that make it are pinned in tests/workload/test_pipeline_staleness.py and
 tests/cli/test_demo_story.py."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import os
 import subprocess
 import sys
 
-import pytest
+from tests.support.frameworks import require
 
-pytest.importorskip("torch")
+require("torch")
 
 
 def test_the_demo_raises_throughput_and_logs_every_change(tmp_path):

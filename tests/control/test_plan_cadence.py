@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rebalancer.test_service import RANKS, ack, changes, register
-from tests.rebalancer.test_service import sqlite_engine as engine  # noqa: F401 (a fixture)
+from tests.support.jobs_in_a_store import RANKS, ack, changes, register
 from trimtab.control import service as service_mod
 from trimtab.control.service import Rebalancer
 from trimtab.store import jobs as job_store
+
+
+@pytest.fixture
+def engine(sqlite_engine):
+    """A migrated SQLite store (tests/control/conftest.py)."""
+    return sqlite_engine
 
 
 @pytest.fixture

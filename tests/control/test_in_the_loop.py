@@ -9,32 +9,9 @@ import time
 import httpx
 import pytest
 
+from tests.support.loop_job import JOB, report
 from tests.support.procs import admin_secret, stop, trimtab, wait_http
-from trimtab.control.service import Rebalancer
 from trimtab.grading.rules import default_rules
-
-KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},
-         "sync_every": {"value": 1, "min": 1, "max": 8}}
-JOB = {"name": "ppo", "ranks": 1, "device_map": {}, "hostnames": ["cpu-box"], "knobs": KNOBS, "mode": "auto"}
-
-
-def report(step: int, step_time: float = 45.0, gen: float = 44.0) -> dict:
-    return {"step": step, "rank": 0, "step_time_s": step_time, "samples": 64,
-            "phases": {"generation": gen, "evaluation": 0.5, "update": 0.3, "communication": 0.05}}
-
-
-@pytest.fixture
-def rebalancer(sqlite_api):
-    """The rebalancer as the daemon wires it (its own planning thread); no sweep: only reports queue plans."""
-    rb = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules, interval_s=3600).start()
-    sqlite_api.ctx.after_report, sqlite_api.ctx.after_refusal = rb.after_report, rb.after_refusal
-    yield rb
-    rb.stop()
-
-
-@pytest.fixture
-def loop_api(sqlite_api, rebalancer):
-    return sqlite_api
 
 
 def until(predicate, timeout_s: float = 20.0):
@@ -207,8 +184,10 @@ def test_the_head_node_rebalances_jobs_on_postgresql(pg_url, tmp_path):
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = trimtab("server", "--db", pg_url, "--port", str(port), "--status-every", "1",
-                     env={"TRIMTAB_STATE_DIR": str(tmp_path / "state")})
+    log = tmp_path / "server.err"
+    with log.open("w") as err:
+        server = trimtab("server", "--db", pg_url, "--port", str(port), "--status-every", "1",
+                         env={"TRIMTAB_STATE_DIR": str(tmp_path / "state")}, stderr=err)
     try:
         wait_http(f"{url}/healthz", proc=server)
         admin = {"Authorization": f"Bearer {admin_secret(tmp_path / 'state')}"}
@@ -219,7 +198,7 @@ def test_the_head_node_rebalances_jobs_on_postgresql(pg_url, tmp_path):
         until(lambda: httpx.get(f"{url}/healthz").json()["components"]["rebalancer"]["changes_queued"] == 1)
         r1 = httpx.post(f"{url}/v1/jobs/ppo/reports", json=report(1), headers=admin).json()
         assert [(c["knob"], c["value"]) for c in r1["pending_changes"]] == [("batch_size", 4)]
-        time.sleep(1.5)  # one status period
+        # the status line (systemd STATUS, every 1 s) says what it did
+        until(lambda: "rebalancer: 1 jobs, 1 changes" in log.read_text())
     finally:
-        _, err = stop(server)
-    assert "rebalancer: 1 jobs, 1 changes" in err  # the status line (systemd STATUS) says what it did
+        stop(server)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from tests.rebalancer.test_controller import RULES, acts, change, decision, job, state, steps
+from tests.support.plans import RULES, acts, change, decision, job, state, steps
 from trimtab.control.controller import plan
 
 

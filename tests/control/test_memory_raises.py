@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.rebalancer.test_controller import GIB, RULES, acts, change, decision, gpu, gpu_job, job, plan, state, steps
+from tests.support.plans import GIB, RULES, acts, change, decision, gpu, gpu_job, job, state, steps
+from trimtab.control.controller import plan
 
 TOTAL = 141 * GIB
 

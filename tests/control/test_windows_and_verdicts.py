@@ -9,7 +9,7 @@ import math
 import random
 from dataclasses import replace
 
-from tests.rebalancer.test_controller import (NOW, RULES, T0, acts, change, decision, job, state, steps)
+from tests.support.plans import RULES, T0, acts, change, decision, job, state, steps
 from trimtab.control.controller import plan
 from trimtab.control.bracket import blocked
 from trimtab.control.plan import steps_needed
