@@ -62,9 +62,6 @@ SQL_SCANNED_OUTSIDE_SRC = ("grafana",)
 # module) so that any other arrow of the same kind still fails. An entry that no longer matches an import fails
 # too (remove it when the code is fixed).
 KNOWN_EXCEPTIONS = {
-    ("trimtab.store.sink", "trimtab.agent.sinks"):
-        "the store's sink raises the agent's SinkUnavailable/SinkMisconfigured; they belong in trimtab.contract with "
-        "the sink protocol (issue 24, Build 2)",
     ("trimtab.grading.rules", "trimtab.config"):
         "rules.toml is parsed with trimtab.config's parse_toml/read_toml_text/ConfigError (inside functions); the "
         "TOML reading belongs below grading (or in paths) for grading to stand on its own",
