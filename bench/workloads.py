@@ -9,7 +9,7 @@ deliver (exploration included; 32 steps, a whole number of every sync period in 
 throughput measured over 640 simulated steps, over the best's — and beside it the tail's own measured throughput
 (at ±20 % step noise 32 steps read ±2 % by themselves); steps to within 5 % (from then on every step's setting
 measures ≥ 95 % of the best); changes, rollbacks, OOMs. Goal for each: ≥ 95 % within 60 steps, no OOM, no change kept that measured
-worse with confidence. ``tests/rebalancer/test_workloads_e2e.py`` runs each once and asserts the goal; this
+worse with confidence. ``tests/control/test_workloads_e2e.py`` runs each once and asserts the goal; this
 script runs them over several seeds for the figures in BENCHMARKS.md:
 
     python bench/workloads.py --seeds 1-10

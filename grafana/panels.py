@@ -1,6 +1,6 @@
 """The building blocks of trimtab's Grafana dashboards: datasources, thresholds, the shared SQL pieces (time filter,
-resolution switch, GPU label, job steps), panel and variable builders. ``generate.py`` composes the dashboards
-from these; keeping them apart keeps each file one idea (what a panel is vs. what each dashboard shows).
+resolution switch, GPU label, job steps), panel and variable builders. ``node_boards.py`` and ``job_boards.py``
+compose the dashboards from these (``generate.py`` writes them); keeping them apart keeps each file one idea (what a panel is vs. what each dashboard shows).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # Every test in these files runs a real Prometheus (they skip, saying why, without one).
-PROMETHEUS_TEST_FILES = ("tests/grafana/test_promql_queries.py", "tests/metrics/test_prometheus_scrape.py")
+PROMETHEUS_TEST_FILES = ("tests/grafana/test_promql_queries.py", "tests/api/metrics/test_prometheus_scrape.py")
 
 
 def opening_commands() -> list[str]:

@@ -20,9 +20,6 @@ from trimtab.sdnotify import Notifier
 log = logging.getLogger("trimtab.daemon")
 
 
-from trimtab.paths import EXIT_MISCONFIGURED  # noqa: F401  (re-exported: the daemon's commands exit with it)
-
-
 class DaemonError(RuntimeError):
     """The daemon cannot start; the message says why and what to do."""
 

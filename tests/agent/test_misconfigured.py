@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from trimtab.agent.runner import Agent, make_sources
 from trimtab.agent.sinks import HttpSink
 from trimtab.cli.main import cli
-from trimtab.daemon import EXIT_MISCONFIGURED
+from trimtab.paths import EXIT_MISCONFIGURED
 from tests.store.conftest import pg_admin_or_skip
 from tests.support.procs import drain, notify_listener, trimtab
 

@@ -5,7 +5,6 @@ The outage is real: the agent talks to the real PostgreSQL through a loopback TC
 """
 
 import threading
-import time
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -16,6 +15,7 @@ from trimtab.store.sink import StoreSink
 from trimtab.store.engine import open_engine
 from trimtab.store.models import gpu_samples, host_samples
 from tests.support.tcpproxy import TcpProxy
+from tests.support.waits import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -36,9 +36,9 @@ def test_every_sample_arrives_exactly_once_across_an_outage(pg_url, tmp_path):
     stop = threading.Event()
     runner = threading.Thread(target=agent.run, args=(stop,), kwargs={"duration_s": 5.0})
     runner.start()
-    time.sleep(1.0)
-    proxy.stop()                      # the store goes away
-    time.sleep(1.5)
+    eventually(lambda: agent.writer.status.rows_written > 0, timeout_s=30)   # the agent is writing …
+    proxy.stop()                      # … when the store goes away
+    eventually(lambda: agent.writer.status.batches_spooled >= 3, timeout_s=30)   # an outage of several batches
     spooled_during_outage = agent.writer.status.batches_spooled
     assert not agent.writer.status.sink_ok
     proxy.start()                     # … and comes back on the same address

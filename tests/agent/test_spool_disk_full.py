@@ -8,7 +8,7 @@ import threading
 import time
 
 from trimtab.contract.readings import EVENT_SPOOL_DROPPED, Batch, GpuSample, NodeInfo
-from trimtab.agent.sinks import SinkUnavailable
+from trimtab.contract.sink import SinkUnavailable
 from trimtab.agent.spool import Spool
 from trimtab.agent.writer import DROP_DETAIL, Writer
 from tests.support.tmpfs import fill, free_bytes

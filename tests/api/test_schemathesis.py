@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("schemathesis")
+from tests.support.frameworks import require
+
+require("schemathesis")
 
 from tests.api.conftest import SIM_NODE, recent_batch  # noqa: E402
 

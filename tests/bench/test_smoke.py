@@ -48,7 +48,7 @@ SMOKE = {
                                 gpu="moves bytes over NVLink between GPUs: the plan (--dry-run) only"),
     "multigpu_pipeline.py": Smoke(("--dry-run", "--device-map", "cpu", "--world", "2"), "plan: 2 ranks",
                                   gpu="its CPU run (2 gloo ranks) takes ~60 s on 2 busy cores: the plan only; "
-                                      "tests/trainer/test_pipeline_ddp.py runs the ranks and this script's helpers"),
+                                      "tests/workload/test_pipeline_ddp.py runs the ranks and this script's helpers"),
     "nvml_tick.py": Smoke(("--fake-nvml", "--fake-gpus", "2", "--ticks", "4", "--naive-ticks", "0", "--wait", "sleep",
                            "--hz", "50"), "ratio ours/bare",
                           gpu="times real NVML calls: here against its stand-in (--fake-nvml)"),

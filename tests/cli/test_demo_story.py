@@ -9,7 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.support.frameworks import require
+
+require("torch")
 
 from trimtab.cli.demo_cmd import _decision_row, _print_rollback, _story  # noqa: E402
 from trimtab.workload import story  # noqa: E402

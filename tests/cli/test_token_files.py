@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from trimtab.cli.main import cli
-from trimtab.daemon import EXIT_MISCONFIGURED
+from trimtab.paths import EXIT_MISCONFIGURED
 from trimtab.paths import BadToken, token_from
 from trimtab.trainer.adapters import verl_plugin
 

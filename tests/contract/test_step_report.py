@@ -17,7 +17,7 @@ from trimtab.grading.window import load_steps
 from trimtab.store import jobs as job_store
 from trimtab.store.models import job_reports
 from trimtab.store.steps import STEP_COLUMNS
-from trimtab.trainer.report import StepReport
+from trimtab.trainer.step_record import StepReport
 from tests.api.conftest import api  # noqa: F401  (the API on each backend)
 
 STORAGE = {"bigint": BigInteger, "integer": Integer, "double": Double, "json": JSON, "text": String}

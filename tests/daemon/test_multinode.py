@@ -3,7 +3,6 @@ server is killed (SIGKILL) for a while mid-run and restarted on the same port: e
 
 import re
 import signal
-import time
 
 import httpx
 import pytest
@@ -11,8 +10,25 @@ from sqlalchemy import text
 
 from trimtab.store.engine import open_engine
 from tests.support.procs import admin_secret, free_port, stop, trimtab, wait_http
+from tests.support.waits import eventually
 
 pytestmark = pytest.mark.postgres
+NODES = ("node-a", "node-b")
+
+
+def nodes_with_samples(pg_url: str) -> set[str]:
+    engine = open_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            return set(conn.execute(text("SELECT DISTINCT n.hostname FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id "
+                                         "JOIN nodes n ON n.id = g.node_id")).scalars())
+    finally:
+        engine.dispose()
+
+
+def spooled_batches(spool_dir) -> int:
+    """Batches waiting in an agent's spool (one a line in its ``*.jsonl`` segments)."""
+    return sum(p.read_bytes().count(b"\n") for p in spool_dir.glob("*.jsonl")) if spool_dir.is_dir() else 0
 
 
 def test_every_sample_arrives_once_through_a_server_crash(pg_url, tmp_path):
@@ -31,11 +47,13 @@ def test_every_sample_arrives_once_through_a_server_crash(pg_url, tmp_path):
         agents = {name: trimtab("agent", "--server", base, "--token", token, "--simulate", "2", "--hostname", name,
                                 "--interval", "0.2", "--duration", "9", "--spool-dir", str(tmp_path / name),
                                 "--status-every", "100", env=env)
-                  for name in ("node-a", "node-b")}
-        time.sleep(2.5)
-        stop(server, signal.SIGKILL)              # the head node dies …
-        time.sleep(3.0)
-        server = trimtab("server", "--db", pg_url, "--port", str(port), env=env)   # … and comes back
+                  for name in NODES}
+        # both agents are shipping …
+        eventually(lambda: nodes_with_samples(pg_url) == set(NODES), timeout_s=30, interval_s=0.1)
+        stop(server, signal.SIGKILL)              # … when the head node dies …
+        # … and each spools a few ticks (the outage spans several batches) …
+        eventually(lambda: all(spooled_batches(tmp_path / name) >= 3 for name in NODES), timeout_s=30, interval_s=0.1)
+        server = trimtab("server", "--db", pg_url, "--port", str(port), env=env)   # … until it comes back
         wait_http(f"{base}/healthz", proc=server)
         logs = {name: p.communicate(timeout=90)[1] for name, p in agents.items()}  # they stop after --duration
     finally:

@@ -2,11 +2,19 @@
 `trimtab check --server` grades through the API; and the daemon refuses to expose itself without tokens."""
 
 import json
-import time
 
 import httpx
 
 from tests.support.procs import free_port, stop, trimtab, wait_http
+from tests.support.waits import eventually
+
+
+def samples_of_every_gpu(base: str, at_least: int):
+    """/v1/gpus once each of the 4 GPUs has ``at_least`` samples in the last 10 s (check's window), else None."""
+    gpus = httpx.get(f"{base}/v1/gpus").json()
+    counts = [len(httpx.get(f"{base}/v1/gpus/{g['uuid']}/samples", params={"window_s": 10, "resolution": "raw"})
+                  .json()["points"]) for g in gpus["gpus"]]
+    return gpus if len(counts) == 4 and min(counts) >= at_least else None
 
 
 def test_up_serves_a_simulated_node_that_check_grades_over_http(tmp_path):
@@ -16,8 +24,7 @@ def test_up_serves_a_simulated_node_that_check_grades_over_http(tmp_path):
                    env={"TRIMTAB_STATE_DIR": str(tmp_path)})
     try:
         wait_http(f"{base}/healthz", proc=proc)
-        time.sleep(1.5)
-        gpus = httpx.get(f"{base}/v1/gpus").json()
+        gpus = eventually(lambda: samples_of_every_gpu(base, at_least=3), timeout_s=30)  # what check grades
         assert gpus["simulated"] is True
         check = trimtab("check", "--server", base, "--window", "10", "--json")
         out, err = check.communicate(timeout=60)

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.metrics.test_prometheus_scrape import prometheus, prometheus_binary, wait_for
+from tests.support.prometheus import prometheus, prometheus_binary, wait_for
 from trimtab.agent.sampler import Sampler
 from trimtab.api.context import ApiContext
 from trimtab.store.engine import migrate, open_engine
@@ -93,7 +93,8 @@ def prom(tmp_path_factory):
                 prometheus(binary, app.port, tmp) as (port, log):
             wait_for(port, "DCGM_FI_DEV_GPU_UTIL", N_GPUS, log)
             wait_for(port, "trimtab_balance_value", 2, log)
-            time.sleep(1.5)  # a few more scrapes, so range queries see more than one point
+            # a few more scrapes, so range queries see more than one point
+            wait_for(port, "count_over_time(DCGM_FI_DEV_GPU_UTIL[5m]) >= 3", N_GPUS, log)
             yield port, log
             assert feed.error is None, feed.error
     finally:

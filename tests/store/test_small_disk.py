@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select, text
 
-from trimtab.agent.sinks import SinkUnavailable
+from trimtab.contract.sink import SinkUnavailable
 from trimtab.store.sink import StoreSink
 from trimtab.store.models import gpu_samples
 from tests.store.conftest import T0_MS, make_batch

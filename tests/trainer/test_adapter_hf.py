@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from tests.trainer.test_hook_live import eventually, reports_of
+from tests.support.frameworks import require
+from tests.support.hook_api import reports_of
+from tests.support.waits import eventually
 from tests.trainer.tiny import TinyRegression, examples
 from trimtab.trainer import attach
 
-pytest.importorskip("transformers", reason="transformers is not installed")
-pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
+require("transformers", reason="transformers is not installed")
+require("accelerate", reason="transformers' Trainer needs accelerate")
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments  # noqa: E402
 
 from trimtab.trainer.adapters.hf import ADVISE_ONLY, TrimtabCallback  # noqa: E402

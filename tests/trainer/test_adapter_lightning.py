@@ -8,13 +8,16 @@ from __future__ import annotations
 import time
 
 import pytest
+
+from tests.support.frameworks import require
 import torch
 
-from tests.trainer.test_hook_live import eventually, reports_of
+from tests.support.hook_api import reports_of
+from tests.support.waits import eventually
 from tests.trainer.tiny import TinyRegression, examples
 from trimtab.trainer import attach
 
-L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+L = require("lightning.pytorch", reason="lightning is not installed")
 from lightning.pytorch.callbacks import Callback  # noqa: E402 (the framework's own base class, checked below)
 VALIDATION_S = 0.02  # each validation batch sleeps this long, so a validation run is seen where it lands
 

@@ -14,9 +14,10 @@ import time
 import httpx
 import pytest
 
+from tests.support.frameworks import require
 from tests.support.procs import free_port, stop, trimtab, wait_http
 
-trl = pytest.importorskip("trl", reason="trl is not installed (pip install -e '.[dev]')")
+trl = require("trl", reason="trl is not installed (pip install -e '.[dev]')")
 from trimtab.trainer.adapters.trl import ADVISE_ONLY, SEAMS, instrument  # noqa: E402
 
 REWARD_S = 0.03  # the reward function's own time: scoring must include it

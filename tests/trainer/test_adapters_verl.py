@@ -11,9 +11,12 @@ import threading
 
 import pytest
 
-pytest.importorskip("verl")
+from tests.support.frameworks import require
 
-from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
+require("verl")
+
+from tests.support.hook_api import reports_of  # noqa: E402
+from tests.support.waits import eventually  # noqa: E402
 from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
 from trimtab.trainer.adapters.verl import VerlTailer, parse_device_map, record_to_report, tail_verl  # noqa: E402
 

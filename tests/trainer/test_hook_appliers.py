@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.trainer.test_hook_live import eventually
+from tests.support.waits import eventually
 from trimtab.trainer import attach
 from trimtab.trainer.apply import KnobChange
 

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from tests.api.conftest import ServedApp
-from tests.trainer.test_hook_live import KNOBS, eventually, reports_of
+from tests.support.hook_api import KNOBS, reports_of
+from tests.support.waits import eventually
 from trimtab.api.app import create_app
 from trimtab.trainer import attach
 

@@ -15,7 +15,7 @@ import torch
 
 import trimtab.trainer.timing as timing
 from trimtab.trainer import attach
-from trimtab.trainer.hook import GPU_WAIT_STEPS
+from trimtab.trainer.outbox import GPU_WAIT_STEPS
 
 
 class Sent:

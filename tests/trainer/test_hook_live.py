@@ -11,26 +11,11 @@ import time
 import pytest
 import torch
 
+from tests.support.hook_api import KNOBS, reports_of
+from tests.support.waits import eventually
 from trimtab.trainer import attach
 
 DEVICE_MAP = {"actor": [0, 1], "ref": [0, 1], "critic": [2], "reward": [3]}
-KNOBS = {"batch_size": (8, 1, 64), "prefetch": (0, 0, 4), "sync_every": (1, 1, 4)}
-
-
-def eventually(check, timeout_s: float = 10.0, interval_s: float = 0.05):
-    """``check()``'s first truthy result within ``timeout_s`` (the reporter posts from its own thread)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            assert result, f"not true within {timeout_s} s"
-            return result
-        time.sleep(interval_s)
-
-
-def reports_of(api, job: str) -> list[dict]:
-    r = api.get(f"/v1/jobs/{job}/reports", limit=500)
-    return r.json()["reports"] if r.status_code == 200 else []
 
 
 @pytest.fixture

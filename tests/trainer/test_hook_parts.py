@@ -83,7 +83,7 @@ def test_the_wire_form_is_exactly_the_apis_fields_and_never_sends_made_up_values
 
 
 def test_logged_values_the_api_would_refuse_are_left_out_not_the_whole_report():
-    from trimtab.trainer.report import StepReport
+    from trimtab.trainer.step_record import StepReport
 
     logs = {"loss": 0.5, "lr": float("nan"), "epoch": 1, "flag": True, "bad\nname": 1.0, "x" * 129: 2.0,
             **{f"m{i:02d}": float(i) for i in range(70)}}

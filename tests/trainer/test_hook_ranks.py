@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests.support.procs import free_port
-from tests.trainer.test_hook_live import eventually
+from tests.support.waits import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "ppo-2ranks"

@@ -16,12 +16,15 @@ import asyncio
 
 import pytest
 
-pytest.importorskip("verl")
+from tests.support.frameworks import require
+
+require("verl")
 
 from click.testing import CliRunner  # noqa: E402
 
-from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
-from tests.trainer.test_verl_e2e import PHASE_COLUMNS, attached, served, verl_workers  # noqa: E402,F401
+from tests.support.hook_api import reports_of  # noqa: E402
+from tests.support.waits import eventually  # noqa: E402
+from tests.support.verl_runs import PHASE_COLUMNS, attached, verl_workers  # noqa: E402
 from tests.trainer.verl_async_harness import run_fully_async, steps_of  # noqa: E402
 from trimtab.cli.main import cli  # noqa: E402
 from trimtab.trainer.adapters.verl_async import DYNAMIC_REASON  # noqa: E402

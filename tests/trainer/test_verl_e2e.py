@@ -15,44 +15,20 @@ import time
 
 import pytest
 
-pytest.importorskip("verl")
+from tests.support.frameworks import require
+
+require("verl")
 
 from click.testing import CliRunner  # noqa: E402
 
-from tests.trainer.test_hook_live import eventually, reports_of  # noqa: E402
+from tests.support.hook_api import reports_of  # noqa: E402
+from tests.support.verl_runs import PHASE_COLUMNS, attached, verl_workers  # noqa: E402
+from tests.support.waits import eventually  # noqa: E402
 from tests.trainer import verl_harness as tests_harness  # noqa: E402
 from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
 from trimtab.cli.main import cli  # noqa: E402
 from trimtab.grading.rules import load_rules  # noqa: E402
-from trimtab.control.service import Rebalancer  # noqa: E402
 from trimtab.trainer.adapters.verl_metrics import verl_step  # noqa: E402
-
-PHASE_COLUMNS = ("generation_s", "evaluation_s", "communication_s", "update_s", "validation_s", "checkpoint_s",
-                 "wait_s", "other_s")
-
-
-@pytest.fixture
-def served(make_api, tmp_path):
-    """A live API whose rebalancer uses ``rules`` (set by the test) — as in `trimtab up`."""
-    api = make_api("sqlite")
-    holder = {}
-
-    def start(rules=None) -> Rebalancer:
-        rb = Rebalancer(api.ctx.engine, rules or load_rules(), interval_s=0.2).start()
-        api.ctx.after_report, api.ctx.after_refusal = rb.after_report, rb.after_refusal
-        holder["rb"] = rb
-        return rb
-
-    yield api, start
-    if "rb" in holder:
-        holder["rb"].stop()
-
-
-def attached(api, tmp_path, job: str, *extra: str) -> list[str]:
-    """The README's one setting (plus the token file it names)."""
-    token = tmp_path / "job.token"
-    token.write_text(api.token("job") + "\n")
-    return [f"+trimtab.server={api.url}", f"+trimtab.token_file={token}", f"trainer.experiment_name={job}", *extra]
 
 
 def by_step(api, job: str) -> dict[int, dict]:
@@ -240,22 +216,6 @@ def test_the_rebalancer_moves_a_token_budget_and_the_next_infer_call_carries_it_
         ("evaluation_bound", "log_prob_max_tokens", 96)
 
 
-def verl_workers(gpu_of_each: dict[str, list[str]]) -> dict[str, list]:
-    """verl's own ``Worker`` as Ray actors, one per GPU, with the environment ``RayWorkerGroup._create_worker`` gives
-    them. Stubbed: the GPU. On CPU Ray assigns none, so each actor's ``CUDA_VISIBLE_DEVICES`` is set by hand to what
-    Ray would set on a GPU node (and ``num_cpus=0``: the harness's two CPUs belong to TransferQueue)."""
-    import ray
-    from verl.single_controller.base.worker import Worker
-
-    out = {}
-    for pool, gpus in gpu_of_each.items():
-        out[pool] = [ray.remote(Worker).options(num_cpus=0, name=f"{pool}Worker_0:{rank}", runtime_env={"env_vars": {
-            "WORLD_SIZE": str(len(gpus)), "RANK": str(rank), "WG_PREFIX": pool, "WG_BACKEND": "ray",
-            "RAY_LOCAL_WORLD_SIZE": str(len(gpus)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555",
-            "CUDA_VISIBLE_DEVICES": gpu}}).remote() for rank, gpu in enumerate(gpus)]
-    # up, as init_workers() leaves them before fit: each is a new process importing verl (slow on a busy CPU)
-    ray.get([w.__ray_call__.remote(lambda _: None) for ws in out.values() for w in ws], timeout=600)
-    return out
 
 
 def test_roles_are_found_from_verls_workers_and_shown_by_get_job_and_check_without_a_device_map(served, tmp_path):

@@ -17,8 +17,10 @@ rollout, as with a rule-based reward), ``_validate`` and ``_save_checkpoint`` (s
 
 import pytest
 
-pytest.importorskip("verl")
-pytest.importorskip("transfer_queue")
+from tests.support.frameworks import require
+
+require("verl")
+require("transfer_queue")
 
 from tests.trainer import verl_harness as h  # noqa: E402
 

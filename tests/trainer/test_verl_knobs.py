@@ -11,7 +11,9 @@ from importlib.metadata import entry_points
 
 import pytest
 
-verl = pytest.importorskip("verl")
+from tests.support.frameworks import require
+
+verl = require("verl")
 
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402

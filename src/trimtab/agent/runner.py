@@ -1,6 +1,6 @@
 """Wires an agent together: sources → sampler → writer (→ spool) → sink, with a readable status line.
 
-Used by `trimtab agent`, `trimtab check --live` and (later) `trimtab up`, so all three sample the same way.
+Used by `trimtab agent`, `trimtab check --live` and `trimtab up`, so all three sample the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 from trimtab.contract.readings import Batch
 from trimtab.agent.sampler import Sampler
-from trimtab.agent.sinks import Sink
+from trimtab.contract.sink import Sink
 from trimtab.agent.source import Source, SourceUnavailable
 from trimtab.agent.spool import Spool
 from trimtab.agent.writer import Writer

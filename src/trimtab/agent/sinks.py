@@ -1,48 +1,14 @@
-"""Where the agent's batches go: the :class:`Sink` protocol, and the sink that ships them to a `trimtab server`
-over HTTP. The sink into a store the agent writes itself lives with the store (``trimtab.store.sink``).
-
-A sink says "not now" by raising :class:`SinkUnavailable` (the writer then spools and retries), "never, as
-configured" by raising :class:`SinkMisconfigured` (the writer keeps what it has on disk, says so once and reports
-itself failed: a database that does not exist, a refused token); any other exception means the batch itself was
-refused, and the writer keeps it aside instead of retrying forever.
+"""The sink that ships the agent's batches to a `trimtab server` over HTTP. The :class:`~trimtab.contract.sink.Sink`
+protocol and the ways a sink says no live in the contract (``trimtab.contract.sink``); the sink into a store the
+agent writes itself lives with the store (``trimtab.store.sink``).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Optional, Protocol
+from typing import Optional
 
 from trimtab.contract.readings import Batch
-
-log = logging.getLogger(__name__)
-
-
-class SinkUnavailable(RuntimeError):
-    """The destination cannot be reached right now; try again later."""
-
-
-class SinkMisconfigured(RuntimeError):
-    """The destination refuses this agent as configured (wrong database, schema, credentials or token): waiting
-    cannot help, only fixing the configuration does. The message says what to fix."""
-
-
-class Sink(Protocol):
-    description: str
-
-    def write(self, batch: Batch) -> int:
-        """Write one batch; return the rows newly stored. Raise SinkUnavailable when the destination is down."""
-        ...
-
-    def maintenance(self, now_ms: int) -> None:
-        """The store's upkeep (rollups, retention) where the sink owns a store and it is due; may do nothing.
-        The writer calls it on every cycle while the sink is up."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class BatchRefused(RuntimeError):
-    """The server answered that this batch will never be accepted (bad token, invalid, too large)."""
+from trimtab.contract.sink import BatchRefused, SinkMisconfigured, SinkUnavailable
 
 
 class HttpSink:
@@ -62,19 +28,14 @@ class HttpSink:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._client = httpx.Client(headers=headers, timeout=timeout_s)
-        self.last_latency_s: Optional[float] = None
 
     def write(self, batch: Batch) -> int:
-        import time
-
         import httpx
 
-        started = time.perf_counter()
         try:
             resp = self._client.post(self.url, content=batch.to_json())
         except httpx.HTTPError as exc:  # refused, reset, timeout, DNS
             raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        self.last_latency_s = time.perf_counter() - started
         if resp.status_code == 429 or resp.status_code >= 500:
             raise SinkUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
         if resp.status_code in MISCONFIGURED_HTTP:

@@ -5,7 +5,7 @@ merges what has queued up into one write, and when the sink is down it appends t
 with backoff, and on recovery replays the spool in order *before* newer data. Overflow of the spool and batches
 the sink refuses are logged, kept or recorded as health events — never dropped silently.
 
-A sink that refuses the agent as configured (:class:`~trimtab.agent.sinks.SinkMisconfigured`: no such database,
+A sink that refuses the agent as configured (:class:`~trimtab.contract.sink.SinkMisconfigured`: no such database,
 a refused token) is not an outage: the writer says so once, marks itself ``failed`` and from then on only spools
 (nothing is lost; once the configuration is fixed, the next start replays it). The agent stops on it.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from trimtab.contract.readings import EVENT_SPOOL_DROPPED, Batch, HealthEvent, NodeInfo
-from trimtab.agent.sinks import Sink, SinkMisconfigured, SinkUnavailable
+from trimtab.contract.sink import Sink, SinkMisconfigured, SinkUnavailable
 from trimtab.agent.spool import Dropped, Spool
 
 log = logging.getLogger(__name__)
@@ -34,9 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class WriterStatus:
     rows_written: int = 0
-    batches_written: int = 0
     batches_spooled: int = 0
-    batches_replayed: int = 0
     batches_rejected: int = 0
     rows_dropped: int = 0
     sink_ok: bool = True
@@ -177,7 +175,6 @@ class Writer:
             return True  # handled: kept aside, do not retry it
         self._mark_up()
         self.status.rows_written += rows
-        self.status.batches_written += 1
         return True
 
     def _replay(self) -> bool:
@@ -190,7 +187,6 @@ class Writer:
                 if not self._write(item.batch, spool_on_failure=False):
                     return False
                 self.spool.ack(item)
-                self.status.batches_replayed += 1
             log.info("replayed %d spooled batches", len(items))
 
     def _spool(self, batch: Batch) -> None:

@@ -1,1 +1,6 @@
-"""The REST API, Prometheus /metrics and /healthz around the store, the agent snapshot and the rebalancer."""
+"""The REST API, Prometheus /metrics and /healthz around the store, the agent's live view and the rebalancer."""
+
+from trimtab.api.app import create_app
+from trimtab.api.context import ApiContext
+
+__all__ = ["ApiContext", "create_app"]

@@ -116,7 +116,7 @@ def report_failure(runner, notifier) -> None:
 def exit_if_failed(runner) -> None:
     """A store or server that refuses this configuration ends the process: say so and exit EXIT_MISCONFIGURED,
     which the units do not restart on (restarting cannot fix a configuration)."""
-    from trimtab.daemon import EXIT_MISCONFIGURED
+    from trimtab.paths import EXIT_MISCONFIGURED
 
     if runner.failed is None:
         return

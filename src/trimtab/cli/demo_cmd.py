@@ -10,11 +10,14 @@ change rolled back, what the pipeline itself counted. Needs the `[trainer]` extr
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
 
 import click
+
+from trimtab.contract.statuses import KEPT, ROLLED_BACK
 
 KNOBS = ("batch_size", "prefetch", "sync_every")
 CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"  # as the README says
@@ -53,7 +56,7 @@ def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, bef
     windows around that change. Nothing outside a temporary directory is touched.
     """
     try:
-        import torch  # noqa: F401
+        importlib.import_module("torch")  # the demo's workload needs it: say how to install it, here
 
         from trimtab.trainer import attach
         from trimtab.workload import story
@@ -162,7 +165,7 @@ def _change_line(moved, changes: list, decisions: list) -> str:
     if change is None:
         return what
     if change["reason"].startswith("rollback:"):
-        d = next((d for d in decisions if d["outcome"] == "rolled_back" and d["knob"] == name), None)
+        d = next((d for d in decisions if d["outcome"] == ROLLED_BACK and d["knob"] == name), None)
         if d is None:
             return f"{what}, rolled back"
         v = d["evidence"].get("verdict") or {}
@@ -201,11 +204,11 @@ def _decision_row(d: dict, records) -> dict:
 
 def _story(decisions: list[dict]) -> dict:
     """What the run showed: which knobs a rebalancer change moved and kept, and how many were rolled back."""
-    moved = [d for d in decisions if d["knob"] and d["outcome"] in ("kept", "rolled_back")]
+    moved = [d for d in decisions if d["knob"] and d["outcome"] in (KEPT, ROLLED_BACK)]
     return {"knobs_moved": sorted({d["knob"] for d in moved}),
-            "knobs_kept": sorted({d["knob"] for d in moved if d["outcome"] == "kept"}),
-            "kept": sum(d["outcome"] == "kept" for d in moved),
-            "rolled_back": sum(d["outcome"] == "rolled_back" for d in moved)}
+            "knobs_kept": sorted({d["knob"] for d in moved if d["outcome"] == KEPT}),
+            "kept": sum(d["outcome"] == KEPT for d in moved),
+            "rolled_back": sum(d["outcome"] == ROLLED_BACK for d in moved)}
 
 
 def _print_report(result: dict, before_tp: float, after_tp: float, n_before: int, decisions: list,
@@ -227,12 +230,12 @@ def _print_report(result: dict, before_tp: float, after_tp: float, n_before: int
                     f"{_fmt(d['throughput_after_samples_per_s'])} samples/s ({gain:+.1f} %)" if gain is not None else
                     f"{_fmt(d['throughput_before_samples_per_s'])} samples/s before")
         step = f" at step {d['applied_step']}" if d["applied_step"] is not None else ""
-        outcome = "kept, no measurable gain" if d["outcome"] == "kept" and row["no_gain"] else d["outcome"]
+        outcome = "kept, no measurable gain" if d["outcome"] == KEPT and row["no_gain"] else d["outcome"]
         click.echo(f"  #{d['id']:<3} {d['rule']:<20} {change:<24}{step:<14} {measured:<40} {outcome}")
         reading = d["evidence"].get("reading", {})
         if reading.get("message"):
             click.echo(f"        why: {reading['message']}")
-        if d["outcome"] == "rolled_back":
+        if d["outcome"] == ROLLED_BACK:
             _print_rollback(d, row)
     click.echo("\nOn a GPU node: `trimtab up`, attach the hook to your trainer (README, 'The rebalancer'), then "
                "`trimtab check` and GET /v1/decisions show the same story for your job.")

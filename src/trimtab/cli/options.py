@@ -20,7 +20,7 @@ def env_option(*decls: str, **kw):
 def misconfigured(message: str) -> click.ClickException:
     """An error that waiting cannot fix: one line, and exit 78 (EX_CONFIG), so systemd does not restart the unit
     in a loop (``RestartPreventExitStatus=78``)."""
-    from trimtab.daemon import EXIT_MISCONFIGURED
+    from trimtab.paths import EXIT_MISCONFIGURED
 
     error = click.ClickException(message)
     error.exit_code = EXIT_MISCONFIGURED

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trimtab.grading.balance import ACT, NO_DATA, OK, UNSUPPORTED, WATCH, BalanceReport
+from trimtab.contract.statuses import ACT, NO_DATA, OK, UNSUPPORTED, WATCH
+from trimtab.grading.balance import BalanceReport
 from trimtab.grading.step_facts import cadence_line
 
 MARK = {OK: "ok   ", WATCH: "WATCH", ACT: "ACT  ", NO_DATA: "-    ", UNSUPPORTED: "n/a  "}

@@ -75,7 +75,6 @@ EVENT_GPU_LOST = "gpu_lost"
 EVENT_XID = "xid"
 EVENT_SOURCE_ERROR = "source_error"
 EVENT_SPOOL_DROPPED = "spool_dropped"
-EVENT_KINDS = (EVENT_GPU_LOST, EVENT_XID, EVENT_SOURCE_ERROR, EVENT_SPOOL_DROPPED)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
+from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
 from trimtab.control.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
@@ -39,7 +40,7 @@ def result_of(d: StoredDecision) -> Optional[str]:
 def left_at(d: StoredDecision) -> dict[str, float]:
     """The knobs as the verdict left them: the decision's knob at its old value (rolled back) or its new one."""
     knobs = {k: float(v) for k, v in (_evidence(d).get("knobs") or {}).items() if isinstance(v, (int, float))}
-    knobs[d.knob] = float(d.old_value if d.outcome == "rolled_back" else d.new_value)
+    knobs[d.knob] = float(d.old_value if d.outcome == ROLLED_BACK else d.new_value)
     return knobs
 
 
@@ -59,7 +60,7 @@ def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optio
     if current.get(d.knob) != then[d.knob]:
         return True
     ev = _evidence(d)
-    level = Sample.from_evidence(ev.get("before_sample") if d.outcome == "rolled_back" else ev.get("after_sample"))
+    level = Sample.from_evidence(ev.get("before_sample") if d.outcome == ROLLED_BACK else ev.get("after_sample"))
     if not changed_level(level, now, rules.controller):
         return True
     ratio = (ev.get("verdict") or {}).get("ratio")
@@ -77,13 +78,13 @@ def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:
     n, at = 0, d
     while at is not None:
         ev = _evidence(at)
-        if not (at.outcome == "kept" and ev.get("no_gain") and not ev.get("unconfirmed_gain")
+        if not (at.outcome == KEPT and ev.get("no_gain") and not ev.get("unconfirmed_gain")
                 and (at.new_value - at.old_value) * way > 0):
             break
         n += 1
         at = next((e for e in state.decisions if e.knob == at.knob and e.id != at.id and e.new_value is not None
                    and e.old_value is not None and float(e.new_value) == float(at.old_value)
-                   and e.outcome == "kept"), None)
+                   and e.outcome == KEPT), None)
     return n
 
 
@@ -110,18 +111,18 @@ def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: 
         if d.knob != action.knob or d.new_value is None or d.old_value is None or remeasured(d):
             continue
         same_way = (d.new_value - d.old_value) * way > 0
-        if d.outcome == "refused" and same_way:
+        if d.outcome == REFUSED and same_way:
             if state.now_ms - verdict_ms(d) > rules.controller.retry_after_s * 1000:
                 continue  # the clock runs from the verdict, not from when the change was decided
             # The job's knob owner said no; asking again the same way would only be refused again.
             reason = _evidence(d).get("refused_reason")
             return f"the job refused {action.knob} → {d.new_value:g} at decision {d.id} ({reason or 'no reason'})"
-        if d.outcome == "rolled_back" and float(d.new_value) == new and still_holds(state, rules, d, now):
+        if d.outcome == ROLLED_BACK and float(d.new_value) == new and still_holds(state, rules, d, now):
             return f"{action.knob}={new:g} was rolled back at decision {d.id}"
-        if d.outcome == "kept" and result_of(d) == GAIN and float(d.old_value) == new \
+        if d.outcome == KEPT and result_of(d) == GAIN and float(d.old_value) == new \
                 and still_holds(state, rules, d, now):
             return f"{action.knob}={new:g} measured worse than {d.new_value:g} at decision {d.id}"
-        if d.outcome == "kept" and _evidence(d).get("no_gain") and not _evidence(d).get("unconfirmed_gain") \
+        if d.outcome == KEPT and _evidence(d).get("no_gain") and not _evidence(d).get("unconfirmed_gain") \
                 and same_way \
                 and float(d.new_value) == current and still_holds(state, rules, d, now):
             if firing and _no_gain_rungs(state, d, way) <= rules.controller.ladder_look_further:
@@ -153,11 +154,11 @@ def bounds(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample]) 
             continue
         old, new = float(d.old_value), float(d.new_value)
         ev = _evidence(d)
-        if d.outcome == "rolled_back":
+        if d.outcome == ROLLED_BACK:
             worse, better, sure = new, old, not ev.get("back_to_known")
-        elif d.outcome == "kept" and result_of(d) == GAIN:
+        elif d.outcome == KEPT and result_of(d) == GAIN:
             worse, better, sure = old, new, True
-        elif d.outcome == "kept" and ev.get("no_gain") and ev.get("verdict") and not ev.get("unconfirmed_gain"):
+        elif d.outcome == KEPT and ev.get("no_gain") and ev.get("verdict") and not ev.get("unconfirmed_gain"):
             worse, better, sure = old, new, False
         else:
             continue
@@ -195,7 +196,7 @@ def _levels(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample])
         ratio = (_evidence(d).get("verdict") or {}).get("ratio") if d.knob == knob else None
         if not isinstance(ratio, (int, float)) or ratio <= 0 or d.old_value is None or d.new_value is None:
             continue
-        if d.outcome not in ("kept", "rolled_back") or remeasured(d) or not still_holds(state, rules, d, now):
+        if d.outcome not in (KEPT, ROLLED_BACK) or remeasured(d) or not still_holds(state, rules, d, now):
             continue
         old, new, log_ratio = float(d.old_value), float(d.new_value), math.log(ratio)
         edges.setdefault(old, []).append((new, log_ratio))
@@ -286,9 +287,9 @@ def follows_through(state: "JobState", rule: Rule, reading: Reading) -> Optional
         return None
     if any(h is not None and h <= rule.follow_above for h in reading.detail.get("halves", [])):
         return None
-    last = next((d for d in state.decisions if d.change_id is not None and d.outcome not in ("pending", "advised")),
+    last = next((d for d in state.decisions if d.change_id is not None and d.outcome not in (PENDING, ADVISED)),
                 None)
-    if last is None or last.rule != rule.name or last.outcome != "kept" or result_of(last) != GAIN:
+    if last is None or last.rule != rule.name or last.outcome != KEPT or result_of(last) != GAIN:
         return None
     if last.knob not in state.job.knobs or float(state.job.knobs[last.knob]["value"]) != float(last.new_value):
         return None

@@ -31,6 +31,7 @@ import math
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
+from trimtab.contract.statuses import ADVISED, APPLIED, PENDING, SUPERSEDED
 from trimtab.control.follow_up import follow_up
 from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
@@ -38,7 +39,7 @@ from trimtab.control.memory_fit import GIB
 from trimtab.control.plan import (JobState, NewChange, Plan, Wait, last_applied_step, leading, period,
                                            window_evidence, window_wait)
 from trimtab.grading.rules import Action, Rule, RuleSet
-from trimtab.grading.signals import JobContext, Reading, alloc_retries, gpu_reading, job_reading
+from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.control.verdict import Sample, unsettled
 from trimtab.grading.window import JobStep, screen, throughput, window
 from trimtab.store.decisions import StoredDecision
@@ -195,7 +196,7 @@ def _forecast_cuts_short(state: JobState, rules: RuleSet, open_d: StoredDecision
     """A change being measured is closed unjudged when the memory forecast fires at its value: the job's growth
     does not wait for the verdict (the lower follows on the same report, see ``Rebalancer._evaluate``)."""
     change = next((c for c in state.changes if c.id == open_d.change_id), None)
-    if change is None or change.status != "applied" or change.applied_step is None:
+    if change is None or change.status != APPLIED or change.applied_step is None:
         return None
     if not any(s.step >= change.applied_step + rules.controller.settle_steps for s in state.steps):
         return None
@@ -204,7 +205,7 @@ def _forecast_cuts_short(state: JobState, rules: RuleSet, open_d: StoredDecision
         return None  # a forecast lower itself is kept (a safety change) once its window is in
     rule, reading = fired
     why = f"memory forecast: {reading.message}"
-    return Plan(note=f"decision {open_d.id}: cut short, {why}", close=open_d.id, outcome="superseded",
+    return Plan(note=f"decision {open_d.id}: cut short, {why}", close=open_d.id, outcome=SUPERSEDED,
                 applied_step=change.applied_step,
                 evidence={**open_d.evidence, "closed_because": why, "verdict_ms": state.now_ms})
 
@@ -252,7 +253,7 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
 
 
 def _advised_recently(state: JobState, rules: RuleSet, rule: str, knob: Optional[str], new: Optional[float]) -> bool:
-    return any(d.rule == rule and d.outcome == "advised" and d.knob == knob
+    return any(d.rule == rule and d.outcome == ADVISED and d.knob == knob
                and (new is None or (d.new_value is not None and float(d.new_value) == new))
                for d in _recent(state.decisions, state.now_ms, rules.controller.advice_repeat_s))
 
@@ -292,11 +293,11 @@ def _plan(state: JobState, rules: RuleSet,
     next_window = window_wait(rules, every)
     if job.mode == "off":
         return Plan(note="mode off", wait=next_window)
-    open_d = next((d for d in state.decisions if d.outcome == "pending"), None)
+    open_d = next((d for d in state.decisions if d.outcome == PENDING), None)
     if open_d is not None:
         cut = _forecast_cuts_short(state, rules, open_d)
         return cut if cut is not None else follow_up(state, rules, open_d)
-    pending = [c for c in state.changes if c.status == "pending"]
+    pending = [c for c in state.changes if c.status == PENDING]
     if pending:
         return Plan(note=f"change {pending[0].id} ({pending[0].source}) is in flight", wait=next_window)
     last = last_applied_step(state)

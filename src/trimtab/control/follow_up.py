@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.memory_fit import GIB
 from trimtab.control.plan import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
 from trimtab.grading.rules import RuleSet
@@ -30,7 +31,7 @@ def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list
     """The steps before a change at the setting it changed: after the previous change's settle steps, the newest
     covering ``verdict_before_s`` (in whole periods of the old sync interval)."""
     ctl = rules.controller
-    earlier = [c.applied_step for c in state.changes if c.status == "applied" and c.applied_step is not None
+    earlier = [c.applied_step for c in state.changes if c.status == APPLIED and c.applied_step is not None
                and c.applied_step < change.applied_step]
     start = max(earlier) + ctl.settle_steps if earlier else 0
     every = _old_period(state, rules, change)
@@ -132,23 +133,23 @@ def _after_enough(rules: RuleSet, bound_steps: int) -> int:
 
 def _closed_early(state: JobState, open_d: StoredDecision, change: Optional[StoredChange]) -> Optional[Plan]:
     """A refused, replaced, cancelled or overridden change: its decision is closed without a verdict."""
-    if change is not None and change.status == "refused":
+    if change is not None and change.status == REFUSED:
         why = f"the job could not apply it: {change.refused_reason or 'no reason given'}"
         return Plan(note=f"decision {open_d.id}: {change.knob} → {change.value:g} refused ({why})", close=open_d.id,
-                    outcome="refused", evidence={**open_d.evidence, "closed_because": why, "verdict_ms": state.now_ms,
+                    outcome=REFUSED, evidence={**open_d.evidence, "closed_because": why, "verdict_ms": state.now_ms,
                                                  "refused_reason": change.refused_reason})
-    if change is None or change.status in ("superseded", "cancelled"):
-        why = "replaced by a newer change" if change is not None and change.status == "superseded" else \
+    if change is None or change.status in (SUPERSEDED, CANCELLED):
+        why = "replaced by a newer change" if change is not None and change.status == SUPERSEDED else \
             "cancelled before the job applied it (mode switched or bounds changed)"
         return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id,
-                    outcome="superseded" if change is not None and change.status == "superseded" else "cancelled",
+                    outcome=SUPERSEDED if change is not None and change.status == SUPERSEDED else CANCELLED,
                     evidence={**open_d.evidence, "closed_because": why})
-    if change.status != "applied" or change.applied_step is None:
+    if change.status != APPLIED or change.applied_step is None:
         return None
     knob_now = state.job.knobs.get(change.knob, {}).get("value")
     if knob_now is None or float(knob_now) != float(change.value):
         why = f"the job changed {change.knob} to {knob_now} itself (an OOM, or a new registration)"
-        return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id, outcome="superseded",
+        return Plan(note=f"decision {open_d.id}: {why}", close=open_d.id, outcome=SUPERSEDED,
                     evidence={**open_d.evidence, "closed_because": why}, applied_step=change.applied_step)
     return None
 
@@ -159,7 +160,7 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     early = _closed_early(state, open_d, change)
     if early is not None:
         return early
-    if change.status != "applied" or change.applied_step is None:
+    if change.status != APPLIED or change.applied_step is None:
         # The job's ack moves its knob (a new registration key): planning resumes then, or after a window.
         return Plan(note=f"waiting for the job to apply change {change.id} ({change.knob} → {change.value})",
                     wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
@@ -195,10 +196,10 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                                        "error_pct": round(100.0 * (seen / predicted["predicted_gib"] - 1.0), 1)}
     if any(r.name == open_d.rule and r.safety for r in rules.rules):
         # A safety change (memory, fragmentation) is not undone for speed: it was made to stop an OOM.
-        return Plan(note=f"decision {open_d.id}: safety change kept", outcome="kept", evidence=evidence, **closed)
+        return Plan(note=f"decision {open_d.id}: safety change kept", outcome=KEPT, evidence=evidence, **closed)
     if b_sample is None or a_sample is None:
         evidence["no_gain"] = True
-        return Plan(note=f"decision {open_d.id}: kept (throughput not measurable)", outcome="kept", evidence=evidence,
+        return Plan(note=f"decision {open_d.id}: kept (throughput not measurable)", outcome=KEPT, evidence=evidence,
                     **closed)
     v = compare(b_sample, a_sample, ctl)
     evidence.update(verdict=v.evidence(), before_sample=b_sample.evidence(), after_sample=a_sample.evidence())
@@ -206,7 +207,7 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     if ladder is not None and not at_bound:
         evidence.update(no_gain=True, ladder_goes_on=ladder)
         return Plan(note=f"decision {open_d.id}: inconclusive ({100 * (v.ratio - 1):+.1f} %, not lower) but {ladder}: "
-                         f"kept, no measurable gain", outcome="kept", evidence=evidence, throughput_after=after_tp,
+                         f"kept, no measurable gain", outcome=KEPT, evidence=evidence, throughput_after=after_tp,
                     close=open_d.id, applied_step=change.applied_step)
     if v.result == INCONCLUSIVE and not at_bound:
         measuring.note = (f"decision {open_d.id}: inconclusive so far ({100 * (v.ratio - 1):+.1f} %, "
@@ -229,14 +230,14 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
                f"{v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, {v.confidence_pct:.0f} % sure)")
     if v.result == GAIN:
-        return Plan(note=f"decision {open_d.id}: throughput {figures}: kept", outcome="kept", evidence=evidence,
+        return Plan(note=f"decision {open_d.id}: throughput {figures}: kept", outcome=KEPT, evidence=evidence,
                     **closed)
     if v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct:
         # Not confirmed, but no sign of a flat top either: kept, and the next move this way is judged on its own.
         evidence.update(no_gain=True, unconfirmed_gain=True)
         return Plan(note=f"decision {open_d.id}: throughput {figures}: kept, no measurable gain (the estimate is "
                          f"above the {ctl.dead_band_pct:g} % dead band: an unconfirmed gain, the direction stays "
-                         f"open)", outcome="kept", evidence=evidence, **closed)
+                         f"open)", outcome=KEPT, evidence=evidence, **closed)
     if v.result != WORSE and v.ratio >= 1.0:
         # Not told apart from noise (or smaller than the dead band), but not lower either: kept as "no measurable
         # gain", and this direction is not pushed further. Kept rather than undone because a change that moves
@@ -244,7 +245,7 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         # then hides: the H200 pipeline's best setting is reached that way).
         evidence["no_gain"] = True
         return Plan(note=f"decision {open_d.id}: throughput {figures}: kept, no measurable gain (not lower; this "
-                         f"direction is not pushed further)", outcome="kept", evidence=evidence, **closed)
+                         f"direction is not pushed further)", outcome=KEPT, evidence=evidence, **closed)
     if v.result != WORSE:
         # Not told apart from noise, and lower: the old setting is the one known to be good.
         evidence["back_to_known"] = True
@@ -261,7 +262,7 @@ def _roll_back(state: JobState, open_d: StoredDecision, change: StoredChange, fi
         spec = state.job.knobs[change.knob]
         why = (f"throughput {figures} but {change.knob}'s old value is outside the job's bounds "
                f"[{spec['min']}, {spec['max']}] now: not rolled back")
-        return Plan(note=f"decision {open_d.id}: {why}", outcome="kept",
+        return Plan(note=f"decision {open_d.id}: {why}", outcome=KEPT,
                     evidence={**evidence, "no_gain": True, "rollback_blocked": why}, **closed)
     return Plan(note=f"decision {open_d.id}: throughput {figures}: rolling {change.knob} back to {old}",
-                outcome="rolled_back", evidence=evidence, rollback_to=old, rollback_knob=change.knob, **closed)
+                outcome=ROLLED_BACK, evidence=evidence, rollback_to=old, rollback_knob=change.knob, **closed)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from trimtab.contract.knobs import is_token_budget
+from trimtab.contract.statuses import APPLIED
 from trimtab.grading.rules import ControllerSettings
 from trimtab.grading.window import JobStep
 from trimtab.store.jobs import StoredChange
@@ -32,7 +33,7 @@ RECENT_WEIGHT = 0.25  # the fit's miss is read on stretches at least this recent
 
 def knob_history(changes: Sequence[StoredChange], knob: str, now_value: float):
     """step → the knob's value at that step, from the applied changes (``changes`` newest first)."""
-    applied = sorted((c for c in changes if c.knob == knob and c.status == "applied" and c.applied_step is not None),
+    applied = sorted((c for c in changes if c.knob == knob and c.status == APPLIED and c.applied_step is not None),
                      key=lambda c: c.applied_step)
 
     def at(step: int) -> Optional[float]:

@@ -15,7 +15,8 @@ from typing import Optional
 from trimtab.control.memory_fit import GIB, MemoryFit, fit
 from trimtab.control.plan import JobState
 from trimtab.grading.rules import Rule, RuleSet
-from trimtab.grading.signals import NO_DATA, Reading
+from trimtab.contract.statuses import NO_DATA
+from trimtab.grading.signals import Reading
 
 SIGNAL = "memory_forecast_pct"
 

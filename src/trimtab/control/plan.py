@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from trimtab.contract.statuses import APPLIED
 from trimtab.grading.balance import GpuWindow
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import Reading
@@ -141,5 +142,5 @@ def window_evidence(steps: Sequence[JobStep]) -> dict[str, Any]:
 
 
 def last_applied_step(state: JobState) -> Optional[int]:
-    steps = [c.applied_step for c in state.changes if c.status == "applied" and c.applied_step is not None]
+    steps = [c.applied_step for c in state.changes if c.status == APPLIED and c.applied_step is not None]
     return max(steps) if steps else None

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from trimtab.grading.grading import (ACT, NO_DATA, OK, SEVERITY, UNSUPPORTED, WATCH, Verdict, no_job_data,
-                                        node_rows)
+from trimtab.contract.statuses import ACT, NO_DATA, OK, SEVERITY, UNSUPPORTED, WATCH
+from trimtab.grading.grading import Verdict, no_job_data, node_rows
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.signals import GpuWindow, mem_used_pct, pcie_pct_of_peak
 

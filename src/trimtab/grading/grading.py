@@ -10,18 +10,15 @@ the decision it records says so.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from trimtab.contract.statuses import ACT, NO_DATA, OK, SEVERITY, UNSUPPORTED, WATCH
 from trimtab.contract.step_report import PHASES
 from trimtab.grading.rules import Rule, RuleSet, RulesError
 from trimtab.grading.signals import (GpuGrade, GpuWindow, JobContext, Reading, alloc_retries, grade_gpus,
                                        job_reading, time_base_words)
 from trimtab.grading.window import JobStep
-
-OK, WATCH, ACT, NO_DATA, UNSUPPORTED = "ok", "watch", "act", "no_data", "unsupported"
-SEVERITY = {OK: 0, NO_DATA: 0, UNSUPPORTED: 0, WATCH: 1, ACT: 2}
 
 LIVE_JOB_S = 600.0  # a job that reported within this long is live: graded, shown (or longer: a check's window)
 COMPOSITION = "step_composition"
@@ -173,8 +170,10 @@ def _fragmentation(rule: Rule, win: Sequence[JobStep], ctx: JobContext) -> Verdi
     return _verdict(rule.name, rule, reading, message)
 
 
-def _latency(rule: Rule, win: Sequence[JobStep], ctx: JobContext, mean_us: Optional[float],
+def _latency_row(rule: Rule, win: Sequence[JobStep], ctx: JobContext, mean_us: Optional[float],
              baseline_steps: int) -> Verdict:
+    """The latency rule's row: the reading (:func:`~trimtab.grading.signals.job_reading`) with the window's probe
+    mean and the baseline written out, or why there is no row yet (no probes, no baseline)."""
     if mean_us is None:
         return no_data(rule.name, rule, "no collective-latency probes in the window (the hook's probe is off, or it "
                                         "probes less often)")
@@ -194,12 +193,11 @@ def job_rows(rules: RuleSet, win: Sequence[JobStep], ctx: JobContext, tp: Option
         if rule.signal == "fragmentation_pct":
             out.append(_fragmentation(rule, win, ctx))
         elif rule.signal == "collective_latency_x_baseline":
-            out.append(_latency(rule, win, ctx, mean_latency_us, rules.controller.probe_baseline_steps))
+            out.append(_latency_row(rule, win, ctx, mean_latency_us, rules.controller.probe_baseline_steps))
         else:
             out.append(_verdict(rule.name, rule, job_reading(rule, win, ctx)))
     return out
 
 
-__all__ = ["ACT", "COMPOSITION", "LIVE_JOB_S", "NO_DATA", "OK", "SEVERITY", "UNSUPPORTED", "Verdict", "WATCH",
-           "job_checks", "job_rows", "live_since_ms", "no_data", "no_job_data", "node_rules", "node_rows",
+__all__ = ["COMPOSITION", "LIVE_JOB_S", "Verdict", "job_checks", "job_rows", "live_since_ms", "no_data", "no_job_data", "node_rules", "node_rows",
            "rules_for"]

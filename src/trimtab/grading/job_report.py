@@ -24,8 +24,8 @@ from typing import Any, Mapping, Optional, Sequence
 from sqlalchemy import Engine
 
 from trimtab.contract.roles import gpus_by_role
-from trimtab.grading.grading import (ACT, LIVE_JOB_S, NO_DATA, OK, SEVERITY, WATCH, Verdict, job_checks,
-                                        job_rows, live_since_ms, no_data, rules_for)
+from trimtab.contract.statuses import ACT, NO_DATA, OK, REFUSED, SEVERITY, WATCH
+from trimtab.grading.grading import LIVE_JOB_S, Verdict, job_checks, job_rows, live_since_ms, no_data, rules_for
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.step_facts import generation_cadence, rl_facts
 from trimtab.grading.signals import WALL_TIME, JobContext, phase_share_pct, time_base
@@ -218,7 +218,7 @@ def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:
         return []
     return [DecisionRow(d.id, d.ts_ms, d.rule, d.knob, d.old_value, d.new_value, d.outcome, d.applied_step,
                         d.throughput_before_samples_per_s, d.throughput_after_samples_per_s,
-                        note=(d.evidence or {}).get("refused_reason") if d.outcome == "refused" else None)
+                        note=(d.evidence or {}).get("refused_reason") if d.outcome == REFUSED else None)
             for d in decision_store.list_decisions(engine, job.id, limit=n, offset=0)]
 
 

@@ -11,7 +11,8 @@ import time
 from collections import defaultdict
 from typing import Optional
 
-from trimtab.grading.balance import NO_DATA, BalanceReport, assess
+from trimtab.contract.statuses import NO_DATA
+from trimtab.grading.balance import BalanceReport, assess
 from trimtab.grading.grading import job_checks, live_since_ms
 from trimtab.grading.rules import RuleSet, default_rules
 

@@ -17,11 +17,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
+from trimtab.contract.statuses import NO_DATA
 from trimtab.contract.step_report import GPU_PHASES, NAMED_PHASES, OTHER_PHASE
 from trimtab.grading.rules import Rule
 from trimtab.grading.window import JobStep
 
-NO_DATA = "no_data"
 GPU_TIME, WALL_TIME = "gpu", "wall"  # what a window's phase shares are measured on
 TIME_BASE_WORDS = {GPU_TIME: "GPU time (CUDA events)", WALL_TIME: "wall time"}
 
@@ -202,7 +202,9 @@ def _ooms(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Reading:
                    detail={"num_ooms_cumulative": max(inside)}, **base)
 
 
-def _latency(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Reading:
+def _latency_reading(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Reading:
+    """Collective latency as a multiple of the job's probe baseline, sustained over the window (what the controller
+    decides on; the row :mod:`trimtab.grading.grading` shows adds the probe mean)."""
     if ctx.probe_baseline_us is None or ctx.probe_baseline_us <= 0:
         return Reading(rule=rule.name, signal=rule.signal, unit=rule.unit, status=NO_DATA, value=None,
                        message="no collective-latency baseline yet (the hook's probe is off or too few probes)")
@@ -219,7 +221,7 @@ def job_reading(rule: Rule, window: Sequence[JobStep], ctx: JobContext) -> Readi
     if signal == "ooms":
         return _ooms(rule, window, ctx)
     if signal == "collective_latency_x_baseline":
-        return _latency(rule, window, ctx)
+        return _latency_reading(rule, window, ctx)
     if signal == "fragmentation_pct":
         def frag(s: JobStep) -> Optional[float]:
             return None if s.fragmentation is None else 100.0 * s.fragmentation

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional
 
 from sqlalchemy import Engine, func, insert, select, update
 
+from trimtab.contract.statuses import PENDING
 from trimtab.store.engine import write_transaction
 from trimtab.store.jobs import StoredChange, now_ms, number, queue_change_in
 from trimtab.store.models import decisions, jobs
@@ -49,7 +50,7 @@ def decide_change(engine: Engine, job_id: int, rule: str, evidence: Mapping[str,
         change = queue_change_in(conn, job_id, knob, value, reason, source="rebalancer")
         decision_id = conn.execute(insert(decisions).values(
             job_id=job_id, ts_ms=fields.pop("ts_ms", None) or now_ms(), rule=rule, evidence=dict(evidence),
-            change_id=change.id, knob=knob, old_value=change.previous_value, new_value=value, outcome="pending",
+            change_id=change.id, knob=knob, old_value=change.previous_value, new_value=value, outcome=PENDING,
             **fields).returning(decisions.c.id)).scalar_one()
     return decision_id, change
 
@@ -60,7 +61,7 @@ def close_decision(engine: Engine, decision_id: int, outcome: str, evidence: Map
     = (job id, knob, old value, reason) the change back is queued in the same transaction. Only a decision still
     "pending" is closed (a second closer finds nothing to do): the change back is then not queued twice."""
     with write_transaction(engine) as conn:
-        done = conn.execute(update(decisions).where(decisions.c.id == decision_id, decisions.c.outcome == "pending")
+        done = conn.execute(update(decisions).where(decisions.c.id == decision_id, decisions.c.outcome == PENDING)
                             .values(outcome=outcome, evidence=dict(evidence), **fields)).rowcount
         if done and rollback is not None:
             job_id, knob, value, reason = rollback

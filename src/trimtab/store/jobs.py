@@ -14,10 +14,10 @@ from typing import Any, Mapping, Optional, Sequence
 from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from trimtab.contract.roles import RolePlacement, device_map_of
+from trimtab.contract.statuses import APPLIED, CANCELLED, PENDING, REFUSED, SUPERSEDED
 from trimtab.store.engine import insert_for, write_transaction
 from trimtab.store.models import api_tokens, gpu_processes, gpus, job_reports, jobs, knob_acks, knob_changes, nodes
 
-PENDING, APPLIED, REFUSED, SUPERSEDED, CANCELLED = "pending", "applied", "refused", "superseded", "cancelled"
 MODES = ("auto", "advise", "off")
 
 

@@ -1,5 +1,5 @@
 """The agent's sink into a store it writes itself (SQLite / PostgreSQL): the store's side of the agent's
-:class:`~trimtab.agent.sinks.Sink` protocol, so the agent never imports the store (whoever wires the process
+:class:`~trimtab.contract.sink.Sink` protocol, so the agent never imports the store (whoever wires the process
 hands it this sink, or an HTTP one).
 """
 
@@ -10,7 +10,7 @@ from typing import Optional
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from trimtab.contract.readings import Batch
-from trimtab.agent.sinks import SinkMisconfigured, SinkUnavailable
+from trimtab.contract.sink import SinkMisconfigured, SinkUnavailable
 from trimtab.store.engine import StoreError, is_disk_full, mask_url, migrate, release_engine, relieve_full_disk, \
     shared_engine
 from trimtab.store.ingest import BatchWriter

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Union
 
 Number = Union[int, float]
-PENDING, APPLIED, REFUSED = "pending", "applied", "refused"
+from trimtab.contract.statuses import APPLIED, PENDING, REFUSED
 
 
 @dataclass

@@ -56,13 +56,16 @@ class Phase:
 
 
 class PhaseTimer:
-    """Accumulates the open step's phases; ``close_step`` turns them into the report's phases (with "other")."""
+    """Accumulates the open step's phases and knows where the step began; ``close_step`` turns them into the
+    report's phases (with "other")."""
 
     def __init__(self, cuda_events: bool = True):
         self.cuda_events = cuda_events
         self.wall_s: dict[str, float] = {}
         self.events: list = []
         self.first_entry_s: Optional[float] = None  # the first phase ever entered: where step 0 starts
+        self.attached_s = time.perf_counter()  # where step 0 starts when it ends before any phase was entered
+        self.step_start_s: Optional[float] = None  # where the open step began (None: see step_time_s)
         self._unresolved: "OrderedDict[int, list]" = OrderedDict()
         self.unresolved_dropped = 0
 
@@ -70,6 +73,17 @@ class PhaseTimer:
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r}: use one of {', '.join(PHASES)}")
         return Phase(self, name)
+
+    def begin_step(self, at_s: Optional[float] = None) -> None:
+        """The open step begins at ``at_s`` (default: now)."""
+        self.step_start_s = time.perf_counter() if at_s is None else at_s
+
+    def step_time_s(self, now_s: float) -> float:
+        """Seconds since the open step began: since ``begin_step``, else the first phase entered, else attach."""
+        start_s = self.step_start_s
+        if start_s is None:
+            start_s = self.first_entry_s or self.attached_s
+        return max(0.0, now_s - start_s)
 
     def close_step(self, step: int, step_time_s: float,
                    extra_s: Optional[Mapping[str, float]] = None) -> dict[str, float]:

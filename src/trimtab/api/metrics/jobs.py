@@ -10,12 +10,9 @@ from prometheus_client.core import Metric
 
 from trimtab.api.metrics.families import Row, Spec, counter, gauges
 from trimtab.api.metrics.store_reads import JobScrape
-from trimtab.grading.balance import NO_DATA, SEVERITY
+from trimtab.contract.statuses import NO_DATA, PENDING, SETTLED_CHANGES, SETTLED_DECISIONS, SEVERITY
 from trimtab.grading.window import PHASES
 
-# Settled outcomes only: a counter must never go down, and a pending decision (or change) becomes one of these.
-SETTLED_DECISIONS = ("advised", "kept", "rolled_back", "refused", "superseded", "cancelled")
-SETTLED_CHANGES = ("applied", "superseded", "cancelled")
 _WINDOW = "over the job's newest window of steps (the rebalancer's window)"
 
 
@@ -85,14 +82,14 @@ def _rebalancer_families(data: JobScrape) -> Iterator[Metric]:
     pending_changes: Counter[str] = Counter()
     decided, changed = [], []
     for job, rule, outcome, n in sorted(data.decisions, key=lambda r: tuple(str(x) for x in r)):
-        if outcome in SETTLED_DECISIONS:
+        if outcome in SETTLED_DECISIONS:  # settled only: a counter must never go down
             decided.append(Row(_labels(job, None, rule=rule, outcome=outcome), job in simulated, n))
-        elif outcome == "pending":
+        elif outcome == PENDING:
             pending_decisions[job] += n
     for job, source, status, n in sorted(data.changes):
         if status in SETTLED_CHANGES:
             changed.append(Row(_labels(job, None, source=source, status=status), job in simulated, n))
-        elif status == "pending":
+        elif status == PENDING:
             pending_changes[job] += n
     yield from gauges((
         Spec("trimtab_rebalancer_decisions_pending", "Decisions whose change is in flight or being measured (0 or 1 "

@@ -8,7 +8,8 @@ from typing import Iterator, Mapping
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trimtab.api.metrics.families import Row, Spec, family, gauges
-from trimtab.grading.balance import SEVERITY, BalanceReport
+from trimtab.contract.statuses import SEVERITY
+from trimtab.grading.balance import BalanceReport
 
 BALANCE_WINDOW_S = 30.0  # the window `trimtab check` grades by default
 

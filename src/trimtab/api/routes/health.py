@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import get_ctx
+from trimtab.api.metrics import render_metrics
 from trimtab.api.schemas import HealthOut
 from trimtab.store.queries import store_health
 
@@ -56,12 +57,7 @@ def _components(ctx: ApiContext) -> dict:
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics",
             description="The latest snapshot of every GPU, node and verdict in Prometheus text format 0.0.4 "
                         "(dcgm-exporter names where a DCGM metric exists, trimtab_* otherwise). Rendered per "
-                        "scrape from memory: no NVML call. 503 while the renderer is not installed.",
-            responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}, "description": "Prometheus text format."},
-                       503: {"content": {"text/plain": {}}, "description": "No metrics renderer in this build."}})
+                        "scrape from memory: no NVML call.",
+            responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}, "description": "Prometheus text format."}})
 def prometheus_metrics(ctx: ApiContext = Depends(get_ctx)) -> Response:
-    try:
-        from trimtab.api.metrics import render_metrics  # written apart; imported late so the API runs without it
-    except ImportError:
-        return PlainTextResponse("metrics renderer not available in this build\n", status_code=503)
     return Response(render_metrics(ctx), media_type=PROMETHEUS_CONTENT_TYPE)

@@ -26,8 +26,8 @@ from typing import Any, Mapping, Optional
 
 from trimtab.trainer.adapters.follow import FileFollower
 from trimtab.trainer.adapters.verl_metrics import TRAINERS, V1, verl_step
-from trimtab.trainer.report import StepReport
-from trimtab.trainer.reporter import Reporter
+from trimtab.trainer.server_link import Reporter
+from trimtab.trainer.step_record import StepReport
 
 log = logging.getLogger("trimtab.trainer")
 

@@ -15,7 +15,7 @@ class _Channel:
     """One process's line to the server: its step reports (as ``rank``), and the pending changes of ``owned``."""
 
     def __init__(self, options: dict, rank: int, owned: tuple[str, ...], registration: Optional[dict]):
-        from trimtab.trainer.reporter import Reporter
+        from trimtab.trainer.server_link import Reporter
 
         self.job, self.rank, self.owned = options["job"], rank, owned
         self._lock = threading.Lock()
@@ -47,7 +47,7 @@ class _Channel:
             self._staged.setdefault(cid, (knob, value))
 
     def report(self, record: Any) -> None:
-        from trimtab.trainer.report import StepReport
+        from trimtab.trainer.step_record import StepReport
 
         report = StepReport(step=record.step, rank=self.rank, step_time_s=record.step_time_s,
                             phases_s=dict(record.phases_s),  # "other" included: no hook timer adds it here

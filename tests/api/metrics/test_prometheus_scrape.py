@@ -1,0 +1,61 @@
+"""A real Prometheus (the Debian package) scrapes /metrics served by uvicorn, and its query API returns the GPU
+series with dcgm-exporter's labels and the snapshot's values.
+
+Skips, saying why, where no ``prometheus`` binary is installed — unless ``TRIMTAB_REQUIRE_PROMETHEUS=1`` (CI),
+where that fails the test.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.prometheus import metrics_app, prometheus, prometheus_binary, serve, wait_for
+
+from .conftest import Feeder
+
+
+
+def test_prometheus_scrapes_gpu_series_with_dcgm_labels(ctx, feed: Feeder, tmp_path):
+    binary = prometheus_binary()
+    batch = feed.simulated(hostname="sim-prom", scenario="actor-hot", ticks=5)  # no more ticks: values stay put
+    util = {s.gpu_uuid: s.util_pct for s in batch.gpu_samples}
+    index = {g.uuid: str(g.index) for g in batch.gpus}
+
+    with serve(metrics_app(ctx)) as app_port, prometheus(binary, app_port, tmp_path) as (prom_port, log):
+        series = wait_for(prom_port, "DCGM_FI_DEV_GPU_UTIL", len(util), log)
+        spread = wait_for(prom_port, 'trimtab_balance_status{check="utilization_spread"}', 1, log)
+
+    assert len(series) == len(util)
+    for s in series:
+        labels, value = s["metric"], float(s["value"][1])
+        assert {"gpu", "UUID", "modelName", "hostname"} <= set(labels), labels
+        assert labels["hostname"] == "sim-prom" and labels["simulated"] == "true"
+        assert labels["gpu"] == index[labels["UUID"]]
+        assert labels["modelName"] == batch.gpus[0].name
+        assert labels["job"] == "trimtab" and labels["instance"] == f"127.0.0.1:{app_port}"
+        assert value == pytest.approx(util[labels["UUID"]])
+    assert float(spread[0]["value"][1]) == 2  # actor-hot: act
+
+
+def test_prometheus_stores_a_real_nodes_series_without_the_simulated_label_and_links_by_link(ctx, feed: Feeder,
+                                                                                               tmp_path):
+    from .test_exposition import real_node_batch
+
+    binary = prometheus_binary()
+    sim = feed.simulated(hostname="sim-prom", scenario="balanced", n_gpus=2, ticks=1)  # tick 0 reads every link
+    feed(real_node_batch(int(time.time() * 1000)))
+    with serve(metrics_app(ctx)) as app_port, prometheus(binary, app_port, tmp_path) as (prom_port, log):
+        util = wait_for(prom_port, "DCGM_FI_DEV_GPU_UTIL", 3, log)
+        links = wait_for(prom_port, "trimtab_gpu_nvlink_link_tx_bytes_per_second", len(sim.nvlink_samples), log)
+
+    by_host = {}
+    for s in util:
+        by_host.setdefault(s["metric"]["hostname"], []).append(s["metric"])
+    assert [m.get("simulated") for m in by_host["real-node"]] == [None]  # simulated="" is stored as no label
+    assert {m["simulated"] for m in by_host["sim-prom"]} == {"true"}
+    assert len(links) == 2 * 18 and {s["metric"]["hostname"] for s in links} == {"sim-prom"}
+    expected = {(n.gpu_uuid, str(n.link)): n.tx_bytes_per_s for n in sim.nvlink_samples}
+    assert {(s["metric"]["UUID"], s["metric"]["link"]): float(s["value"][1]) for s in links} == {
+        key: pytest.approx(value) for key, value in expected.items()}

@@ -1,0 +1,147 @@
+"""Where the next move goes after what the verdicts measured (issue 15): between the values measured worse on
+either side — upward and, when the measured levels put the top there, downward — until the top is flat at what
+the noise can tell; a gain followed through below the rule's act line. On recorded windows."""
+
+from __future__ import annotations
+
+import math
+
+from tests.support.plans import RULES, acts, decision, job, nothing, state, steps
+from trimtab.control.controller import plan
+from trimtab.store.jobs import StoredChange
+
+GEN_BOUND = dict(step_time=1.0, gen=0.9, ev=0.01, comm=0.01)  # generation 90 % of the step: the rule raises
+
+
+def applied(id: int, knob: str, value: float, previous: float, step: int) -> StoredChange:
+    return StoredChange(id=id, job_id=1, knob=knob, value=value, previous_value=previous, reason="r",
+                        source="rebalancer", status="applied", created_ms=0, applied_step=step, applied_ms=0)
+
+
+def verdict(id: int, old: float, new: float, outcome: str, ratio: float, result: str, **extra):
+    """A closed decision on batch_size with its verdict (the levels on either side are not compared again: the
+    job is elsewhere, or at the same level)."""
+    evidence = {"reading": {}, "knobs": {"batch_size": old, "prefetch": 0, "sync_every": 1},
+                "verdict": {"result": result, "ratio": ratio, "confidence_pct": 99.0}, **extra}
+    return decision(id=id, change_id=id, old=old, new=new, outcome=outcome, evidence=evidence)
+
+
+def at(batch: int, decisions, last_step: int = 30, **job_kw):
+    """The job at ``batch`` (its last change applied at step 20), still generation-bound, with these verdicts."""
+    changes = [applied(99, "batch_size", batch, 0, 20)]
+    return plan(state(steps(0, last_step, **GEN_BOUND), job(batch=batch, batch_max=128, **job_kw),
+                      changes=changes, decisions=list(reversed(decisions))), RULES)
+
+
+# The non-monotone curve (best at 24, falling after 32): 4 → 16 gained, 16 → 64 rolled back, 16 → 32 gained.
+CLIMB = [verdict(1, 4, 16, "kept", 2.16, "gain"), verdict(2, 16, 64, "rolled_back", 0.548, "worse"),
+         verdict(3, 16, 32, "kept", 1.136, "gain")]
+
+
+def test_a_value_rolled_back_from_below_still_bounds_the_raise_from_a_better_value():
+    # At 32, the raise ×4 would be 128: but 64 measured worse than 16 (decision 2) and nothing re-measured it, so
+    # the raise goes between 32 and 64. (It went to 128: the verdict was thought stale once the job left 16.)
+    p = at(32, CLIMB)
+    acts(p, "generation_bound", "batch_size", 32, 45)
+    assert p.evidence["step_policy"] == ["bracket search between 32 and 64 (measured worse at decision 2): 45"]
+
+
+def test_a_raise_from_the_current_value_measured_worse_turns_the_search_to_the_other_side():
+    # 32 → 45 rolled back: the levels at 16, 32, 45 (ratios 1/1.136 and 0.777 to 32) put the top near 25 —
+    # below 32, so the middle between 16 and 32 is tried, not 38.
+    p = at(32, CLIMB + [verdict(4, 32, 45, "rolled_back", 0.777, "worse")])
+    acts(p, "generation_bound", "batch_size", 32, 23)
+    [note] = p.evidence["step_policy"]
+    assert note.startswith("bracket search, the other side: the levels measured at 16, 32 and 45") and "near 25" in note
+    assert "bracket search" in p.change.reason
+
+
+def test_when_the_levels_put_the_top_ahead_the_search_stays_on_that_side():
+    # 32 → 45 cost only 1 % while 16 → 32 gained 40 %: the top is ahead of 32.
+    climb = [verdict(1, 4, 16, "kept", 2.16, "gain"), verdict(3, 16, 32, "kept", 1.4, "gain"),
+             verdict(4, 32, 45, "rolled_back", 0.97, "worse")]
+    acts(at(32, climb), "generation_bound", "batch_size", 32, 38)
+
+
+def test_a_gain_from_a_move_down_bounds_the_next_raise():
+    # 32 → 23 gained: 32 is worse than 23, so the raise from 23 goes between 23 and 32, not to 92.
+    p = at(23, CLIMB + [verdict(4, 32, 45, "rolled_back", 0.777, "worse"), verdict(5, 32, 23, "kept", 1.04, "gain")])
+    acts(p, "generation_bound", "batch_size", 23, 27)
+
+
+def test_a_probe_that_cannot_be_told_apart_ends_the_search_on_its_side():
+    flat = verdict(6, 23, 27, "rolled_back", 0.995, "inconclusive", back_to_known=True)
+    p = at(23, CLIMB + [verdict(4, 32, 45, "rolled_back", 0.777, "worse"), verdict(5, 32, 23, "kept", 1.04, "gain"),
+                        flat])
+    assert p.change.knob == "prefetch"  # the rule's next action: batch_size has nothing left to try
+    assert any("27 could not be told apart from 23 (decision 6): the top is flat there" in s
+               for s in p.evidence["skipped"])
+
+
+def test_a_flat_other_side_ends_the_search_where_the_levels_put_the_top():
+    # 32 → 23 measured within the dead band (back to 32): the top is flat between them; 38 is not tried.
+    flat = verdict(5, 32, 23, "rolled_back", 1.018, "no_gain", back_to_known=True)
+    p = at(32, CLIMB + [verdict(4, 32, 45, "rolled_back", 0.777, "worse"), flat])
+    assert p.change.knob == "prefetch"
+    assert any("where 23 could not be told apart from 32: nothing left to try" in s for s in p.evidence["skipped"])
+
+
+def test_a_verdict_stops_holding_once_another_knob_moved():
+    # 64 was rolled back at prefetch 0; the job runs prefetch 2 now: a different job, 64 may be tried again.
+    p = at(32, [verdict(2, 16, 64, "rolled_back", 0.548, "worse")], prefetch=2)
+    acts(p, "generation_bound", "batch_size", 32, 128)
+
+
+# -- following a gain through below the act line ---------------------------------------------------------------
+
+def synced(n: int, every: int, step_s: float = 0.25, sync_s: float = 0.6) -> list:
+    out = []
+    for s in steps(0, n, step_time=step_s, gen=0.1, ev=0.09, comm=None):  # generation 40 %, scoring 36 %
+        if (s.step + 1) % every == 0:
+            s.phases_s["communication"] = sync_s
+            s = type(s)(**{**s.__dict__, "step_time_s": step_s + sync_s})
+        out.append(s)
+    return out
+
+
+def comm_decision(outcome="kept", result="gain", ratio=1.12):
+    ev = {"reading": {}, "knobs": {"batch_size": 1, "prefetch": 0, "sync_every": 8},
+          "verdict": {"result": result, "ratio": ratio, "confidence_pct": 99.0}}
+    return decision(id=5, change_id=5, knob="sync_every", old=8, new=16, outcome=outcome, rule="communication_bound",
+                    evidence=ev)
+
+
+def at_sync16(d):
+    # sync every 16th step: 0.6 s of 4.6 s = 13 % of the window, under the 15 % act line, above follow_above (5 %)
+    history = synced(64, 16)
+    return plan(state(history, job(sync=16, sync_max=32), changes=[applied(5, "sync_every", 16, 8, 0)],
+                      decisions=[d]), RULES)
+
+
+def test_a_gain_is_followed_through_below_the_act_line_while_the_share_stays_above_follow_above():
+    p = at_sync16(comm_decision())
+    acts(p, "communication_bound", "sync_every", 16, 32)
+    assert p.evidence["reading"]["status"] == "ok" and 5.0 < p.evidence["reading"]["value"] < 15.0
+    assert p.evidence["step_policy"][0].startswith("following through: decision 5 (sync_every 8 → 16) measured a gain")
+
+
+def test_no_follow_through_after_a_change_that_did_not_measure_a_gain():
+    nothing(at_sync16(comm_decision(result="inconclusive", ratio=1.03)))
+
+
+def test_no_follow_through_below_follow_above():
+    history = synced(64, 16, sync_s=0.1)  # 0.1 s of 4.1 s: 2.4 %
+    p = plan(state(history, job(sync=16, sync_max=32), changes=[applied(5, "sync_every", 16, 8, 0)],
+                   decisions=[comm_decision()]), RULES)
+    nothing(p)
+
+
+def test_follow_above_is_data_and_must_lie_under_the_act_line():
+    import pytest
+
+    from trimtab.grading.rules import RulesError, load_rules
+
+    assert load_rules().__getitem__("communication_bound").follow_above == 5.0
+    with pytest.raises(RulesError, match="follow_above .* must be below act_above"):
+        load_rules(overrides={"rules": {"communication_bound": {"follow_above": 20.0}}})
+    assert math.isfinite(RULES["communication_bound"].act_above)

@@ -1,0 +1,205 @@
+"""Issue 20, on recorded windows: windows of fast steps end in steps (and the service reads as many as they need),
+no change on a baseline that has not settled (a warm-up) and a verdict on one is re-measured, a value measured
+worse with confidence stays out until the job moved by more than the loss, steps far off the job's own are left
+out of windows and named, and a step longer than the job has existed is refused at ingest."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+from tests.support.plans import RULES, T0, acts, change, decision, job, state, steps
+from trimtab.control.controller import plan
+from trimtab.control.bracket import blocked
+from trimtab.control.plan import steps_needed
+from trimtab.grading.rules import load_rules
+from trimtab.control.verdict import Sample, unsettled
+from trimtab.grading.window import JobStep, screen, window
+
+
+def timed(times: list[float], first: int = 0, gen_share: float = 0.9, samples: float = 64) -> list[JobStep]:
+    """Steps of the given step times (generation-bound), one after the other."""
+    out, end = [], T0
+    for i, t in enumerate(times):
+        end += int(t * 1000)
+        out.append(JobStep(step=first + i, ranks=1, step_time_s=t, samples=samples,
+                           phases_s={"generation": gen_share * t, "evaluation": None, "communication": None,
+                                     "update": (1 - gen_share) * t, "other": None},
+                           fragmentation=None, num_ooms=None, collective_latency_us=None,
+                           start_ms=end - int(t * 1000), end_ms=end))
+    return out
+
+
+def noisy(n: int, t: float, noise: float = 0.05, seed: int = 1, first: int = 0) -> list[JobStep]:
+    rng = random.Random(seed)
+    return timed([t * (1 + rng.uniform(-noise, noise)) for _ in range(n)], first)
+
+
+# -- windows of fast steps -------------------------------------------------------------------------------------------
+
+def test_a_window_of_12_ms_steps_ends_at_window_enough_steps_and_slow_steps_still_cover_window_min_s():
+    ctl = RULES.controller
+    fast = noisy(300, 0.012)
+    w = window(fast, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, 1, ctl.window_enough_steps)
+    assert w is not None and len(w) == ctl.window_enough_steps == 20
+    slow = noisy(30, 0.5)
+    w = window(slow, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, 1, ctl.window_enough_steps)
+    assert len(w) < 10 and sum(s.step_time_s for s in w) >= ctl.window_min_s  # 4 s come first
+    assert window(fast[:19], 1, 4.0, 400, 1, 20) is None
+
+
+def test_a_generation_bound_job_of_12_ms_steps_gets_a_decision_after_20_steps():
+    p = plan(state(noisy(20, 0.012), job(batch=4)), RULES)
+    acts(p, "generation_bound", "batch_size", 4, 16)
+    assert p.wait.enough_steps == 20 and p.wait.over(20, 0.24) and not p.wait.over(19, 0.23)
+
+
+def test_the_service_reads_as_many_steps_as_the_windows_need_bounded_by_steps_read_max():
+    assert steps_needed(RULES, 1) >= 2 * RULES.controller.verdict_enough_steps
+    assert steps_needed(RULES, 64) >= 2 * RULES.controller.verdict_max_after_periods * 64  # a long sync interval
+    small = load_rules(overrides={"controller": {"steps_read_max": 300}})
+    assert steps_needed(small, 64) == 300
+
+
+# -- warm-up ----------------------------------------------------------------------------------------------------------
+
+def warm_up(n: int, seed: int = 1) -> list[JobStep]:
+    """The first steps twice as slow, settling with a 10-step time constant; ±5 % noise."""
+    rng = random.Random(seed)
+    return timed([0.3 * (1 + math.exp(-i / 10)) * (1 + rng.uniform(-0.05, 0.05)) for i in range(n)])
+
+
+def test_a_warm_up_is_not_settled_and_a_steady_job_is():
+    ctl = RULES.controller
+    assert unsettled(warm_up(40), 1, ctl) is not None
+    assert unsettled(warm_up(140)[-60:], 1, ctl) is None
+    assert sum(unsettled(noisy(60, 0.3, noise=0.2, seed=s), 1, ctl) is not None for s in range(40)) <= 2
+    assert unsettled(noisy(3, 0.3), 1, ctl) is None  # too few periods to tell
+
+
+def test_no_change_is_decided_on_a_baseline_that_has_not_settled():
+    p = plan(state(warm_up(40), job(batch=4)), RULES)
+    assert p.change is None and "waiting for the throughput to settle" in p.note
+    acts(plan(state(warm_up(140)[-60:], job(batch=4)), RULES), "generation_bound", "batch_size", 4, 16)
+
+
+def test_a_verdict_whose_before_window_had_not_settled_is_re_measured_not_kept():
+    before = warm_up(26)                              # steps 0–25, still climbing
+    after = noisy(30, 0.3, seed=3, first=26)          # steps 26–55: the plateau, at the new setting
+    st = state(before + after, job(batch=4), changes=[change(applied_step=26)],
+               decisions=[decision(old=1, new=4)])
+    p = plan(st, RULES)
+    assert (p.close, p.outcome, p.rollback_to) == (7, "rolled_back", 1)
+    assert p.evidence["remeasure"] is True and "had not settled" in p.note
+    # … and it blocks nothing: the move is decided again on a settled baseline
+    closed = replace(decision(old=1, new=4), outcome="rolled_back", evidence=p.evidence)
+    action = RULES["generation_bound"].actions[0]
+    assert blocked(state(after, job(batch=1), decisions=[closed]), RULES, action, 4.0, None) is None
+
+
+# -- a known loser --------------------------------------------------------------------------------------------------
+
+def sample(level: float) -> dict:
+    return Sample(12, math.log(level), 0.0001).evidence()
+
+
+def test_a_value_measured_worse_with_confidence_stays_out_until_the_job_moved_more_than_the_loss():
+    # 16 → 64 measured −34 % (sure) and rolled back; the job is at 16 again.
+    lost = decision(old=16, new=64, outcome="rolled_back",
+                    evidence={"verdict": {"result": "worse", "ratio": 0.66}, "before_sample": sample(40.0)})
+    action = RULES["generation_bound"].actions[0]
+    st = state(steps(0, 3), job(batch=16), decisions=[lost])
+    drifted = Sample(12, math.log(40.0 * 1.10), 0.0001)   # the level moved 10 %: measurable, less than 34 %
+    assert "rolled back" in blocked(st, RULES, action, 64.0, drifted)
+    moved = Sample(12, math.log(40.0 * 1.6), 0.0001)      # the job itself moved by more than the loss
+    assert blocked(st, RULES, action, 64.0, moved) is None
+    # a verdict that could not tell (back to the known setting, −3 %) is re-opened by a surer, larger move (10 %)
+    unsure = replace(lost, evidence={**lost.evidence, "verdict": {"result": "inconclusive", "ratio": 0.97},
+                                     "back_to_known": True})
+    assert blocked(state(steps(0, 3), job(batch=16), decisions=[unsure]), RULES, action, 64.0, drifted) is None
+
+
+def test_the_old_value_of_a_sure_gain_is_not_moved_back_to():
+    gained = decision(old=4, new=16, outcome="kept", evidence={"verdict": {"result": "gain", "ratio": 1.9},
+                                                                "after_sample": sample(40.0)})
+    down = replace(RULES["memory"].actions[0], knob="batch_size")
+    assert "measured worse than 16" in blocked(state(steps(0, 3), job(batch=16), decisions=[gained]), RULES, down,
+                                               4.0, None)
+
+
+# -- garbage --------------------------------------------------------------------------------------------------------
+
+def test_a_step_far_off_the_jobs_own_enters_no_window_and_is_named():
+    good = noisy(30, 0.3)
+    odd = replace(good[20], step_time_s=600.0)
+    kept, out = screen(good[:20] + [odd] + good[21:], RULES.controller.outlier_x_median)
+    assert [s.step for s in kept] == [s.step for s in good if s.step != 20]
+    assert out[0]["step"] == 20 and "beyond outlier_x_median" in out[0]["reason"]
+    p = plan(state(good[:20] + [odd] + good[21:], job(batch=4)), RULES)
+    acts(p, "generation_bound", "batch_size", 4, 16)
+    assert p.evidence["excluded_steps"][0]["step"] == 20 and p.evidence["excluded_steps_count"] == 1
+    assert plan(state(good, job(batch=4)), RULES).evidence.get("excluded_steps") is None
+
+
+JOB = {"name": "ppo", "ranks": 1, "device_map": {}, "hostnames": ["cpu-box"], "mode": "auto",
+       "knobs": {"batch_size": {"value": 8, "min": 1, "max": 64}}}
+
+
+def test_a_step_longer_than_the_job_has_existed_is_refused_naming_step_time_s(sqlite_api):
+    assert sqlite_api.post("/v1/jobs", JOB, scope="job").status_code == 201
+    r = sqlite_api.post("/v1/jobs/ppo/reports", {"rank": 0, "step": 0, "step_time_s": 1e7, "samples": 0},
+                        scope="job")
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "step_time_s"] and "longer than the job has existed" in error["msg"]
+    ok = sqlite_api.post("/v1/jobs/ppo/reports", {"rank": 0, "step": 0, "step_time_s": 1.5, "samples": 8},
+                         scope="job")
+    assert ok.status_code == 200  # within the clock-skew allowance of a job registered a moment ago
+    assert len(sqlite_api.get("/v1/jobs/ppo/reports").json()["reports"]) == 1
+
+
+def test_the_new_window_limits_are_checked_when_the_rules_load():
+    import pytest
+
+    from trimtab.grading.rules import RulesError
+
+    with pytest.raises(RulesError, match="steps_read_max ≥ 2 × window_enough_steps"):
+        load_rules(overrides={"controller": {"steps_read_max": 10}})
+    with pytest.raises(RulesError, match="window_enough_steps and verdict_enough_steps ≥ window_min_steps"):
+        load_rules(overrides={"controller": {"window_min_steps": 30}})
+
+
+# -- a ladder that does not stop early ------------------------------------------------------------------------------
+
+def ladder_steps(first: int, n: int, sync: int, noise: float, seed: int) -> list[JobStep]:
+    """The bench's sync ladder: 0.2 s of compute, a sync of 32 ms + 0.2 s a step carried (at most 16) every
+    ``sync`` steps — communication is ~50 % of the step at any sync up to 16."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(first, first + n):
+        comm = 0.032 + 0.2 * min(sync, 16) if (i + 1) % sync == 0 else 0.0
+        compute = 0.2 * (1 + rng.uniform(-noise, noise))
+        t = compute + comm
+        s = timed([t], first=i, gen_share=(compute - 0.02) / t, samples=16)[0]
+        s.phases_s["communication"] = comm if comm else None
+        out.append(s)
+    return out
+
+
+def test_a_small_rung_while_the_signal_still_fires_strongly_is_kept_and_the_ladder_goes_on():
+    # sync 4 → 16 measured +1.5 %: within the dead band after two periods, communication still ~50 % of the step
+    before, after = ladder_steps(0, 24, 4, 0.03, 1), ladder_steps(24, 33, 16, 0.03, 2)
+    ladder_job = job(sync=16, sync_max=64)
+    pending = decision(rule="communication_bound", knob="sync_every", old=4, new=16)
+    st = state(before + after, ladder_job, changes=[change(knob="sync_every", value=16, previous=4, applied_step=24)],
+               decisions=[pending])
+    p = plan(st, RULES)
+    assert (p.close, p.outcome) == (7, "kept") and p.evidence["no_gain"] is True, p.note
+    assert "the ladder goes on" in p.evidence["ladder_goes_on"]
+    # … and the next plan takes the next rung (×4, strong) instead of closing the direction
+    kept = replace(pending, outcome="kept", evidence={**p.evidence, "knobs": {"sync_every": 16}})
+    nxt = plan(state(before + after + ladder_steps(57, 32, 16, 0.03, 3), ladder_job,
+                     changes=[change(knob="sync_every", value=16, previous=4, applied_step=24)], decisions=[kept]),
+               RULES)
+    acts(nxt, "communication_bound", "sync_every", 16, 64)
