@@ -98,8 +98,15 @@ async def run_phase(client: httpx.AsyncClient, names: list[str], steps: dict, ra
 
 
 def cpu_s(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
+    """CPU time of ``process`` and its live children (the server's planning process)."""
+    total = 0.0
+    for p in [process] + (process.children(recursive=True) if process.pid != os.getpid() else []):
+        try:
+            times = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def plans(base: str) -> int:

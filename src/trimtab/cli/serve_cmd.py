@@ -54,7 +54,7 @@ def _start_rebalancer(ctx, rules, enabled: bool):
     ctx.rules = rules
     if not enabled:
         return None
-    rebalancer = Rebalancer(ctx.engine, ctx.rules).start()
+    rebalancer = Rebalancer(ctx.engine, ctx.rules).start(own_process=True)  # plans off the API's interpreter lock
     ctx.after_report = rebalancer.after_report
     ctx.after_refusal = rebalancer.after_refusal
     return rebalancer

@@ -7,10 +7,10 @@ seconds and the hook time out). The report route only notes that the job is wort
 job at most once however many reports come in meanwhile); the thread plans the queued jobs in turn, and a change
 it decides reaches the job in the response to its next report. Every ``interval_s`` the thread also sweeps the
 jobs for ones whose last report came in while they were being planned. An error in one job's plan is logged,
-counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The thread rests
-between plans (it plans at most ``PLAN_SHARE`` of the time): the API shares its process and interpreter lock. A
-Rebalancer that was never started plans on the caller's thread (tests and benches that step a job one report at
-a time).
+counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The daemon runs
+each plan in a child process (``start(own_process=True)``, plan_process.py): a thread shares the API's interpreter
+lock, which kept report p99 in seconds while 100 jobs planned. The thread rests between plans: planning takes at
+most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans on the caller's thread (tests).
 
 Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
 before planning again can change anything (:class:`~trimtab.control.plan.Wait`), and until then a report
@@ -35,6 +35,7 @@ from sqlalchemy import Engine
 from trimtab.control.controller import JobState, Plan, Wait, plan
 from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
+from trimtab.control.plan_process import PlanProcess, can_plan_apart
 from trimtab.control.plan import period, steps_needed
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.window import first_probes, load_steps, steps_since
@@ -43,9 +44,9 @@ from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob, now_ms
 
 log = logging.getLogger("trimtab.control")
-# The most of its time the planning thread spends planning (CPU time); it rests for the remainder. The API runs in
-# the same process: a thread that plans without rest holds the interpreter lock (GIL) most of the time, and every
-# report then waits for its turn at each store call (100 jobs planning back to back keep it busy).
+# The most of its time the planning thread spends planning (CPU time, its own or the planning process's); it rests
+# for the remainder. A thread that plans without rest holds the API's interpreter lock (GIL) most of the time; a
+# process that does takes a core of two, and the API's threads, the store's writer and the jobs share the other.
 PLAN_SHARE = 0.5
 # The interpreter's thread switch interval while the rebalancer runs (Python's default: 5 ms). A report's store
 # calls each give the GIL up and wait for it back: up to one interval each while a plan holds it.
@@ -98,11 +99,9 @@ class _PlanQueue:
     def put(self, job: StoredJob, forced: bool = False) -> None:
         with self._cond:
             queued = self._jobs.get(job.name)
-            if queued is not None:
-                self._jobs[job.name] = (job, forced or queued[1])
-                return
-            self._jobs[job.name] = (job, forced)
-            self._cond.notify()
+            self._jobs[job.name] = (job, forced or (queued is not None and queued[1]))
+            if queued is None:
+                self._cond.notify()
 
     def take(self, timeout_s: float) -> Optional[tuple[StoredJob, bool]]:
         """The job that asked first and whether it was forced, or None once ``timeout_s`` passed (or on wake)."""
@@ -146,7 +145,6 @@ class Rebalancer:
         self.interval_s = interval_s
         self.stats = RebalancerStats()
         self._locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
         # job → (last report, last update) at its last evaluation: the loop re-evaluates a job only when a report,
         # an ack, a mode switch or a registration came in since (else it would reread the same window every second)
         self._seen: dict[str, tuple] = {}
@@ -154,22 +152,28 @@ class Rebalancer:
         self._queue = _PlanQueue()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._apart: Optional[PlanProcess] = None  # the process the plans run in (None: this one)
 
     # -- driving -------------------------------------------------------------------------------------------
 
-    def start(self) -> "Rebalancer":
+    def start(self, own_process: bool = False) -> "Rebalancer":
+        """Plan on a thread of its own; ``own_process``: each plan in a child process (plan_process.py) where
+        the store allows it, so plans do not share the API's interpreter lock (the daemon's choice)."""
+        if own_process and can_plan_apart(self.engine):
+            self._apart = PlanProcess(self.engine, self.rules)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="trimtab-rebalancer", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop planning: the plan in progress ends, the queued ones are dropped (a restart plans at the next
-        report)."""
+        """Stop planning: the plan in progress ends, the queued ones are dropped (a restart plans at the next one)."""
         self._stop.set()
         self._queue.wake(drop=True)
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._apart is not None:
+            self._apart.close()
 
     def _run(self) -> None:
         """The planning thread: the queued jobs in turn, and a sweep of every live job each ``interval_s``."""
@@ -177,7 +181,7 @@ class Rebalancer:
         while not self._stop.is_set():
             try:
                 queued = self._queue.take(max(0.0, next_sweep - time.monotonic()))
-                cpu_s = time.thread_time()
+                cpu_s = self._cpu_s()
                 if queued is not None:
                     try:
                         if not self._stop.is_set():
@@ -187,28 +191,29 @@ class Rebalancer:
                 if time.monotonic() >= next_sweep and not self._stop.is_set():
                     self.run_once()
                     next_sweep = time.monotonic() + self.interval_s
-                self._stop.wait(self._rest_s(time.thread_time() - cpu_s))
+                self._stop.wait(self._rest_s(self._cpu_s() - cpu_s))
             except Exception as exc:  # noqa: BLE001 - a bug here must not end planning for every job
                 self._failed("the planning thread", exc)
 
-    def _rest_s(self, plan_cpu_s: float) -> float:
-        """How long to leave the interpreter to the API after a plan that took ``plan_cpu_s`` of CPU: planning
-        may hold Python's one lock (the GIL) for at most ``plan_share`` of the time, or reports queue behind it."""
+    def _rest_s(self, plan_cpu_s: float) -> float:  # planning takes at most plan_share of a core (and the GIL)
         return plan_cpu_s * (1.0 - self.plan_share) / self.plan_share
 
+    def _cpu_s(self) -> float:  # this thread's CPU time and the planning process's
+        return time.thread_time() + (self._apart.cpu_s if self._apart is not None else 0.0)
+
     def _plan_queued(self, job: StoredJob, forced: bool) -> None:
+        if self._apart is not None:  # the child reads the store (for the check too), unless this one knows
+            c = self._cadence.get(job.name)
+            return self._apart.plan(self, job, check=not (forced or c is None or c.due))
         fresh = job_store.get_job(self.engine, job.name) or job
-        # A plan that ran since the job was queued (the sweep's, or its own while reports kept coming) may have
-        # covered it already: then its wait decides, as it would have on the report's path.
+        # A plan that ran since the job was queued (the sweep's, or its own) may have covered it: its wait decides.
         if forced or self._worth_planning(fresh):
             self.evaluate(fresh, wait=True)
 
-    def queued(self) -> list[str]:
-        """The jobs waiting for a plan, first first."""
+    def queued(self) -> list[str]:  # the jobs waiting for a plan, first first
         return self._queue.names()
 
-    def wait_planned(self, timeout_s: float = 10.0) -> bool:
-        """Until every queued plan has run (tests, benches); False if ``timeout_s`` passed first."""
+    def wait_planned(self, timeout_s: float = 10.0) -> bool:  # until every queued plan ran (False: timed out)
         return self._queue.wait_empty(timeout_s)
 
     def _request_plan(self, job: StoredJob, forced: bool = False) -> None:
@@ -222,7 +227,7 @@ class Rebalancer:
         """Plan every job that reported recently (and is not off) and may have something new to plan: queued
         for the planning thread (which calls this every ``interval_s``), or at once if it was never started."""
         try:
-            jobs = job_store.list_jobs(self.engine, limit=10_000, offset=0)
+            jobs = self._apart.jobs() if self._apart else job_store.list_jobs(self.engine, limit=10_000, offset=0)
         except Exception as exc:  # a dead store connection: next round
             self._failed("listing jobs", exc)
             return
@@ -238,8 +243,7 @@ class Rebalancer:
                     self._queue.put(job)  # hundred jobs' store queries in one burst would hold up the reports
 
     def _worth_planning(self, job: StoredJob) -> bool:
-        """For the loop: the job's last plan is over (due, or the job changed since), or the steps stored since
-        (one small query: a report may have come in without after_report, or while an evaluation ran) cover it."""
+        """The job's last plan is over (due, or the job changed since), or the steps stored since cover its wait."""
         cadence = self._cadence.get(job.name)
         if cadence is None or cadence.due or cadence.updated_ms != job.updated_ms:
             return True
@@ -247,11 +251,10 @@ class Rebalancer:
         return cadence.wait.over(steps, seconds)
 
     def after_report(self, job: StoredJob, step: int, step_time_s: Optional[float] = None) -> None:
-        """Called by the report route once a report is stored (``step_time_s``: the report's). It queues the job
-        for a plan only when the job's last plan said a window's worth of new steps could change something (or the
-        job changed since), and then only at the report that completes its step (the last rank's) — with 64 ranks
-        the other 63 would reread the same window for nothing. It never plans on the caller's thread (unless the
-        rebalancer was never started). Without ``step_time_s`` (an older caller) every completed step plans."""
+        """Called by the report route once a report is stored (``step_time_s``: the report's). Queues the job for a
+        plan only when its last plan said a window's worth of new steps could change something (or the job changed
+        since), and only at the report that completes its step (the last rank's: 63 of 64 would reread the same
+        window for nothing). Never plans on the caller's thread (unless the rebalancer was never started)."""
         if job.mode == "off":
             return
         cadence = self._cadence.get(job.name)
@@ -263,20 +266,20 @@ class Rebalancer:
         self._request_plan(job)
 
     def after_refusal(self, job: StoredJob) -> None:
-        """Called by the refusal route: the decision of the refused change is closed at the job's next plan,
-        queued now."""
+        """Called by the refusal route: the refused change's decision is closed at the job's next plan, queued now."""
         if job.mode != "off":
             self._request_plan(job, forced=True)
 
-    def _lock(self, name: str) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks.setdefault(name, threading.Lock())
+    def _lock(self, name: str) -> threading.Lock:  # (dict.setdefault with a str key is atomic under the GIL)
+        return self._locks.setdefault(name, threading.Lock())
 
     def evaluate(self, job: StoredJob, wait: bool = True) -> Optional[Plan]:
         lock = self._lock(job.name)
         if not lock.acquire(blocking=wait):
             return None
         try:
+            if self._apart is not None:
+                return self._apart.plan(self, job)
             fresh = job_store.get_job(self.engine, job.name) or job
             self._seen[job.name] = _state_key(fresh)
             result = self._evaluate(fresh)
@@ -303,15 +306,11 @@ class Rebalancer:
     def load_state(self, job: StoredJob, rules: RuleSet) -> JobState:
         from trimtab.store.queries import gpu_aggregates
 
-        engine = self.engine
-        gpu_indices = sorted({i for ids in job.device_map.values() for i in ids})
+        engine, gpu_indices = self.engine, sorted({i for ids in job.device_map.values() for i in ids})
 
         def gpus(start_ms: int, end_ms: int):
-            out = []
-            for host in job.hostnames or [None]:
-                out += [g for g in gpu_aggregates(engine, start_ms, end_ms, hostname=host)
-                        if g.gpu_index in gpu_indices]
-            return out
+            return [g for host in job.hostnames or [None]
+                    for g in gpu_aggregates(engine, start_ms, end_ms, hostname=host) if g.gpu_index in gpu_indices]
 
         probes = first_probes(engine, job.id, rules.controller.probe_baseline_steps)
         baseline = statistics.median(probes) if len(probes) >= rules.controller.probe_baseline_steps else None
@@ -355,12 +354,8 @@ class Rebalancer:
                 fields["applied_step"] = p.applied_step
             decision_store.close_decision(engine, p.close, p.outcome or "kept", p.evidence, rollback=rollback,
                                           **fields)
-            if p.outcome == "rolled_back":
-                self.stats.rolled_back += 1
-            elif p.outcome == "refused":
-                self.stats.refused += 1
-            elif p.outcome == "kept":
-                self.stats.kept += 1
+            if p.outcome in ("rolled_back", "refused", "kept"):
+                setattr(self.stats, p.outcome, getattr(self.stats, p.outcome) + 1)
             log.info("rebalancer: job %s: %s", job.name, p.note)
         elif p.measuring is not None and p.applied_step is not None and p.applied_step != stored_applied_step:
             # (once: every plan while measuring would rewrite it, and SQLite has one writer for reports too)
@@ -390,9 +385,9 @@ class Rebalancer:
         s = self.stats
         alive = self._thread is not None and self._thread.is_alive()
         return {"state": "running" if alive else "stopped", "rules": len(self.rules.rules),
-                "evaluations": s.evaluations, "changes_queued": s.changes_queued, "kept": s.kept,
-                "rolled_back": s.rolled_back, "refused": s.refused, "advised": s.advised, "errors": s.errors, "last_error": s.last_error,
-                "last_evaluation_ms": s.last_evaluation_ms, "queued": len(self.queued()), "jobs": dict(s.notes)}
+                **{k: getattr(s, k) for k in ("evaluations", "changes_queued", "kept", "rolled_back", "refused",
+                                              "advised", "errors", "last_error", "last_evaluation_ms")},
+                "queued": len(self.queued()), "jobs": dict(s.notes)}
 
     def status_line(self) -> str:
         s = self.stats

@@ -1,0 +1,169 @@
+"""Plans in a process of their own, for `trimtab up` and `trimtab server` (issue 20: report POST p99 under 50 ms
+while the rebalancer plans 100 jobs, on 2 cores).
+
+A planning *thread* was not enough: it shares the API's interpreter lock (GIL). While a plan computes, every
+store call of a report gives the lock up and waits up to a switch interval to get it back, and the report's
+threads then queue behind each other — on this machine p50 0.6 s and p99 4.9 s with 100 jobs planning, against
+4.4 / 12 ms idle (BENCHMARKS.md). Here the planning thread keeps its queue and cadence (which jobs, when) but
+hands each plan — the store reads, the controller, the decision writes — to one child process with its own
+interpreter and its own connection to the store, lowered in CPU priority (``NICE``) so that on a busy machine
+the kernel runs the API's threads first. The child is a :class:`~trimtab.control.service.Rebalancer` that was
+never started (it plans on the caller's thread); what it learnt (counters, the job's note, when it is next worth
+planning) comes back with each plan. SQLite's one writer is shared across the two processes by SQLite's own lock:
+the child's writes are each one short transaction after the plan is computed, never held while computing.
+
+Only a store another process can open qualifies (a file or a server, not ``:memory:``). A child that dies is
+replaced at the next plan; the plan it was running counts as an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sqlalchemy import Engine
+
+from trimtab.grading.rules import RuleSet
+from trimtab.store.jobs import StoredJob
+
+# How much lower the planning process runs in the kernel's eyes (nice(2) increment): the API's threads first.
+NICE = 10
+PARENT_CHECK_S = 0.2  # how often the child checks that its parent is alive
+_COUNTERS = ("evaluations", "changes_queued", "advised", "kept", "rolled_back", "refused", "errors")
+_child: Any = None  # in the child: its never-started Rebalancer
+
+
+def can_plan_apart(engine: Engine) -> bool:
+    """Whether another process can open ``engine``'s store (not an in-memory SQLite database)."""
+    url = engine.url
+    if url.get_backend_name() == "postgresql":
+        return True
+    database = url.database or ""
+    return url.get_backend_name() == "sqlite" and database not in ("", ":memory:") \
+        and "mode=memory" not in database and url.query.get("mode") != "memory"
+
+
+@dataclass
+class ChildPlan:
+    """One plan's result and what the child's Rebalancer learnt doing it."""
+    plan: Any                       # the Plan, or None when it failed (counted in ``counts["errors"]``)
+    counts: dict[str, int]          # the child's counters' increments
+    last_error: Optional[str]
+    last_evaluation_ms: Optional[int]
+    note: Optional[str]
+    cadence: Any                    # the job's _Cadence after the plan
+    seen: Optional[tuple]
+    cpu_s: float                    # the child's CPU time for the plan
+
+
+def _exit_with(parent_pid: int) -> None:
+    """Ends the child once its parent is gone (a daemon killed with SIGKILL would leave it behind, holding the
+    daemon's stdout and stderr open)."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
+
+
+def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid: int) -> None:
+    global _child
+    from trimtab.control.service import Rebalancer
+    from trimtab.store.engine import open_engine
+
+    threading.Thread(target=_exit_with, args=(parent_pid,), name="trimtab-parent-watch", daemon=True).start()
+
+    try:
+        os.nice(nice)
+    except OSError:  # not allowed here: plan at the same priority
+        pass
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [planning process]: %(message)s")
+    _child = Rebalancer(open_engine(url), rules)
+
+
+def _plan_in_child(job: StoredJob, check: bool) -> ChildPlan:
+    from trimtab.store.jobs import get_job
+
+    stats = _child.stats
+    before = {k: getattr(stats, k) for k in _COUNTERS}
+    cpu_s = time.thread_time()
+    result, evaluated = None, False
+    if check:  # a queued job: still worth planning? (the store reads for that are the child's too)
+        job = get_job(_child.engine, job.name) or job
+    if not check or _child._worth_planning(job):
+        result, evaluated = _child.evaluate(job, wait=True), True
+    counts = {k: getattr(stats, k) - before[k] for k in _COUNTERS}
+    return ChildPlan(result, counts, stats.last_error if counts["errors"] else None, stats.last_evaluation_ms,
+                     stats.notes.get(job.name), _child._cadence.get(job.name) if evaluated else None,
+                     _child._seen.get(job.name) if evaluated else None,
+                     time.thread_time() - cpu_s)
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def _jobs() -> list[StoredJob]:
+    from trimtab.store.jobs import list_jobs
+
+    return list_jobs(_child.engine, limit=10_000, offset=0)
+
+
+class PlanProcess:
+    """The child process that runs a Rebalancer's plans (started at the first plan)."""
+
+    def __init__(self, engine: Engine, rules: RuleSet, nice: int = NICE):
+        self._args = (engine.url.render_as_string(hide_password=False), rules,
+                      logging.getLogger("trimtab").getEffectiveLevel(), nice, os.getpid())
+        self._pool: Optional[ProcessPoolExecutor] = None
+        self.cpu_s = 0.0  # the CPU time of the plans the child made (the planning thread rests after it)
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:  # spawn, not fork: the API's threads hold locks a forked child would inherit
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_start_child, initargs=self._args)
+        return self._pool
+
+    def pid(self) -> int:
+        """The planning process's id (starts it)."""
+        return self._call(_pid)
+
+    def _call(self, fn, *args):
+        try:
+            return self._executor().submit(fn, *args).result()
+        except BrokenProcessPool:
+            self._pool = None  # a new child at the next call
+            raise
+
+    def jobs(self) -> list[StoredJob]:
+        """Every job, read by the child (the sweep's hundred jobs cost the API's interpreter nothing)."""
+        return self._call(_jobs)
+
+    def plan(self, rebalancer, job: StoredJob, check: bool = False):
+        """Plan ``job`` in the child (``check``: only if the store says it is still worth planning) and record
+        what it learnt on ``rebalancer``; the Plan (None if it failed or was not worth it)."""
+        out: ChildPlan = self._call(_plan_in_child, job, check)
+        self.cpu_s += out.cpu_s
+        stats = rebalancer.stats
+        for k, n in out.counts.items():
+            setattr(stats, k, getattr(stats, k) + n)
+        if out.last_error:
+            stats.last_error = out.last_error
+        stats.last_evaluation_ms = out.last_evaluation_ms or stats.last_evaluation_ms
+        if out.note is not None:
+            stats.notes[job.name] = out.note
+        if out.cadence is not None:
+            rebalancer._cadence[job.name] = out.cadence
+        if out.seen is not None:
+            rebalancer._seen[job.name] = out.seen
+        return out.plan
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
