@@ -34,12 +34,12 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
-from bench.workloads import _seeds, local_api  # noqa: E402
+from bench.live_api import _seeds, local_api  # noqa: E402
 
 GIB, MIB = 2**30, 2**20
 

@@ -28,13 +28,14 @@ import math
 import random
 import statistics
 import sys
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
+from bench.live_api import _seeds, local_api  # noqa: E402
 
 GIB = 2**30
 GOAL_STEPS = 60          # within 5 % of the best by this step …
@@ -328,42 +329,6 @@ def retried_losers(w: Workload, changes: list[dict]) -> list[dict]:
             out.append({"decision": d["id"], "value": d["new_value"], "measured_worse_at": e["id"]})
             break
     return out
-
-
-def _seeds(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-@contextmanager
-def local_api(job_token_name: str, rules_file: Optional[str] = None) -> Iterator[tuple[httpx.Client, str]]:
-    """A live API on loopback over a fresh SQLite store, the Rebalancer planning on every report: (an admin client,
-    a job token). Shared by the benches that post simulated jobs' reports (this one, ``moving_job.py``)."""
-    from trimtab.api.app import create_app
-    from trimtab.api.auth import ensure_admin_token
-    from trimtab.api.context import ApiContext
-    from trimtab.daemon import ApiServer
-    from trimtab.grading.rules import load_rules
-    from trimtab.control.service import Rebalancer
-    from trimtab.store.engine import migrate, open_engine
-
-    with tempfile.TemporaryDirectory(prefix="trimtab-workloads-") as tmp:
-        engine = open_engine(f"sqlite:///{Path(tmp) / 'trimtab.db'}")
-        migrate(engine)
-        admin = ensure_admin_token(engine, Path(tmp)).read_text().strip()
-        ctx = ApiContext(engine=engine, mode="up", state_dir=Path(tmp), rules=load_rules(rules_file))
-        ctx.after_report = Rebalancer(engine, ctx.rules).after_report
-        api = ApiServer(create_app(ctx), "127.0.0.1", 0).start()
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30,
-                              headers={"Authorization": f"Bearer {admin}"}) as http:
-                yield http, http.post("/v1/tokens", json={"name": job_token_name, "scope": "job"}).json()["token"]
-        finally:
-            api.stop()
-            engine.dispose()
 
 
 def main() -> int:

@@ -37,6 +37,8 @@ SMOKE = {
                            gpu="phases of known GPU duration need CUDA: here the grading path on wall time only"),
     "hook_overhead.py": Smoke(("--config", "smoke", "--rounds", "1", "--block", "1", "--warmup", "0"),
                               "overhead"),
+    "live_api.py": Smoke(("--seeds", "1", "--max-steps", "40", "--workloads", "comm"), "communication-bound",
+                         via="workloads.py"),
     "memory_growth.py": Smoke(("--device-map", "cpu", "--tiny", "--max-steps", "4", "--tail", "2", "--budget-s", "10"),
                               "CUDA OOMs: 0"),
     "moving_job.py": Smoke(("--device-map", "cpu", "--smoke"), "of the best static"),

@@ -1,0 +1,48 @@
+"""The harness the simulated-job benches share (``workloads.py``, ``moving_job.py``): a live API on loopback over
+a fresh SQLite store with the real Rebalancer, and the ``--seeds`` syntax. Kept apart from the workloads so each
+file holds one idea."""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import httpx
+
+
+def _seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@contextmanager
+def local_api(job_token_name: str, rules_file: Optional[str] = None) -> Iterator[tuple[httpx.Client, str]]:
+    """A live API on loopback over a fresh SQLite store, the Rebalancer planning on every report: (an admin client,
+    a job token). Shared by the benches that post simulated jobs' reports (``workloads.py``, ``moving_job.py``)."""
+    from trimtab.api.app import create_app
+    from trimtab.api.auth import ensure_admin_token
+    from trimtab.api.context import ApiContext
+    from trimtab.daemon import ApiServer
+    from trimtab.grading.rules import load_rules
+    from trimtab.control.service import Rebalancer
+    from trimtab.store.engine import migrate, open_engine
+
+    with tempfile.TemporaryDirectory(prefix="trimtab-workloads-") as tmp:
+        engine = open_engine(f"sqlite:///{Path(tmp) / 'trimtab.db'}")
+        migrate(engine)
+        admin = ensure_admin_token(engine, Path(tmp)).read_text().strip()
+        ctx = ApiContext(engine=engine, mode="up", state_dir=Path(tmp), rules=load_rules(rules_file))
+        ctx.after_report = Rebalancer(engine, ctx.rules).after_report
+        api = ApiServer(create_app(ctx), "127.0.0.1", 0).start()
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30,
+                              headers={"Authorization": f"Bearer {admin}"}) as http:
+                yield http, http.post("/v1/tokens", json={"name": job_token_name, "scope": "job"}).json()["token"]
+        finally:
+            api.stop()
+            engine.dispose()
