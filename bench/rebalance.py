@@ -11,6 +11,12 @@ the auto run's own first steps at (1, 0, 1) plus ``--default-steps`` separate on
 batch-1 step takes 45 s). Prints every step, every decision, and:
 
     reached   = throughput of the last --tail steps / best static        (goal ≥ 0.95)
+                (also against the best static measured right after it: on a host whose speed drifts within a
+                run — the H200's read one static setting at 88.9, then 73.8 samples/s — the neighbour in time)
+    landed    = the auto run's final setting / the best static, measured alternately in --landed-blocks blocks
+                of --landed-steps steps after the run (ABAB: drift hits both alike)
+    control   = the best static in --control-blocks more blocks of --tail steps: the spread one fixed setting
+                shows by itself, block to block, on this host (the resolution of "reached")
     steps     = first step from which 3 steps' throughput ≥ 95 % of best (goal ≤ 40)
     × default = reached throughput / defaults                            (goal ≥ 2)
 
@@ -25,6 +31,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 START_S = time.perf_counter()
 
@@ -32,6 +39,26 @@ START_S = time.perf_counter()
 def knobs_of(text: str) -> dict:
     b, p, s = (int(x) for x in text.split(","))
     return {"batch_size": b, "prefetch": p, "sync_every": s}
+
+
+def _landed(pipe, final: dict, best: dict, blocks: int, steps: int) -> Optional[dict]:
+    """The final setting against the best static, alternately (final, best, final, best …): a drifting host hits
+    both alike. None when there are no blocks or the final setting is the best."""
+    if blocks <= 0 or final == best:
+        return None
+    from trimtab.workload import story
+    final_records: list = []
+    best_records: list = []
+    for i in range(blocks):
+        final_records += story.measure_static(pipe, final, warmup=1, steps=steps)[1]
+        best_records += story.measure_static(pipe, best, warmup=1, steps=steps)[1]
+        print(f"[{time.perf_counter() - START_S:6.1f} s] landed block {i + 1}/{blocks}: final "
+              f"{story.throughput(final_records[-steps:]):.2f}, best {story.throughput(best_records[-steps:]):.2f} "
+              f"samples/s", flush=True)
+    final_tp, best_tp = story.throughput(final_records) or 0.0, story.throughput(best_records) or 0.0
+    return {"final": "/".join(str(final[k]) for k in ("batch_size", "prefetch", "sync_every")), "blocks": blocks,
+            "steps": steps, "final_samples_per_s": round(final_tp, 3), "best_samples_per_s": round(best_tp, 3),
+            "ratio": round(final_tp / best_tp, 4) if best_tp else None}
 
 
 def main() -> int:
@@ -46,6 +73,12 @@ def main() -> int:
     ap.add_argument("--tail", type=int, default=10, help="steps measured after the rebalancer settles")
     ap.add_argument("--budget-s", type=float, default=420.0, help="bound on the auto run")
     ap.add_argument("--daemon-args", default="--interval 1", help="extra `trimtab up` arguments")
+    ap.add_argument("--landed-blocks", type=int, default=0,
+                    help="after the run, the final setting and the best static alternately, this many blocks each")
+    ap.add_argument("--landed-steps", type=int, default=8, help="measured steps per landed block (after 1 warm-up)")
+    ap.add_argument("--control-blocks", type=int, default=0,
+                    help="after the run, the best static again in this many blocks of --tail steps: how far one "
+                         "tail-sized block of one fixed setting reads from another on this host")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep-state", action="store_true",
                     help="keep the daemon's state directory (store, log) instead of removing it at the end")
@@ -84,6 +117,10 @@ def main() -> int:
             best_after, after_records = story.measure_static(pipe, best_knobs, warmup=2, steps=args.best_steps)
             print(f"[{time.perf_counter() - START_S:6.1f} s] best static {args.best} again: {best_after:.2f} "
                   f"samples/s over {len(after_records)} steps", flush=True)
+            final_knobs = dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(run.records[-1])))
+            landed = _landed(pipe, final_knobs, best_knobs, args.landed_blocks, args.landed_steps)
+            control = [story.measure_static(pipe, best_knobs, warmup=1, steps=args.tail)[0]
+                       for _ in range(args.control_blocks)]
         decisions = story.api_get(daemon, f"/v1/decisions?job={job}&limit=100")["decisions"]
         changes = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]
     finally:
@@ -133,11 +170,25 @@ def main() -> int:
         "final_knobs": dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(records[-1]))),
         "decisions": len(decisions), "wall_s": round(time.perf_counter() - START_S, 1),
     }
+    summary["reached_fraction_of_best_after"] = round(reached / best_after, 4) if best_after else None
+    summary["landed"] = landed
+    summary["control_blocks_samples_per_s"] = [round(c, 3) for c in control]
     print(f"\nbest static {args.best}: {best_tp:.2f} samples/s (before {best_before:.2f}, after {best_after:.2f}); "
           f"defaults: {default_tp:.2f} samples/s ({len(default_records)} steps); auto reached "
           f"{reached:.2f} samples/s over its last {len(tail)} steps = {100 * reached / best_tp:.1f} % of best "
           f"(goal ≥ 95 %), {summary['ratio_to_defaults']}× the defaults (goal ≥ 2×); within 5 % of best from step "
           f"{within} (goal ≤ 40); {len(records)} auto steps in {auto_s:.0f} s ({run.stopped_because})")
+    if best_after:
+        print(f"against the best static measured right after the tail: {100 * reached / best_after:.1f} %")
+    if control:
+        print(f"the best static in {len(control)} more blocks of {args.tail} steps: "
+              f"{', '.join(f'{c:.2f}' for c in control)} samples/s = "
+              f"{', '.join(f'{100 * c / best_tp:.1f}' for c in control)} % of the best static figure (one fixed "
+              f"setting: what a tail-sized block reads on this host by itself)")
+    if landed:
+        print(f"landed: final setting {landed['final']} {landed['final_samples_per_s']:.2f} samples/s vs best static "
+              f"{landed['best_samples_per_s']:.2f} samples/s, alternated in {landed['blocks']} blocks of "
+              f"{landed['steps']} steps: {100 * landed['ratio']:.1f} %")
     print(json.dumps(summary))
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "decisions": decisions, "changes": changes,

@@ -186,9 +186,28 @@ def sync_ladder() -> Workload:
                     [{"sync_every": s} for s in (1, 4, 8, 16, 32, 64)], ranks=2, steps=160)
 
 
+def drifting_host() -> Workload:
+    """The H200 pipeline's trap on a CPU: a weight sync whose reported time (0.45 s, ~40 % of the step) is mostly
+    hidden behind prefetched generation — 0.1 s of it is on the step's path (0.6 s of compute, ±8 %), so sync 1 → 4
+    pays +11 % and 4 → 8 +2 % — on a host that slows by itself: a neighbour arrives at step 12 and the steps are
+    15 % slower by step 20 (one static setting on the H200 read 88.9, then 73.8 samples/s within one run). A
+    verdict whose windows straddle the slowdown reads the host's slowdown as the change's."""
+    def step(k, i, rng):
+        sync = int(k["sync_every"])
+        slow = 1.0 + 0.15 * min(1.0, max(0.0, (i - 12) / 8))
+        synced = (i + 1) % sync == 0
+        compute = _noisy(rng, 0.6, 0.08) * slow
+        t = compute + (0.1 * slow if synced else 0.0)
+        return t, {"generation": compute - 0.05 * slow, "update": 0.05 * slow,
+                   **({"communication": 0.45 * slow} if synced else {})}, 16
+    return Workload("drifting host (sync, 15 % slower from step 12)",
+                    {"sync_every": {"value": 1, "min": 1, "max": 8}}, step, [{"sync_every": s} for s in (1, 2, 4, 8)],
+                    steps=160, moved_at=12)
+
+
 WORKLOADS = {"comm": comm_bound, "eval": eval_bound, "non_monotone": non_monotone, "memory": memory_growing,
              "noisy": noisy, "fast": fast_steps, "warm_up": warm_up, "known_loser": known_loser,
-             "ladder": sync_ladder}
+             "ladder": sync_ladder, "drift": drifting_host}
 
 
 def measure(w: Workload, setting: dict, seed: int, n: int = 64, first_step: int = 0) -> float:
@@ -310,9 +329,10 @@ def score(w: Workload, out: dict) -> Score:
 
 def retried_losers(w: Workload, changes: list[dict]) -> list[dict]:
     """Moves to a value that an earlier verdict measured worse with confidence (rolled back on a sure loss, or the
-    old value of a sure gain), with no move of the job itself (``moved_at``) between that verdict and the move."""
-    def step_of(d: dict, key: str) -> int:
-        return ((d["evidence"].get(key) or {}).get("steps") or [0, 0])[1]
+    old value of a sure gain), with no move of the job itself (``moved_at``) between the start of that verdict's
+    windows and the move."""
+    def step_of(d: dict, key: str, end: int = 1) -> int:
+        return ((d["evidence"].get(key) or {}).get("steps") or [0, 0])[end]
 
     out = []
     oldest_first = sorted(changes, key=lambda d: d["id"])
@@ -324,8 +344,8 @@ def retried_losers(w: Workload, changes: list[dict]) -> list[dict]:
             if e["knob"] != d["knob"] or loser is None or float(loser) != float(d["new_value"]) \
                     or e["evidence"].get("remeasure"):
                 continue  # (a change rolled back unjudged, its before window unsettled, lost nothing)
-            if w.moved_at is not None and step_of(e, "after_window") < w.moved_at <= step_of(d, "window"):
-                continue
+            if w.moved_at is not None and step_of(e, "before_window", 0) < w.moved_at <= step_of(d, "window"):
+                continue  # the job moved after the verdict began (inside its windows too: the loss may be the move's)
             out.append({"decision": d["id"], "value": d["new_value"], "measured_worse_at": e["id"]})
             break
     return out

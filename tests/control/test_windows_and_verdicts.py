@@ -120,6 +120,56 @@ def test_a_value_measured_worse_with_confidence_stays_out_until_the_job_moved_mo
     assert blocked(state(steps(0, 3), job(batch=16), decisions=[unsure]), RULES, action, 64.0, drifted) is None
 
 
+def test_a_move_rolled_back_is_tried_again_once_the_known_setting_reads_no_higher_than_the_move_did():
+    # The H200 reference pipeline (2026-12-03): sync_every 1 → 4 read −10.3 % (88 % sure: inconclusive) and went
+    # back to 1 — and at 1 the job then read 72 samples/s, surely not the 81 it had read before: the host had
+    # slowed while the move was measured (A, B, A′). The lower estimate was the drift's; the move is tried again,
+    # once.
+    unsure = decision(id=5, knob="sync_every", old=1, new=4, outcome="rolled_back",
+                      evidence={"verdict": {"result": "inconclusive", "ratio": 0.897}, "back_to_known": True,
+                                "knobs": {"batch_size": 64, "prefetch": 2, "sync_every": 1},
+                                "before_sample": sample(81.15), "after_sample": sample(72.97)})
+    action = RULES["communication_bound"].actions[0]
+    at_one = job(batch=64, prefetch=2, sync=1)
+    back = [change(id=6, knob="sync_every", value=1, previous=4, applied_step=20)]
+
+    def since_back(samples_per_s: float, noise: float = 0.03) -> list[JobStep]:
+        """13 steps at the known setting since the rollback (applied at step 20), 64 samples each."""
+        return [replace(s, samples=64) for s in noisy(13, 64 / samples_per_s, noise, first=21)]
+
+    def tried(decisions, samples_per_s: float, rules=RULES) -> bool:
+        st = state(since_back(samples_per_s), at_one, changes=back, decisions=decisions)
+        return blocked(st, rules, action, 4.0, None) is None
+
+    assert not tried([unsure], 80.0)   # the known setting reads as it did: the verdict holds
+    assert tried([unsure], 72.0)       # …reads no higher than the move did, surely lower than before: the drift's
+    # a sure loss too (drift inside the windows reads as one) — but a real loss stays: the known setting reads
+    # above the move again (−34 % while the job drifted 10 %)
+    sure = replace(unsure, evidence={**unsure.evidence, "verdict": {"result": "worse", "ratio": 0.897},
+                                     "back_to_known": False})
+    assert tried([sure], 72.0)
+    real = replace(sure, evidence={**sure.evidence, "verdict": {"result": "worse", "ratio": 0.66},
+                                   "after_sample": sample(81.15 * 0.66)})
+    assert not tried([real], 81.15 * 0.9)
+    # noise, not drift: the move read 4 % lower and the known setting a little under it, ±10 % step noise: not
+    # surely lower than before
+    small = replace(unsure, evidence={**unsure.evidence, "verdict": {"result": "inconclusive", "ratio": 0.96},
+                                      "before_sample": Sample(5, math.log(80.0), 0.0036).evidence(),
+                                      "after_sample": Sample(5, math.log(76.8), 0.0036).evidence()})
+    st = state(since_back(76.5, noise=0.10), at_one, changes=back, decisions=[small])
+    assert blocked(st, RULES, action, 4.0, None) is not None
+    # a flat verdict (within the dead band) claims no loss: the job slowing 10 % since does not release it here
+    flat = replace(unsure, evidence={**unsure.evidence, "verdict": {"result": "inconclusive", "ratio": 0.9995},
+                                     "after_sample": sample(81.1)})
+    assert not tried([flat], 72.0)
+    # once per move: a second rollback of the same move holds, whatever the known setting reads then
+    again = replace(unsure, id=9, change_id=9, evidence={**unsure.evidence, "before_sample": sample(72.0),
+                                                           "after_sample": sample(71.0)})
+    assert not tried([again, unsure], 60.0)
+    # off with drift_retries = 0
+    assert not tried([unsure], 72.0, replace(RULES, controller=replace(RULES.controller, drift_retries=0)))
+
+
 def test_the_old_value_of_a_sure_gain_is_not_moved_back_to():
     gained = decision(old=4, new=16, outcome="kept", evidence={"verdict": {"result": "gain", "ratio": 1.9},
                                                                 "after_sample": sample(40.0)})

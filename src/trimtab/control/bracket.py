@@ -4,8 +4,10 @@ on either side: the bracket search, upward and downward), and when a rule follow
 
 A verdict is about the setting it left the job in. It stops holding — the move may be measured again — when
 another knob has moved since, or when the job is at that very setting and its throughput there has moved
-measurably (a slowdown that began with the change, a new phase of training). While the job is elsewhere on the
-same knob the verdict still holds: nothing re-measured it.
+measurably (a slowdown that began with the change, a new phase of training), or — for a move rolled back — when
+the known setting, measured again, reads no higher than the move did (the job slowed down while the move was
+measured: the loss was the job's). While the job is elsewhere on the same knob the verdict
+still holds: nothing re-measured it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Optional
 from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
+from trimtab.control.plan import last_applied_step, leading, period
 from trimtab.control.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
@@ -61,6 +64,8 @@ def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optio
         return True
     ev = _evidence(d)
     level = Sample.from_evidence(ev.get("before_sample") if d.outcome == ROLLED_BACK else ev.get("after_sample"))
+    if d.outcome == ROLLED_BACK and _drift_explains(state, rules, d):
+        return False
     if not changed_level(level, now, rules.controller):
         return True
     ratio = (ev.get("verdict") or {}).get("ratio")
@@ -71,6 +76,35 @@ def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optio
         effect = max(abs(math.log(ratio)), math.log1p(rules.controller.dead_band_pct / 100.0))
         return not moved_beyond(level, now, effect, rules.controller)
     return False
+
+
+def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> bool:
+    """A, B, A′: a move rolled back on a loss beyond the dead band (sure or not: a lower estimate it could not
+    tell from noise too) whose known setting, measured again since the job came back to it (all its steps since, up to a before
+    window's worth), reads no higher than the move itself had measured and surely lower than before (at
+    ``remeasure_confidence_pct``): the job slowed by itself while the move was measured (a host that drifts, a
+    neighbour that arrived), so the loss was the drift's, not the move's (the H200 pipeline: sync 1 → 4 read −10 %
+    while sync 1 itself then read −11 %). A real loss stays: the known setting reads above the move again, or no
+    surer lower than noise makes it. Released ``drift_retries`` times per move: the next rollback of the same move
+    holds, so a move that is truly a little worse is not tried over and over."""
+    ctl = rules.controller
+    last = last_applied_step(state)
+    after = Sample.from_evidence(_evidence(d).get("after_sample"))
+    known = Sample.from_evidence(_evidence(d).get("before_sample"))
+    ratio = (_evidence(d).get("verdict") or {}).get("ratio")
+    if last is None or after is None or known is None or not isinstance(ratio, (int, float)) \
+            or ratio > 1.0 - ctl.dead_band_pct / 100.0:
+        return False  # a flat verdict claims no loss to explain: it stops holding only once the job surely moved
+    every = period(state.job, rules)
+    since = [s for s in state.steps if s.step >= last + ctl.settle_steps]
+    newest_first, _ = leading(since[::-1], ctl.window_min_steps, ctl.verdict_before_s, every, ctl.verdict_enough_steps)
+    again = Sample.of_steps(newest_first[::-1], every)
+    if again is None or again.mean_log > after.mean_log or not changed_level(known, again, ctl) \
+            or again.mean_log > known.mean_log:
+        return False
+    same = [e for e in state.decisions if e.knob == d.knob and e.outcome == ROLLED_BACK and not remeasured(e)
+            and e.old_value == d.old_value and e.new_value == d.new_value]
+    return len(same) <= ctl.drift_retries
 
 
 def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:

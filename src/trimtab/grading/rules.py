@@ -113,6 +113,7 @@ class ControllerSettings:
     verdict_enough_steps: int = 60
     settled_confidence_pct: float = 99.9
     ladder_look_further: int = 1
+    drift_retries: int = 1
     outlier_x_median: float = 100.0
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
