@@ -37,6 +37,8 @@ SMOKE = {
                            gpu="phases of known GPU duration need CUDA: here the grading path on wall time only"),
     "hook_overhead.py": Smoke(("--config", "smoke", "--rounds", "1", "--block", "1", "--warmup", "0"),
                               "overhead"),
+    "job_models.py": Smoke(("--seeds", "1", "--max-steps", "40", "--workloads", "drift,regimes"), "regime-shifting",
+                           via="workloads.py"),
     "live_api.py": Smoke(("--seeds", "1", "--max-steps", "40", "--workloads", "comm"), "communication-bound",
                          via="workloads.py"),
     "memory_growth.py": Smoke(("--device-map", "cpu", "--tiny", "--max-steps", "4", "--tail", "2", "--budget-s", "10"),

@@ -98,7 +98,7 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     every = period(state.job, rules)
     since = [s for s in state.steps if s.step >= last + ctl.settle_steps]
     newest_first, _ = leading(since[::-1], ctl.window_min_steps, ctl.verdict_before_s, every, ctl.verdict_enough_steps)
-    again = Sample.of_steps(newest_first[::-1], every)
+    again = state.persistence.sample(newest_first[::-1], every)
     if again is None or again.mean_log > after.mean_log or not changed_level(known, again, ctl) \
             or again.mean_log > known.mean_log:
         return False

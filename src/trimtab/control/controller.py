@@ -36,6 +36,7 @@ from trimtab.control.follow_up import follow_up
 from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.memory_fit import GIB
+from trimtab.control.persistence import persistence
 from trimtab.control.plan import (JobState, NewChange, Plan, Wait, last_applied_step, leading, period,
                                            window_evidence, window_wait)
 from trimtab.grading.rules import Action, Rule, RuleSet
@@ -270,7 +271,8 @@ def plan(state: JobState, rules: RuleSet,
     """What the controller does now for this job (see the module docstring for the order). Steps far off the
     job's own (``outlier_x_median``) enter no window: a decision's evidence names them and why."""
     kept, excluded = screen(state.steps, rules.controller.outlier_x_median)
-    result = _plan(replace(state, steps=kept) if excluded else state, rules, placement)
+    state = replace(state, steps=kept) if excluded else state
+    result = _plan(replace(state, persistence=persistence(state, rules)), rules, placement)
     if excluded and (result.change or result.advised or result.advice_rule or result.close is not None):
         result.evidence = {**result.evidence, "excluded_steps": excluded[-20:], "excluded_steps_count": len(excluded)}
     return result
@@ -314,7 +316,9 @@ def _plan(state: JobState, rules: RuleSet,
     tp = throughput(win)
     base_evidence = {"window": window_evidence(win), "mode": job.mode,
                      "knobs": {k: v["value"] for k, v in job.knobs.items()}}
-    now = Sample.of_steps(win, every)
+    now = state.persistence.sample(win, every)
+    if state.persistence.rho > 0:
+        base_evidence["persistence"] = state.persistence.evidence()
     for rule in rules.rules:
         reading = readings[rule.name]
         follow = None if reading.fires else follows_through(state, rule, reading)

@@ -17,10 +17,11 @@ from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.memory_fit import GIB
+from trimtab.control.persistence import Persistence
 from trimtab.control.plan import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import JobContext, job_reading
-from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Sample, Trend, changed_level, compare,
+from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Trend, changed_level, compare,
                                         unsettled)
 from trimtab.grading.window import JobStep, throughput
 from trimtab.store.decisions import StoredDecision
@@ -38,17 +39,17 @@ def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list
     candidates = [s for s in state.steps if start <= s.step < change.applied_step]
     newest_first, _ = leading(candidates[::-1], ctl.window_min_steps, ctl.verdict_before_s, every,
                               ctl.verdict_enough_steps)
-    return _since_level_shift(newest_first[::-1], every, rules)
+    return _since_level_shift(newest_first[::-1], every, rules, state.persistence)
 
 
-def _since_level_shift(before: list[JobStep], every: int, rules: RuleSet) -> list[JobStep]:
+def _since_level_shift(before: list[JobStep], every: int, rules: RuleSet, kept: Persistence) -> list[JobStep]:
     """The before window's newer half alone when its older half measured surely differently (a slowdown that
     began inside it): else the slowdown would be charged to the change."""
     periods = len(before) // every
     if periods < 8:  # halves of fewer than 4 periods cannot show a shift: their spreads are guesses
         return before
     mid = (periods // 2) * every
-    older, newer = Sample.of_steps(before[:mid], every), Sample.of_steps(before[mid:], every)
+    older, newer = kept.sample(before[:mid], every), kept.sample(before[mid:], every)
     return before[mid:] if changed_level(older, newer, rules.controller) else before
 
 
@@ -183,8 +184,10 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                 "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
     if before:
         evidence["before_window"] = window_evidence(before)
-    b_sample = Sample.of_steps(before, _old_period(state, rules, change)) if before else None
-    a_sample = Sample.of_steps(grown, every)
+    b_sample = state.persistence.sample(before, _old_period(state, rules, change)) if before else None
+    a_sample = state.persistence.sample(grown, every)
+    if state.persistence.rho > 0:
+        evidence["persistence"] = state.persistence.evidence()
     closed = dict(close=open_d.id, throughput_after=after_tp, applied_step=change.applied_step)
     if before_tp and after_tp:
         evidence["gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)

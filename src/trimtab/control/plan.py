@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from trimtab.contract.statuses import APPLIED
+from trimtab.control.persistence import NONE as NO_PERSISTENCE, Persistence
 from trimtab.grading.balance import GpuWindow
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import Reading
@@ -27,6 +28,7 @@ class JobState:
     probe_baseline_us: Optional[float]
     now_ms: int
     has_gpus: bool                           # the job declared GPUs (a CPU job has no GPU memory to protect)
+    persistence: Persistence = NO_PERSISTENCE  # how its periods persist at unchanged knobs (control/persistence.py)
 
 
 @dataclass

@@ -39,13 +39,19 @@ class Sample:
                    max(1.0, steps_per_period))
 
     @classmethod
-    def of_steps(cls, steps: Sequence[JobStep], period: int = 1) -> Optional["Sample"]:
-        """The per-period sample of a window of steps (whole periods of ``period`` steps)."""
+    def of_steps(cls, steps: Sequence[JobStep], period: int = 1, inflate: float = 1.0,
+                 var_floor: Optional[float] = None) -> Optional["Sample"]:
+        """The per-period sample of a window of steps (whole periods of ``period`` steps); its spread widened
+        ``inflate`` times, from at least ``var_floor``, where the job's periods persist (see
+        ``trimtab.control.persistence``)."""
         period = max(1, int(period))
         spans = [steps[i:i + period] for i in range(0, len(steps) - period + 1, period)]
         weights = [sum(s.step_time_s for s in span) ** 2 / sum(s.step_time_s ** 2 for s in span)
                    for span in spans if any(s.step_time_s > 0 for s in span)]
-        return cls.of(chunk_rates(steps, period), statistics.fmean(weights) if weights else 1.0)
+        sample = cls.of(chunk_rates(steps, period), statistics.fmean(weights) if weights else 1.0)
+        if sample is None or sample.var_log is None or (inflate == 1.0 and var_floor is None):
+            return sample
+        return cls(sample.n, sample.mean_log, max(sample.var_log, var_floor or 0.0) * inflate, sample.steps_per_period)
 
     @classmethod
     def from_evidence(cls, d: Any) -> Optional["Sample"]:
@@ -175,7 +181,9 @@ def unsettled(steps: Sequence[JobStep], period: int, ctl: ControllerSettings,
     A stationarity test on the data, not a count of steps to skip: a job whose first 120 steps are its warm-up is
     not a baseline until its throughput stops moving, one without a warm-up is one at once. A trend test, not a
     comparison of the window's halves: a steep warm-up inflates each half's own spread and hides from that.
-    ``confidence_pct``: how sure (default ``settled_confidence_pct``)."""
+    ``confidence_pct``: how sure (default ``settled_confidence_pct``). Not widened for persistence (see
+    ``trimtab.control.persistence``): early in a job the only history is its warm-up, and a trend test weakened by
+    it let a warm-up through; a regime read as a trend costs a re-measure, not a wrong verdict."""
     logs = [math.log(r) for r in chunk_rates(steps, max(1, int(period))) if r > 0]
     n = len(logs)
     if n < 4:

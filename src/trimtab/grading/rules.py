@@ -114,6 +114,7 @@ class ControllerSettings:
     settled_confidence_pct: float = 99.9
     ladder_look_further: int = 1
     drift_retries: int = 1
+    persistence_max: float = 0.8
     outlier_x_median: float = 100.0
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
@@ -258,6 +259,9 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         raise RulesError(f"{source}{_line_of(text, 'controller', 'stale_after_intervals')}: "
                          f"controller.stale_after_intervals: must be ≥ 1 (a sample is at most one interval old while "
                          f"its agent runs), got {ctl['stale_after_intervals']:g}")
+    if ctl["persistence_max"] >= 1:
+        raise RulesError(f"{source}{_line_of(text, 'controller', 'persistence_max')}: controller.persistence_max: must "
+                         f"be below 1 (at 1 a window's mean would carry no information), got {ctl['persistence_max']:g}")
     if ctl["window_enough_steps"] < ctl["window_min_steps"] or ctl["verdict_enough_steps"] < ctl["window_min_steps"]:
         raise RulesError(f"{source}: controller needs window_enough_steps and verdict_enough_steps ≥ window_min_steps")
     if ctl["steps_read_max"] < 2 * ctl["window_enough_steps"]:

@@ -1,0 +1,204 @@
+"""The synthetic jobs ``bench/workloads.py`` runs under the rebalancer: each a step model (setting, step, rng →
+step time, phases, samples), its knobs, a grid of static settings to find its best, and how long it runs. Issue
+15's five, issue 20's jobs unlike the ones the rebalancer was built on, and the lent H200 host's two habits (a
+drift, regimes). Step times are simulated seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+GIB = 2**30
+GOAL_STEPS = 60          # within 5 % of the best by this step …
+TAIL_STEPS = 32          # … and measured over the next 32 (a whole number of periods of sync 1 … 32)
+STEPS = GOAL_STEPS + TAIL_STEPS
+LIMIT_GIB = 141.0        # the simulated GPU's memory: a setting whose peak is above it OOMs
+
+
+@dataclass
+class Workload:
+    name: str
+    knobs: dict                                   # name → {value, min, max}
+    step: Callable[[dict, int, random.Random], tuple[float, dict, int]]  # (setting, step, rng) → t, phases, samples
+    grid: list[dict]                              # static settings to measure
+    ranks: int = 1
+    memory_gib: Optional[Callable[[dict], float]] = None  # the setting's peak; above LIMIT_GIB it OOMs
+    steps: int = STEPS                            # how long the run is (the tail is steps GOAL_STEPS … steps − 1)
+    moved_at: Optional[int] = None                # the step where the job itself moves (a slowdown): a value
+                                                  # measured worse before it may be tried again after it
+
+
+def _noisy(rng: random.Random, t: float, noise: float) -> float:
+    return t * (1 + rng.uniform(-noise, noise))
+
+
+def comm_bound() -> Workload:
+    """2 ranks, 0.25 s of compute a step and a 0.6 s all-reduce every sync_every steps: best at the max, 32."""
+    def step(k, i, rng):
+        sync = int(k["sync_every"])
+        comm = 0.6 if (i + 1) % sync == 0 else 0.0
+        t = _noisy(rng, 0.25, 0.03) + comm
+        return t, {"generation": t - comm - 0.05, "update": 0.05, **({"communication": comm} if comm else {})}, 16
+    return Workload("communication-bound (2 ranks)", {"sync_every": {"value": 1, "min": 1, "max": 32}}, step,
+                    [{"sync_every": s} for s in (1, 2, 4, 8, 16, 32)], ranks=2)
+
+
+def eval_bound(noise: float = 0.03, slowdown_at: Optional[int] = None) -> Workload:
+    """0.3 s generation, 0.7 s serial scoring that prefetch overlaps (fully at 4; beyond, 10 ms a step each)."""
+    def step(k, i, rng):
+        p = int(k["prefetch"])
+        gen, ev = 0.3, 0.7
+        hidden = min(gen, ev) * min(1.0, p / 4)  # prefetch overlaps scoring with the next generation
+        slow = 1.3 if slowdown_at is not None and i >= slowdown_at else 1.0
+        t = _noisy(rng, (gen + ev - hidden + 0.01 * max(0, p - 4)) * slow, noise)
+        exposed_ev = (ev - hidden) * slow
+        return t, {"generation": max(0.0, t - exposed_ev - 0.01), "evaluation": exposed_ev}, 8
+    name = "evaluation-bound, prefetch" if slowdown_at is None else "noisy ±20 %, 30 % slowdown halfway"
+    return Workload(name, {"prefetch": {"value": 0, "min": 0, "max": 8}}, step,
+                    [{"prefetch": p} for p in (0, 1, 2, 3, 4, 6, 8)])
+
+
+def _batch_time(b: float) -> float:
+    return 0.3 + 0.03 * b
+
+
+def non_monotone() -> Workload:
+    """Samples/s rising with the batch to a peak at 24, falling after 32 (a cache that stops fitting)."""
+    def rate(b):
+        top = 24 / _batch_time(24)
+        if b <= 24:
+            return b / _batch_time(b)
+        return top * max(0.2, 1 - 0.005 * (min(b, 32) - 24) - 0.015 * max(0, b - 32))
+
+    def step(k, i, rng):
+        b = int(k["batch_size"])
+        t = _noisy(rng, b / rate(b), 0.03)
+        return t, {"generation": 0.9 * t, "update": 0.1 * t}, b
+    return Workload("non-monotone batch curve", {"batch_size": {"value": 1, "min": 1, "max": 128}}, step,
+                    [{"batch_size": b} for b in (1, 4, 8, 16, 20, 24, 28, 32, 48, 64)])
+
+
+def memory_growing() -> Workload:
+    """2 GiB + 3 GiB per sample on a 141 GiB GPU (46 fits); throughput rises with the batch all the way."""
+    def step(k, i, rng):
+        b = int(k["batch_size"])
+        t = _noisy(rng, _batch_time(b), 0.03)
+        return t, {"generation": 0.9 * t, "update": 0.1 * t}, b
+    return Workload("memory-growing (3 GiB/sample, 141 GiB)", {"batch_size": {"value": 1, "min": 1, "max": 128}},
+                    step, [{"batch_size": b} for b in (1, 4, 16, 32, 40, 46)],
+                    memory_gib=lambda k: 2.0 + 3.0 * k["batch_size"])
+
+
+def noisy() -> Workload:
+    w = eval_bound(0.2, STEPS // 2)
+    w.moved_at = STEPS // 2
+    return w
+
+
+# -- issue 20: jobs unlike the ones the rebalancer was built on -------------------------------------------------------
+
+def fast_steps() -> Workload:
+    """5–12 ms steps (4 ms fixed + 0.12 ms a sample, ±10 % noise), generation-bound: batch 4 → 64 (the job's
+    max) pays 6× — a 4 s window would be 400–800 steps, so a window of these steps is counted in steps."""
+    def step(k, i, rng):
+        b = int(k["batch_size"])
+        t = _noisy(rng, 0.004 + 0.00012 * b, 0.10)
+        return t, {"generation": 0.8 * t, "update": 0.2 * t}, b
+    return Workload("fast steps (5–12 ms)", {"batch_size": {"value": 4, "min": 1, "max": 64}}, step,
+                    [{"batch_size": b} for b in (4, 8, 16, 32, 64)])
+
+
+def warm_up() -> Workload:
+    """A knob that does nothing (prefetch on a job with nothing to overlap), generation-bound, and a warm-up: the
+    first steps take up to twice as long (×(1 + e^(−step/10))). Every setting is the best; any gain kept is
+    warm-up credited to a change."""
+    def step(k, i, rng):
+        t = _noisy(rng, 0.3 * (1.0 + math.exp(-i / 10.0)), 0.05)
+        return t, {"generation": 0.7 * t, "update": 0.3 * t}, 8
+    return Workload("knob that does nothing, warm-up", {"prefetch": {"value": 0, "min": 0, "max": 8}}, step,
+                    [{"prefetch": p} for p in (0, 2, 4, 8)], steps=160)
+
+
+def _hump(b: float) -> float:
+    """Throughput relative to the best (batch 16), piecewise linear in log2(batch): a KV cache that stops fitting
+    past 16 (32: −8 %, 64: −34 %, 128: −60 %)."""
+    points = [(0, 0.2), (2, 0.55), (3, 0.8), (4, 1.0), (5, 0.92), (6, 0.66), (7, 0.4)]
+    x = math.log2(max(1.0, b))
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def known_loser() -> Workload:
+    """A non-monotone batch curve with its peak at 16 and ±10 % step noise (noise alone moves a window's level
+    now and then): 64 measures about −34 %, 32 about −8 %. A value measured worse must not be tried again."""
+    def step(k, i, rng):
+        b = int(k["batch_size"])
+        t = _noisy(rng, b / (32.0 * _hump(b)), 0.10)
+        return t, {"generation": 0.85 * t, "update": 0.15 * t}, b
+    return Workload("non-monotone, peak 16, noisy", {"batch_size": {"value": 4, "min": 1, "max": 128}}, step,
+                    [{"batch_size": b} for b in (4, 8, 12, 16, 20, 24, 32, 64)], steps=160)
+
+
+def sync_ladder() -> Workload:
+    """2 ranks, 0.2 s of compute a step and a sparse-delta weight sync every sync_every steps whose payload grows
+    with the steps it carries until every row is touched (16 steps): 32 ms + 0.2 s a step carried, at most
+    3.2 s. Up to 16 a longer interval only saves the 32 ms (4 → 16: +1.5 %, "no measurable gain") while the
+    communication share stays near 50 %; past 16 the sync stops growing: 64 (the job's max) is best, 60 % above
+    16."""
+    def step(k, i, rng):
+        sync = int(k["sync_every"])
+        comm = 0.032 + 0.2 * min(sync, 16) if (i + 1) % sync == 0 else 0.0
+        compute = _noisy(rng, 0.2, 0.03)
+        return compute + comm, {"generation": compute - 0.02, "update": 0.02,
+                                **({"communication": comm} if comm else {})}, 16
+    return Workload("sync ladder (2 ranks, best 64)", {"sync_every": {"value": 1, "min": 1, "max": 64}}, step,
+                    [{"sync_every": s} for s in (1, 4, 8, 16, 32, 64)], ranks=2, steps=160)
+
+
+def drifting_host() -> Workload:
+    """The H200 pipeline's trap on a CPU: a weight sync whose reported time (0.45 s, ~40 % of the step) is mostly
+    hidden behind prefetched generation — 0.1 s of it is on the step's path (0.6 s of compute, ±8 %), so sync 1 → 4
+    pays +11 % and 4 → 8 +2 % — on a host that slows by itself: a neighbour arrives at step 12 and the steps are
+    15 % slower by step 20 (one static setting on the H200 read 88.9, then 73.8 samples/s within one run). A
+    verdict whose windows straddle the slowdown reads the host's slowdown as the change's."""
+    def step(k, i, rng):
+        sync = int(k["sync_every"])
+        slow = 1.0 + 0.15 * min(1.0, max(0.0, (i - 12) / 8))
+        synced = (i + 1) % sync == 0
+        compute = _noisy(rng, 0.6, 0.08) * slow
+        t = compute + (0.1 * slow if synced else 0.0)
+        return t, {"generation": compute - 0.05 * slow, "update": 0.05 * slow,
+                   **({"communication": 0.45 * slow} if synced else {})}, 16
+    return Workload("drifting host (sync, 15 % slower from step 12)",
+                    {"sync_every": {"value": 1, "min": 1, "max": 8}}, step, [{"sync_every": s} for s in (1, 2, 4, 8)],
+                    steps=160, moved_at=12)
+
+
+def regime_host() -> Workload:
+    """The H200 host's other habit: its speed shifts between regimes (steps 20 % slower for a while, ~8 steps on
+    average, then back) while the job stands still — on the H200 one fixed setting read 70–90 samples/s in runs of
+    3–20 steps. The job: prefetch that pays (0.45 s generation, 0.35 s scoring hidden at prefetch 2: +30 %), ±5 %
+    step noise. A before window that ends in a fast regime looks like a climb (a warm-up still settling)."""
+    regime = {"slow": False}
+
+    def step(k, i, rng):
+        if rng.random() < 0.12:
+            regime["slow"] = not regime["slow"]
+        slow = 1.2 if regime["slow"] else 1.0
+        p = int(k["prefetch"])
+        hidden = 0.35 * min(1.0, p / 2)
+        gen, ev = 0.45 * slow, (0.35 - hidden) * slow
+        t = _noisy(rng, gen + ev + 0.01 * max(0, p - 2), 0.05)
+        return t, {"generation": t * gen / (gen + ev), "evaluation": t * ev / (gen + ev)}, 8
+    return Workload("regime-shifting host (prefetch, ±20 % regimes)", {"prefetch": {"value": 0, "min": 0, "max": 8}},
+                    step, [{"prefetch": p} for p in (0, 1, 2, 4, 8)], steps=160)
+
+
+WORKLOADS = {"comm": comm_bound, "eval": eval_bound, "non_monotone": non_monotone, "memory": memory_growing,
+             "noisy": noisy, "fast": fast_steps, "warm_up": warm_up, "known_loser": known_loser,
+             "ladder": sync_ladder, "drift": drifting_host, "regimes": regime_host}

@@ -1,0 +1,142 @@
+"""How much a job's throughput persists from one sync period to the next while nothing changes: the lag-1
+autocorrelation of its per-period log throughputs, measured on its own history.
+
+Why: a verdict's t-test takes the periods of a window as independent samples. On a host whose speed shifts in
+regimes (the lent H200: one fixed setting read 70–90 samples/s in runs of 3–20 steps) they are not — a window of 8
+periods that sits in one fast regime is one sample, not eight, and its mean is far less certain than its spread
+over √8 says: a +16 % "gain, 99.9 % sure" for a move that did nothing, a warm-up "still climbing 100 % sure" at the
+end of a before window that merely ended in a fast regime. With lag-1 autocorrelation ρ the variance of a mean of
+n periods is about (1 + ρ) / (1 − ρ) times the independent one; every sample a verdict or a re-measure
+takes has its spread widened by that factor (``inflation``) — and, where periods persist, taken as at least
+the history's own spread (a window that sat in one regime is calm inside and still one draw of the regimes).
+
+Measured where nothing moved: each stretch of steps between two applied changes (after the settle steps), in
+whole periods of the sync interval it ran at, residuals from the stretch's own mean (a level shift caused by a
+change is not persistence), its unsettled head left out and what still trends taken from its own line (nor is a
+warm-up's or a drift's trend), pooled over the stretches, the small-sample bias added back, and only the part the
+history shows beyond one standard error (the estimate less 1/√periods). Clamped to [0, ``persistence_max``]: anything below
+is taken as independence; ``persistence_max`` 0 switches it off.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from trimtab.contract.statuses import APPLIED
+from trimtab.control.verdict import Sample, unsettled
+from trimtab.grading.rules import RuleSet
+from trimtab.grading.window import JobStep, chunk_rates
+
+if TYPE_CHECKING:
+    from trimtab.control.plan import JobState
+
+MIN_PERIODS = 4  # a stretch shorter than this says nothing about persistence (its residuals are mostly its mean)
+MIN_HISTORY_PERIODS = 32  # nor does less history than this in all: 19 periods of ±20 % noise read ρ 0.38 by chance
+
+
+def _stretches(state: "JobState", rules: RuleSet) -> list[tuple[int, int, int]]:
+    """(first step, last step + 1, period) of each stretch of unchanged knobs, oldest first."""
+    ctl = rules.controller
+    applied = sorted((c for c in state.changes if c.status == APPLIED and c.applied_step is not None),
+                     key=lambda c: c.applied_step)
+    spec = state.job.knobs.get(ctl.period_knob)
+    period_now = _as_period(spec.get("value") if spec else None)
+    periods = []  # the period each stretch ran at, newest last: walk the period knob's changes back from now
+    at = period_now
+    for c in reversed(applied):
+        periods.append(at)
+        if c.knob == ctl.period_knob and c.previous_value is not None:
+            at = _as_period(c.previous_value)
+    periods.append(at)
+    periods.reverse()  # periods[i]: before applied[i] (i < len), periods[-1]: after the last change
+    starts = [0] + [c.applied_step + ctl.settle_steps for c in applied]
+    ends = [c.applied_step for c in applied] + [math.inf]
+    return [(s, e, p) for s, e, p in zip(starts, ends, periods) if e > s]
+
+
+def _as_period(value) -> int:
+    try:
+        return max(1, int(round(float(value))))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _settled_part(stretch: list[JobStep], every: int, rules: RuleSet) -> list[JobStep]:
+    """The stretch without its unsettled head: while the trend test says it has not settled (a warm-up, the steps
+    after a restart), its older half is dropped — a warm-up's curve is not persistence."""
+    while len(stretch) >= 2 * MIN_PERIODS * every and unsettled(stretch, every, rules.controller):
+        half = (len(stretch) // every // 2) * every
+        stretch = stretch[half:]
+    return stretch
+
+
+def _detrended(logs: list[float]) -> list[float]:
+    """Residuals from the stretch's own least-squares line, for a stretch the trend test says has not settled: a
+    warm-up or a drift is a trend (the trend test's business), not persistence — left in, a settling job would read
+    as persistent and its verdicts be widened for nothing. (Only there: a line fitted to every short stretch would
+    take most of a regime's swing with it.)"""
+    n = len(logs)
+    mx, my = (n - 1) / 2.0, sum(logs) / n
+    sxx = sum((x - mx) ** 2 for x in range(n))
+    slope = sum((x - mx) * (y - my) for x, y in enumerate(logs)) / sxx
+    return [y - my - slope * (x - mx) for x, y in enumerate(logs)]
+
+
+@dataclass(frozen=True)
+class Persistence:
+    """What the job's history says about its periods at unchanged knobs: ``rho`` (lag-1 autocorrelation, 0 where it
+    shows none) and ``var_log`` (their variance on the log scale, pooled over the stretches; None without history)."""
+    rho: float = 0.0
+    var_log: Optional[float] = None
+
+    @property
+    def inflation(self) -> float:
+        """How many times wider the variance of a window's mean is than independent periods would make it."""
+        return (1.0 + self.rho) / (1.0 - self.rho)
+
+    @property
+    def var_floor(self) -> Optional[float]:
+        """Where periods persist, a window's own spread is no measure of its mean's: one that sat in one regime
+        is calm inside and still one draw of the regimes. Its spread is then taken as at least the history's."""
+        return self.var_log if self.rho > 0 else None
+
+    def sample(self, steps: Sequence[JobStep], period: int = 1) -> Optional[Sample]:
+        """The window's per-period sample, its spread widened for persistence."""
+        return Sample.of_steps(steps, period, self.inflation, self.var_floor)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"rho": round(self.rho, 3), "var_log": None if self.var_log is None else round(self.var_log, 6),
+                "inflation": round(self.inflation, 2)}
+
+
+NONE = Persistence()
+
+
+def persistence(state: "JobState", rules: RuleSet) -> Persistence:
+    """The job's persistence at unchanged knobs (see the module docstring)."""
+    cap = rules.controller.persistence_max
+    num = den = 0.0
+    periods = stretches = 0
+    for first, end, every in _stretches(state, rules):
+        stretch = _settled_part([s for s in state.steps if first <= s.step < end], every, rules)
+        logs = [math.log(r) for r in chunk_rates(stretch, every) if r > 0]
+        if len(logs) < MIN_PERIODS:
+            continue
+        mean = sum(logs) / len(logs)
+        resid = _detrended(logs) if unsettled(stretch, every, rules.controller) else [x - mean for x in logs]
+        num += sum(a * b for a, b in zip(resid, resid[1:]))
+        den += sum(r * r for r in resid)
+        periods, stretches = periods + len(logs), stretches + 1
+    if den <= 0 or cap <= 0 or periods < MIN_HISTORY_PERIODS:
+        return NONE
+    var_log = den / (periods - stretches)
+    rho = num / den
+    # Residuals from each stretch's own mean read persistence low by about (1 + 3ρ)/m over stretches of m periods
+    # (Kendall's bias; 8-period stretches read a true 0.6 as 0.25): added back.
+    rho += (1.0 + 3.0 * rho) / (periods / stretches)
+    # Only what the history shows beyond one standard error (about 1/√periods; 84 % sure, one-sided): a job with
+    # independent periods seldom has its verdicts slowed by this estimate's own noise (a wrong "sure" verdict costs
+    # more than a slow one, so not 95 %).
+    return Persistence(min(cap, max(0.0, rho - 1.0 / math.sqrt(periods))), var_log)
