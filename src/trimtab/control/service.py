@@ -8,9 +8,11 @@ job at most once however many reports come in meanwhile); the thread plans the q
 it decides reaches the job in the response to its next report. Every ``interval_s`` the thread also sweeps the
 jobs for ones whose last report came in while they were being planned. An error in one job's plan is logged,
 counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The daemon computes
-each plan in a child process (``start(own_process=True)``, plan_process.py) and writes it here (plan_writes.py): a
-thread shares the API's interpreter lock, which kept report p99 in seconds while 100 jobs planned. The thread rests between plans: planning takes at
-most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans on the caller's thread (tests).
+each plan in a child process (``start(own_process=True)``, plan_process.py) and writes what it decided here, on
+this thread (plan_writes.py): a thread computing plans shares the API's interpreter lock, which kept report p99 in
+seconds while 100 jobs planned, and a child writing them held SQLite's write lock at nice 10. The thread rests
+between plans: planning takes at most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans
+on the caller's thread (tests).
 
 Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
 before planning again can change anything (:class:`~trimtab.control.plan.Wait`), and until then a report
