@@ -12,8 +12,8 @@ was never started; it sends back what the plan decided (a :class:`~trimtab.contr
 it learnt (counters, when the job was read), and the planning thread writes the decisions in this process, at the
 API's priority. The child never writes, so it never holds SQLite's one write lock: when it did, the kernel could
 preempt it (nice 10) while it held the lock, and every report insert waited behind it (SQLite's busy handler
-polls, up to 100 ms a sleep) — report p99 in seconds on a busy machine. Its connection refuses writes, to keep it
-so. The parent's cadence of the job travels with each request, so the child's "still worth planning?" check
+polls, up to 100 ms a sleep): write transactions of 1–6 ms of CPU held the lock for up to 317 ms at load 3–4.5,
+and the API's writers waited up to 389 ms (BENCHMARKS.md). Its connection refuses writes, to keep it so. The parent's cadence of the job travels with each request, so the child's "still worth planning?" check
 and the parent agree.
 
 Only a store another process can open qualifies (a file or a server, not ``:memory:``). A child that dies is
