@@ -1,9 +1,7 @@
 """Plans in a process of their own (issue 20, control/plan_process.py): the daemon's rebalancer runs each plan in a
 child process with its own interpreter and store connection, and what the plan decided and learnt comes back —
-the change reaches the job in a report's response, the counters and the job's cadence are the parent's; the child
-only reads (its store connection refuses writes) and this process writes what it decided, so the child, at a lower
-CPU priority, never holds SQLite's write lock that the reports need; a store another process cannot open
-(in-memory SQLite) plans on the thread as before; a child that dies is replaced.
+the change reaches the job in a report's response, the counters and the job's cadence are the parent's; a store
+another process cannot open (in-memory SQLite) plans on the thread as before; a child that dies is replaced.
 """
 
 from __future__ import annotations
@@ -11,16 +9,12 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine
 
-from tests.support import jobs_in_a_store as in_store
 from tests.support.loop_job import JOB, report
 from tests.support.waits import eventually
-from trimtab.control import plan_process
 from trimtab.control.plan_process import can_plan_apart
 from trimtab.control.service import Rebalancer
-from trimtab.store import jobs as job_store
 
 
 def started(api) -> Rebalancer:
@@ -98,56 +92,3 @@ def test_the_thread_rests_for_the_planning_processs_cpu_time_too(sqlite_api):
         assert max(rests) >= 3 * rb._apart.cpu_s * 0.99
     finally:
         rb.stop()
-
-
-def _a_write_in_the_child() -> str:
-    """(Runs in the planning process.) What a write through the child's store connection answers."""
-    try:
-        job_store.set_mode(plan_process._child.engine, "grpo", "off")
-    except Exception as exc:  # noqa: BLE001 - the answer is the test's
-        return str(exc)
-    return "written"
-
-
-@pytest.fixture
-def apart(store_engine):
-    """A rebalancer that plans in its own process, on SQLite and PostgreSQL; no sweep (the test calls evaluate)."""
-    rb = Rebalancer(store_engine, interval_s=3600).start(own_process=True)
-    yield rb
-    rb.stop()
-
-
-def test_the_child_only_reads_and_this_process_writes_what_it_decided(store_engine, apart):
-    engine = store_engine
-    written: list[str] = []  # the decisions-table writes made through this process's engine
-
-    def seen(_conn, _cursor, statement, *_args) -> None:
-        verb = statement.lstrip().split()[0].upper()
-        if verb in ("INSERT", "UPDATE") and "decisions" in statement.split("(")[0].split(" SET ")[0]:
-            written.append(verb)
-
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        job = in_store.register(engine)
-        in_store.report(engine, job, 0, 3, step_time=45.0, gen=44.0)
-        p = apart.evaluate(job)
-        assert (p.change.knob, p.change.old_value, p.change.new_value) == ("batch_size", 1, 4)
-        [c] = in_store.changes(engine, job)
-        assert c.status == "pending" and written == ["INSERT"]  # the change and its decision: written here
-
-        # applied from step 3, 12 s steps: one plan in the child judges it (kept), this process closes the
-        # decision, and the follow-up plan (in the child again, on the store with the verdict) decides 4 → 16
-        in_store.ack(engine, job, c.id, 3)
-        in_store.report(engine, job, 3, 3, step_time=12.0, gen=11.0)
-        p = apart.evaluate(job)
-        assert (p.change.knob, p.change.old_value, p.change.new_value) == ("batch_size", 4, 16)
-        new, kept = in_store.decisions(engine, job)
-        assert (kept.outcome, new.outcome) == ("kept", "pending") and written == ["INSERT", "UPDATE", "INSERT"]
-        health = apart.health()
-        assert (health["kept"], health["changes_queued"], health["evaluations"], health["errors"]) == (1, 2, 3, 0)
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
-    # and the child could not have written it: its connection refuses every write
-    words = apart._apart._call(_a_write_in_the_child)
-    assert "read" in words.lower() and "only" in words.lower(), words
-    assert job_store.get_job(engine, "grpo").mode == "auto"

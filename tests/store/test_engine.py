@@ -4,10 +4,8 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
 
-from trimtab.store.engine import (WAL_PAGES_MAX, WAL_PAGES_MIN, StoreError, migrate, open_engine, wal_pages_for,
-                                  write_transaction)
+from trimtab.store.engine import WAL_PAGES_MAX, WAL_PAGES_MIN, StoreError, migrate, open_engine, wal_pages_for
 from trimtab.store.models import metadata
 from tests.store.conftest import T0_MS, make_batch
 
@@ -97,21 +95,3 @@ def test_one_engine_per_url_per_process_until_its_last_user_lets_go(tmp_path):
     again = shared_engine(url)
     assert again is not api_engine
     release_engine(again)
-
-
-def test_a_read_only_engine_reads_the_store_and_refuses_every_write(engine):
-    """The planning process's engine (issue 20): it must never take SQLite's write lock, whatever it calls."""
-    url = engine.url.render_as_string(hide_password=False)
-    reader = open_engine(url, read_only=True)
-    try:
-        with reader.connect() as conn:
-            assert conn.execute(text("SELECT count(*) FROM rollup_state")).scalar_one() == 1
-        with pytest.raises(DBAPIError, match="(?i)read.?only"):
-            with write_transaction(reader) as conn:
-                conn.execute(text("UPDATE rollup_state SET dirty_from_ms = 1"))
-    finally:
-        reader.dispose()
-    with engine.connect() as conn:  # nothing written, and the engine it was opened beside still writes
-        assert conn.execute(text("SELECT dirty_from_ms FROM rollup_state")).scalar_one() is None
-    with write_transaction(engine) as conn:
-        conn.execute(text("UPDATE rollup_state SET dirty_from_ms = 1"))

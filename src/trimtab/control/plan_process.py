@@ -5,16 +5,12 @@ A planning *thread* was not enough: it shares the API's interpreter lock (GIL). 
 store call of a report gives the lock up and waits up to a switch interval to get it back, and the report's
 threads then queue behind each other — on this machine p50 0.6 s and p99 4.9 s with 100 jobs planning, against
 4.4 / 12 ms idle (BENCHMARKS.md). Here the planning thread keeps its queue and cadence (which jobs, when) but
-hands the computing of each plan — the store reads and the controller — to one child process with its own
-interpreter and its own read-only connection to the store, lowered in CPU priority (``NICE``) so that on a busy
-machine the kernel runs the API's threads first. The child is a :class:`~trimtab.control.service.Rebalancer` that
-was never started; it sends back what the plan decided (a :class:`~trimtab.control.plan_writes.Decided`) and what
-it learnt (counters, when the job was read), and the planning thread writes the decisions in this process, at the
-API's priority. The child never writes, so it never holds SQLite's one write lock: when it did, the kernel could
-preempt it (nice 10) while it held the lock, and every report insert waited behind it (SQLite's busy handler
-polls, up to 100 ms a sleep): write transactions of 1–6 ms of CPU held the lock for up to 317 ms at load 3–4.5,
-and the API's writers waited up to 389 ms (BENCHMARKS.md). Its connection refuses writes, to keep it so. The parent's cadence of the job travels with each request, so the child's "still worth planning?" check
-and the parent agree.
+hands each plan — the store reads, the controller, the decision writes — to one child process with its own
+interpreter and its own connection to the store, lowered in CPU priority (``NICE``) so that on a busy machine
+the kernel runs the API's threads first. The child is a :class:`~trimtab.control.service.Rebalancer` that was
+never started (it plans on the caller's thread); what it learnt (counters, the job's note, when it is next worth
+planning) comes back with each plan. SQLite's one writer is shared across the two processes by SQLite's own lock:
+the child's writes are each one short transaction after the plan is computed, never held while computing.
 
 Only a store another process can open qualifies (a file or a server, not ``:memory:``). A child that dies is
 replaced at the next plan; the plan it was running counts as an error.
@@ -34,7 +30,6 @@ from typing import Any, Optional
 
 from sqlalchemy import Engine
 
-from trimtab.control.plan_writes import Decided
 from trimtab.grading.rules import RuleSet
 from trimtab.store.jobs import StoredJob
 
@@ -57,11 +52,13 @@ def can_plan_apart(engine: Engine) -> bool:
 
 @dataclass
 class ChildPlan:
-    """One plan computed by the child (not written: the parent writes it) and what the child learnt doing it."""
-    decided: Optional[Decided]      # None: not worth planning, or failed (counted in ``counts["errors"]``)
-    counts: dict[str, int]          # the child's counters' increments (evaluations, errors)
+    """One plan's result and what the child's Rebalancer learnt doing it."""
+    plan: Any                       # the Plan, or None when it failed (counted in ``counts["errors"]``)
+    counts: dict[str, int]          # the child's counters' increments
     last_error: Optional[str]
     last_evaluation_ms: Optional[int]
+    note: Optional[str]
+    cadence: Any                    # the job's _Cadence after the plan
     seen: Optional[tuple]
     cpu_s: float                    # the child's CPU time for the plan
 
@@ -86,26 +83,25 @@ def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid
     except OSError:  # not allowed here: plan at the same priority
         pass
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [planning process]: %(message)s")
-    _child = Rebalancer(open_engine(url, read_only=True), rules)  # it reads; the parent writes what it decided
+    _child = Rebalancer(open_engine(url), rules)
 
 
-def _decide_in_child(job: StoredJob, check: bool, cadence: Any) -> ChildPlan:
-    """Plan ``job`` (``check``: only if still worth it, by the parent's ``cadence``) without writing."""
+def _plan_in_child(job: StoredJob, check: bool) -> ChildPlan:
+    from trimtab.store.jobs import get_job
+
     stats = _child.stats
     before = {k: getattr(stats, k) for k in _COUNTERS}
     cpu_s = time.thread_time()
-    if cadence is None:  # the parent's cadence is the one that counts (it adopts a plan's once it wrote it)
-        _child._cadence.pop(job.name, None)
-    else:
-        _child._cadence[job.name] = cadence
-    try:
-        decided = _child._decide(job, check)
-    except Exception as exc:  # noqa: BLE001 - counted and sent back like the thread's errors
-        _child._failed(f"job {job.name!r}", exc)
-        decided = None
+    result, evaluated = None, False
+    if check:  # a queued job: still worth planning? (the store reads for that are the child's too)
+        job = get_job(_child.engine, job.name) or job
+    if not check or _child._worth_planning(job):
+        result, evaluated = _child.evaluate(job, wait=True), True
     counts = {k: getattr(stats, k) - before[k] for k in _COUNTERS}
-    return ChildPlan(decided, counts, stats.last_error if counts["errors"] else None, stats.last_evaluation_ms,
-                     _child._seen.get(job.name), time.thread_time() - cpu_s)
+    return ChildPlan(result, counts, stats.last_error if counts["errors"] else None, stats.last_evaluation_ms,
+                     stats.notes.get(job.name), _child._cadence.get(job.name) if evaluated else None,
+                     _child._seen.get(job.name) if evaluated else None,
+                     time.thread_time() - cpu_s)
 
 
 def _pid() -> int:
@@ -149,13 +145,9 @@ class PlanProcess:
         return self._call(_jobs)
 
     def plan(self, rebalancer, job: StoredJob, check: bool = False):
-        """Plan ``job`` in the child (``check``: only if the store says it is still worth planning), write what
-        it decided with ``rebalancer`` (here, at this process's priority) and record what the child learnt; the
-        Plan (None if it failed or was not worth it)."""
-        return rebalancer._evaluate(job, lambda j, chk: self._decide(rebalancer, j, chk), check)
-
-    def _decide(self, rebalancer, job: StoredJob, check: bool) -> Optional[Decided]:
-        out: ChildPlan = self._call(_decide_in_child, job, check, rebalancer._cadence.get(job.name))
+        """Plan ``job`` in the child (``check``: only if the store says it is still worth planning) and record
+        what it learnt on ``rebalancer``; the Plan (None if it failed or was not worth it)."""
+        out: ChildPlan = self._call(_plan_in_child, job, check)
         self.cpu_s += out.cpu_s
         stats = rebalancer.stats
         for k, n in out.counts.items():
@@ -163,9 +155,13 @@ class PlanProcess:
         if out.last_error:
             stats.last_error = out.last_error
         stats.last_evaluation_ms = out.last_evaluation_ms or stats.last_evaluation_ms
+        if out.note is not None:
+            stats.notes[job.name] = out.note
+        if out.cadence is not None:
+            rebalancer._cadence[job.name] = out.cadence
         if out.seen is not None:
             rebalancer._seen[job.name] = out.seen
-        return out.decided
+        return out.plan
 
     def close(self) -> None:
         if self._pool is not None:

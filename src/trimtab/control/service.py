@@ -7,12 +7,10 @@ seconds and the hook time out). The report route only notes that the job is wort
 job at most once however many reports come in meanwhile); the thread plans the queued jobs in turn, and a change
 it decides reaches the job in the response to its next report. Every ``interval_s`` the thread also sweeps the
 jobs for ones whose last report came in while they were being planned. An error in one job's plan is logged,
-counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The daemon computes
-each plan in a child process (``start(own_process=True)``, plan_process.py) and writes what it decided here, on
-this thread (plan_writes.py): a thread computing plans shares the API's interpreter lock, which kept report p99 in
-seconds while 100 jobs planned, and a child writing them held SQLite's write lock at nice 10. The thread rests
-between plans: planning takes at most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans
-on the caller's thread (tests).
+counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The daemon runs
+each plan in a child process (``start(own_process=True)``, plan_process.py): a thread shares the API's interpreter
+lock, which kept report p99 in seconds while 100 jobs planned. The thread rests between plans: planning takes at
+most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans on the caller's thread (tests).
 
 Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
 before planning again can change anything (:class:`~trimtab.control.plan.Wait`), and until then a report
@@ -30,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from sqlalchemy import Engine
 
@@ -38,7 +36,6 @@ from trimtab.control.controller import JobState, Plan, Wait, plan
 from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
-from trimtab.control.plan_writes import Decided, write_plan
 from trimtab.control.plan import period, steps_needed
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.window import first_probes, load_steps, steps_since
@@ -205,8 +202,13 @@ class Rebalancer:
         return time.thread_time() + (self._apart.cpu_s if self._apart is not None else 0.0)
 
     def _plan_queued(self, job: StoredJob, forced: bool) -> None:
+        if self._apart is not None:  # the child reads the store (for the check too), unless this one knows
+            c = self._cadence.get(job.name)
+            return self._apart.plan(self, job, check=not (forced or c is None or c.due))
+        fresh = job_store.get_job(self.engine, job.name) or job
         # A plan that ran since the job was queued (the sweep's, or its own) may have covered it: its wait decides.
-        self.evaluate(job, wait=True, check=not forced)
+        if forced or self._worth_planning(fresh):
+            self.evaluate(fresh, wait=True)
 
     def queued(self) -> list[str]:  # the jobs waiting for a plan, first first
         return self._queue.names()
@@ -271,19 +273,17 @@ class Rebalancer:
     def _lock(self, name: str) -> threading.Lock:  # (dict.setdefault with a str key is atomic under the GIL)
         return self._locks.setdefault(name, threading.Lock())
 
-    def evaluate(self, job: StoredJob, wait: bool = True, check: bool = False) -> Optional[Plan]:
-        """Plan ``job`` and write what the plan decided (``check``: only if the store says it is still worth
-        planning); the Plan, or None (not worth it, busy with ``wait`` False, or failed: counted)."""
+    def evaluate(self, job: StoredJob, wait: bool = True) -> Optional[Plan]:
         lock = self._lock(job.name)
         if not lock.acquire(blocking=wait):
             return None
         try:
-            if self._apart is not None:  # computed in the planning process, written here
-                result = self._apart.plan(self, job, check)
-            else:
-                result = self._evaluate(job, self._decide, check)
-            if result is not None:
-                self.stats.notes[job.name] = result.note
+            if self._apart is not None:
+                return self._apart.plan(self, job)
+            fresh = job_store.get_job(self.engine, job.name) or job
+            self._seen[job.name] = _state_key(fresh)
+            result = self._evaluate(fresh)
+            self.stats.notes[job.name] = result.note
             return result
         except Exception as exc:
             self._failed(f"job {job.name!r}", exc)
@@ -320,45 +320,64 @@ class Rebalancer:
                         decisions=decision_store.list_decisions(engine, job.id, limit=200, offset=0),
                         gpus=gpus, probe_baseline_us=baseline, now_ms=now_ms(), has_gpus=bool(gpu_indices))
 
-    def _evaluate(self, job: StoredJob, decide: Callable[[StoredJob, bool], Optional[Decided]],
-                  check: bool = False) -> Optional[Plan]:
-        """Plan (``decide``: on this thread, or in the planning process) and write each plan here."""
-        first = decide(job, check)
-        if first is None:
-            return None
-        self._write(first)
-        result = first.plan
+    def _evaluate(self, job: StoredJob) -> Plan:
+        rules = self.rules_for(job)
+        result = self._plan_and_execute(job, rules)
         if result.close is not None and result.rollback_to is None:
             # A verdict that queued nothing: the window it was judged on is the next decision's "before" window,
-            # so decide now (on the store with the verdict written): the next change is pending for the job's
-            # next report, not a window later (a step sooner: 25 s at batch 4 on the H200).
-            follow = decide(first.job, False)
-            if follow is not None:
-                self._write(follow)
-                p = follow.plan
-                result = p if (p.change or p.advised or p.advice_rule) else result
+            # so decide now: the next change is pending for the job's next report, not a window later (a step
+            # sooner: 25 s at batch 4 on the H200).
+            fresh = job_store.get_job(self.engine, job.name) or job
+            follow = self._plan_and_execute(fresh, rules)
+            result = follow if (follow.change or follow.advised or follow.advice_rule) else result
         return result
 
-    def _decide(self, job: StoredJob, check: bool = False) -> Optional[Decided]:
-        """Read the job's state and plan it; writes nothing (:meth:`_write` does). None: not worth planning."""
-        fresh = job_store.get_job(self.engine, job.name) or job
-        if check and not self._worth_planning(fresh):
-            return None
-        self._seen[job.name] = _state_key(fresh)
-        rules = self.rules_for(fresh)
-        state = self.load_state(fresh, rules)
+    def _plan_and_execute(self, job: StoredJob, rules: RuleSet) -> Plan:
+        state = self.load_state(job, rules)
         result = plan(state, rules, placement=placement_for)
         self.stats.evaluations += 1
         self.stats.last_evaluation_ms = now_ms()
         stored_step = next((d.applied_step for d in state.decisions if d.id == result.measuring), None)
+        self._execute(job, result, stored_applied_step=stored_step)
         newest = state.steps[-1].step if state.steps else -1
-        return Decided(fresh, result, stored_step, _Cadence(fresh.updated_ms, newest, result.wait))
+        self._cadence[job.name] = _Cadence(job.updated_ms, newest, result.wait)
+        return result
 
-    def _write(self, decided: Decided) -> None:
-        """Write a plan's decisions (on the caller's thread, in this process) and take its wait as the job's."""
-        for counter in write_plan(self.engine, decided.job, decided.plan, decided.stored_applied_step):
-            setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        self._cadence[decided.job.name] = decided.cadence
+    def _execute(self, job: StoredJob, p: Plan, stored_applied_step: Optional[int] = None) -> None:
+        engine = self.engine
+        if p.close is not None:
+            rollback = None
+            if p.outcome == "rolled_back" and p.rollback_to is not None and p.rollback_knob is not None:
+                rollback = (job.id, p.rollback_knob, p.rollback_to, f"rollback: {p.note}")
+            fields: dict[str, Any] = {"throughput_after_samples_per_s": p.throughput_after}
+            if p.applied_step is not None:
+                fields["applied_step"] = p.applied_step
+            decision_store.close_decision(engine, p.close, p.outcome or "kept", p.evidence, rollback=rollback,
+                                          **fields)
+            if p.outcome in ("rolled_back", "refused", "kept"):
+                setattr(self.stats, p.outcome, getattr(self.stats, p.outcome) + 1)
+            log.info("rebalancer: job %s: %s", job.name, p.note)
+        elif p.measuring is not None and p.applied_step is not None and p.applied_step != stored_applied_step:
+            # (once: every plan while measuring would rewrite it, and SQLite has one writer for reports too)
+            decision_store.set_applied_step(engine, p.measuring, p.applied_step)
+        if p.change is not None:
+            c = p.change
+            decision_store.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value, c.reason,
+                                         throughput_before_samples_per_s=p.throughput_before, advice=p.advice)
+            self.stats.changes_queued += 1
+            log.info("rebalancer: job %s: %s", job.name, p.note)
+        elif p.advised is not None:
+            c = p.advised
+            decision_store.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,
+                                        new_value=c.new_value, throughput_before_samples_per_s=p.throughput_before,
+                                        outcome="advised", advice=f"{c.reason}. {p.advice or ''}".strip())
+            self.stats.advised += 1
+            log.info("rebalancer: job %s (advise): %s", job.name, p.note)
+        elif p.advice_rule is not None:
+            decision_store.add_decision(engine, job.id, p.advice_rule, p.evidence, outcome="advised", advice=p.advice,
+                                        throughput_before_samples_per_s=p.throughput_before)
+            self.stats.advised += 1
+            log.info("rebalancer: job %s: %s", job.name, p.note)
 
     # -- status ----------------------------------------------------------------------------------------------
 

@@ -95,11 +95,9 @@ def mask_url(url: str | URL) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
 
 
-def open_engine(url: str, read_only: bool = False) -> Engine:
+def open_engine(url: str) -> Engine:
     """An engine for ``url``, checked by connecting once, so a wrong URL or a server that is down is reported
-    here, as a :class:`StoreError`, rather than on the first write. ``read_only``: every write through it fails
-    (SQLite's ``query_only``, PostgreSQL's ``default_transaction_read_only``) — for the planning process, which
-    must never hold SQLite's write lock (control/plan_writes.py says why).
+    here, as a :class:`StoreError`, rather than on the first write.
 
     SQLite (the default store of one node) gets, on every connection:
 
@@ -130,11 +128,8 @@ def open_engine(url: str, read_only: bool = False) -> Engine:
         parsed = make_url(url)
         backend = parsed.get_backend_name()
         if backend == "sqlite":
-            engine = _sqlite_engine(parsed, read_only)
+            engine = _sqlite_engine(parsed)
         elif backend == "postgresql":
-            if read_only:
-                options = f"{parsed.query.get('options', '')} -c default_transaction_read_only=on".strip()
-                parsed = parsed.update_query_dict({"options": options})
             connect_args = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in parsed.query}
             engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
         else:
@@ -240,7 +235,7 @@ def _create_private(path: Path) -> None:
     os.close(fd)
 
 
-def _sqlite_engine(url: URL, read_only: bool = False) -> Engine:
+def _sqlite_engine(url: URL) -> Engine:
     database = url.database or ""
     if database and database != ":memory:" and not url.query.get("uri"):
         path = Path(database).expanduser()
@@ -260,8 +255,6 @@ def _sqlite_engine(url: URL, read_only: bool = False) -> Engine:
         wal_pages = wal_pages_for(database, page_bytes)
         cursor.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
         cursor.execute(f"PRAGMA journal_size_limit={wal_pages * page_bytes}")
-        if read_only:
-            cursor.execute("PRAGMA query_only=ON")
         cursor.close()
 
     @event.listens_for(engine, "begin")
