@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 from tests.support.plans import RULES, acts, change, decision, job, state, steps
 from trimtab.control.controller import plan
