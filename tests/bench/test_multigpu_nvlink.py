@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.multigpu_nvlink import (ROW_HEADER, Stream, costs_in, covered_span, expected_rates, markdown, pct_diff,
-                                   peer_ring_pairs, phase_rows, plan_text, rate_in_window,
-                                   ring_allreduce_bytes_per_rank, sample_window, tick_cost_per_gpu_us, verdict)
+from bench.nvlink_accounting import (ROW_HEADER, Stream, costs_in, covered_span, expected_rates, markdown, pct_diff,
+                                     peer_ring_pairs, phase_rows, plan_text, rate_in_window,
+                                     ring_allreduce_bytes_per_rank, sample_window, tick_cost_per_gpu_us, verdict)
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20

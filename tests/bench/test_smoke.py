@@ -48,6 +48,7 @@ SMOKE = {
                            "OOMs 0",
                            gpu="real KV allocations on a GPU: here the same path with memory simulated",
                            via="moving_job.py"),
+    "nvlink_accounting.py": Smoke(("--dry-run", "--gpus", "0,1"), "phases peer", via="multigpu_nvlink.py"),
     "multigpu_nvlink.py": Smoke(("--dry-run", "--gpus", "0,1"), "phases peer",
                                 gpu="moves bytes over NVLink between GPUs: the plan (--dry-run) only"),
     "multigpu_pipeline.py": Smoke(("--dry-run", "--device-map", "cpu", "--world", "2"), "plan: 2 ranks",
