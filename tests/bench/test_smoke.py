@@ -51,6 +51,8 @@ SMOKE = {
     "nvlink_accounting.py": Smoke(("--dry-run", "--gpus", "0,1"), "phases peer", via="multigpu_nvlink.py"),
     "multigpu_nvlink.py": Smoke(("--dry-run", "--gpus", "0,1"), "phases peer",
                                 gpu="moves bytes over NVLink between GPUs: the plan (--dry-run) only"),
+    "pipeline_report.py": Smoke(("--dry-run", "--device-map", "cpu", "--world", "2"), "plan: 2 ranks",
+                                via="multigpu_pipeline.py"),
     "multigpu_pipeline.py": Smoke(("--dry-run", "--device-map", "cpu", "--world", "2"), "plan: 2 ranks",
                                   gpu="its CPU run (2 gloo ranks) takes ~60 s on 2 busy cores: the plan only; "
                                       "tests/workload/test_pipeline_ddp.py runs the ranks and this script's helpers"),

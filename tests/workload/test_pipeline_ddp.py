@@ -114,8 +114,8 @@ def test_job_maps_split_per_rank_and_union_back():
 
 
 def test_the_multigpu_bench_folds_ranks_acks_and_probes_as_the_rebalancer_does():
-    from bench.multigpu_pipeline import (ack_rows, busy_spread, combine_ranks, knob_path, parse_grid, probe_rows,
-                                         server_baseline, throughput)
+    from bench.pipeline_report import (ack_rows, busy_spread, combine_ranks, knob_path, parse_grid, probe_rows,
+                                       server_baseline, throughput)
 
     assert parse_grid("64,2,4; 16,2,1") == [(64, 2, 4), (16, 2, 1)]
     rec = lambda step, samples, s, b=1: {"step": step, "samples": samples, "step_s": s, "batch_size": b,  # noqa: E731
