@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from trimtab.cli.options import db_option, env_option, simulate_options
+from trimtab.cli.options import configured_rules, db_option, env_option, simulate_options
 from trimtab.paths import default_db_url
 
 EXIT_OK, EXIT_IMBALANCE, EXIT_ERROR = 0, 1, 2
@@ -29,12 +29,10 @@ class CheckError(Exception):
 
 def _load_rules(rules_file):
     """The rules the daemon grades jobs by: the shipped file, --rules-file, then trimtab.toml's tables."""
-    from trimtab.grading.rules import RulesError, load_rules
+    from trimtab.grading.rules import RulesError
 
-    obj = click.get_current_context().find_root().obj or {}
     try:
-        return load_rules(rules_file, obj.get("rules_overrides"),
-                          overrides_source=str(obj.get("config_path") or "trimtab.toml"))
+        return configured_rules(rules_file)
     except RulesError as exc:
         raise CheckError(f"rules rejected: {exc}") from exc
 

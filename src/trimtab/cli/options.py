@@ -27,6 +27,17 @@ def misconfigured(message: str) -> click.ClickException:
     return error
 
 
+def configured_rules(rules_file):
+    """The rules the daemon grades jobs by: the shipped file, ``--rules-file``, then trimtab.toml's ``[controller]``
+    and ``[rules.<name>]`` tables — one reading for ``serve``/``up`` and ``check``, so the two grade alike. Raises
+    :class:`trimtab.grading.rules.RulesError`; each command says it its own way."""
+    from trimtab.grading.rules import load_rules
+
+    obj = click.get_current_context().find_root().obj or {}
+    return load_rules(rules_file, obj.get("rules_overrides"),
+                      overrides_source=str(obj.get("config_path") or "trimtab.toml"))
+
+
 def checked_token(token, token_file, what: str = "--token (or TRIMTAB_TOKEN)"):
     """``token_from`` for a command: a token that cannot be one stops it with :func:`misconfigured`."""
     from trimtab.paths import BadToken, token_from

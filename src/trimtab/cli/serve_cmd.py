@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from trimtab.cli.agent_cmd import exit_if_failed, install_stop_handlers, parse_gpu_list, report_failure
-from trimtab.cli.options import (agent_options, db_option, env_option, interval_option, misconfigured,
-                                  simulate_options)
+from trimtab.cli.options import (agent_options, configured_rules, db_option, env_option, interval_option,
+                                  misconfigured, simulate_options)
 from trimtab.paths import default_db_url, default_spool_dir, state_dir
 
 log = logging.getLogger("trimtab.daemon")
@@ -37,12 +37,10 @@ def rebalancer_options(f):
 def _load_rules(rules_file):
     """The rules, loaded before anything starts: a file that cannot be read or parsed, or a value it may not hold,
     stops start-up with the file, line and reason, exit 78 (waiting cannot fix it: no restart loop under systemd)."""
-    from trimtab.grading.rules import RulesError, load_rules
+    from trimtab.grading.rules import RulesError
 
-    obj = click.get_current_context().find_root().obj or {}
     try:
-        return load_rules(rules_file, obj.get("rules_overrides"),
-                          overrides_source=str(obj.get("config_path") or "trimtab.toml"))
+        return configured_rules(rules_file)
     except RulesError as exc:
         raise misconfigured(f"rules rejected: {exc}") from None
 
