@@ -204,13 +204,16 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
         for v in verdicts:
             if v.status != NO_DATA:
                 v.message += note
+    # the window's time base once (each phase's share would read it again); on wall time the two are one
+    graded_base = time_base(win)
+    shares = _shares(win, graded_base)
     return JobSummary(**base, window_steps=[win[0].step, win[-1].step], n_steps=len(win),
                       window_s=sum(s.step_time_s for s in win), full_window=full, samples_per_s=tp,
-                      step_time_s=statistics.fmean(s.step_time_s for s in win), phase_shares=_shares(win),
+                      step_time_s=statistics.fmean(s.step_time_s for s in win), phase_shares=shares,
                       fragmentation=_mean(s.fragmentation for s in win), collective_latency_us=mean_latency,
                       probe_baseline_us=baseline_us, verdicts=verdicts, rl=rl_facts(win),
-                      generation_cadence=generation_cadence(win), time_base=time_base(win),
-                      wall_phase_shares=_shares(win, WALL_TIME))
+                      generation_cadence=generation_cadence(win), time_base=graded_base,
+                      wall_phase_shares=shares if graded_base == WALL_TIME else _shares(win, WALL_TIME))
 
 
 def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:

@@ -38,11 +38,15 @@ def record_to_report(record: Mapping[str, Any], *, rank: int = 0, hostname: Opti
     line that is not a training step."""
     step = verl_step(record.get("step"), record.get("data"), trainer=trainer, samples_per_step=samples_per_step,
                      n_gpus=n_gpus)
-    if step is None:
-        return None
+    return None if step is None else step_to_report(step, rank=rank, hostname=hostname)
+
+
+def step_to_report(step, *, rank: int, hostname: Optional[str] = None, pid: Optional[int] = None) -> StepReport:
+    """One verl step (:class:`~trimtab.trainer.adapters.verl_metrics.VerlStep`) as a step report; its phases as
+    verl timed them ("other" included: no hook timer adds it)."""
     slowest, mean = step.rollout_s or (None, None)
     return StepReport(step=step.step, rank=rank, step_time_s=step.step_time_s, phases_s=dict(step.phases_s),
-                      samples=step.samples, tokens=step.tokens, hostname=hostname, memory=step.memory,
+                      samples=step.samples, tokens=step.tokens, hostname=hostname, pid=pid, memory=step.memory,
                       rollout_slowest_s=slowest, rollout_mean_s=mean)
 
 

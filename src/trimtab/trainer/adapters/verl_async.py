@@ -216,7 +216,10 @@ class RolloutSession:
 
     async def apply(self) -> None:
         """Right after verl reset its staleness count at a sync, holding no lock (``set_max_required_samples`` takes
-        verl's): the staged changes, where safe."""
+        verl's): the staged changes, where safe. Owning no knob (dynamic scheduling, ``+trimtab.knobs=false``) there
+        is nothing to stage and no queue to ask about."""
+        if not self.channel.owned:
+            return
         r = self.rollouter
         trigger = int(r.config.async_training.trigger_parameter_sync_step)
         taken = r.total_generated_samples - await r.message_queue_client.get_queue_size()

@@ -18,6 +18,7 @@ class _Channel:
         from trimtab.trainer.server_link import Reporter
 
         self.job, self.rank, self.owned = options["job"], rank, owned
+        self._pid, self._hostname = os.getpid(), socket.gethostname()  # once: a report is made every step
         self._lock = threading.Lock()
         self._staged: dict[int, tuple[str, Any]] = {}
         self._seen: set[int] = set()
@@ -47,15 +48,9 @@ class _Channel:
             self._staged.setdefault(cid, (knob, value))
 
     def report(self, record: Any) -> None:
-        from trimtab.trainer.step_record import StepReport
+        from trimtab.trainer.adapters.verl import step_to_report
 
-        report = StepReport(step=record.step, rank=self.rank, step_time_s=record.step_time_s,
-                            phases_s=dict(record.phases_s),  # "other" included: no hook timer adds it here
-                            samples=record.samples, tokens=record.tokens, memory=record.memory,
-                            rollout_slowest_s=(record.rollout_s or (None, None))[0],
-                            rollout_mean_s=(record.rollout_s or (None, None))[1],
-                            pid=os.getpid(), hostname=socket.gethostname())
-        self.reporter.submit(report.to_wire())
+        self.reporter.submit(step_to_report(record, rank=self.rank, hostname=self._hostname, pid=self._pid).to_wire())
 
     def close(self) -> None:
         self.reporter.close()
