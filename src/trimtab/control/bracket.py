@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
-from trimtab.control.plan import last_applied_step, leading, period
+from trimtab.control.plan import before_window, last_applied_step, period
 from trimtab.control.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
@@ -95,16 +95,15 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     if last is None or after is None or known is None or not isinstance(ratio, (int, float)) \
             or ratio > 1.0 - ctl.dead_band_pct / 100.0:
         return False  # a flat verdict claims no loss to explain: it stops holding only once the job surely moved
-    every = period(state.job, rules)
-    since = [s for s in state.steps if s.step >= last + ctl.settle_steps]
-    newest_first, _ = leading(since[::-1], ctl.window_min_steps, ctl.verdict_before_s, every, ctl.verdict_enough_steps)
-    again = state.persistence.sample(newest_first[::-1], every)
-    if again is None or again.mean_log > after.mean_log or not changed_level(known, again, ctl) \
-            or again.mean_log > known.mean_log:
-        return False
     same = [e for e in state.decisions if e.knob == d.knob and e.outcome == ROLLED_BACK and not remeasured(e)
             and e.old_value == d.old_value and e.new_value == d.new_value]
-    return len(same) <= ctl.drift_retries
+    if len(same) > ctl.drift_retries:
+        return False
+    every = period(state.job, rules)
+    since = before_window([s for s in state.steps if s.step >= last + ctl.settle_steps], rules, every)
+    again = state.persistence.sample(since, every)
+    return again is not None and again.mean_log <= min(after.mean_log, known.mean_log) \
+        and changed_level(known, again, ctl)
 
 
 def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:

@@ -37,8 +37,8 @@ from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
-from trimtab.control.plan import (JobState, NewChange, Plan, Wait, last_applied_step, leading, period,
-                                           window_evidence, window_wait)
+from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied_step, period,
+                                  window_evidence, window_wait)
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.control.verdict import Sample, unsettled
@@ -272,18 +272,10 @@ def plan(state: JobState, rules: RuleSet,
     job's own (``outlier_x_median``) enter no window: a decision's evidence names them and why."""
     kept, excluded = screen(state.steps, rules.controller.outlier_x_median)
     state = replace(state, steps=kept) if excluded else state
-    result = _plan(replace(state, persistence=persistence(state, rules)), rules, placement)
+    result = _plan(state, rules, placement)
     if excluded and (result.change or result.advised or result.advice_rule or result.close is not None):
         result.evidence = {**result.evidence, "excluded_steps": excluded[-20:], "excluded_steps_count": len(excluded)}
     return result
-
-
-def _before_window(candidates: Sequence[JobStep], rules: RuleSet, every: int) -> list[JobStep]:
-    """The newest steps a verdict on a change decided now would take as its before window."""
-    ctl = rules.controller
-    newest_first, _ = leading(list(candidates)[::-1], ctl.window_min_steps, ctl.verdict_before_s, every,
-                              ctl.verdict_enough_steps)
-    return newest_first[::-1]
 
 
 def _plan(state: JobState, rules: RuleSet,
@@ -312,6 +304,8 @@ def _plan(state: JobState, rules: RuleSet,
         return Plan(note=f"collecting a window (steps from {start})",
                     wait=Wait(steps=1, seconds=max(0.0, missing_s),
                               enough_steps=max(1, ctl.window_enough_steps - len(candidates))))
+    # how the job's periods persist: read only by a plan that judges a window (a few ms over thousands of steps)
+    state = replace(state, persistence=persistence(state, rules))
     readings = readings_for(state, rules, win)
     tp = throughput(win)
     base_evidence = {"window": window_evidence(win), "mode": job.mode,
@@ -342,7 +336,7 @@ def _plan(state: JobState, rules: RuleSet,
         if choice is not None and not rule.safety:
             # A change is judged against the steps before it: while they have not settled (a warm-up, a restart,
             # a mode switch) the verdict would credit the settling to the change. Safety changes do not wait.
-            drift = unsettled(_before_window(candidates, rules, every), every, ctl)
+            drift = unsettled(before_window(candidates, rules, every), every, ctl)
             if drift is not None:
                 return Plan(note=f"{rule.name} fires; waiting for the throughput to settle before a change (the "
                                  f"before window's throughput moved {drift.change_pct:+.1f} % across it, "

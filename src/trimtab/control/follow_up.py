@@ -13,12 +13,13 @@ much) is re-measured — rolled back unjudged — not kept.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.memory_fit import GIB
-from trimtab.control.persistence import Persistence
-from trimtab.control.plan import JobState, Plan, Wait, leading, period, wait_to_cover, window_evidence
+from trimtab.control.persistence import Persistence, persistence
+from trimtab.control.plan import JobState, Plan, Wait, before_window, leading, period, wait_to_cover, window_evidence, window_wait
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import JobContext, job_reading
 from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Trend, changed_level, compare,
@@ -37,9 +38,7 @@ def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list
     start = max(earlier) + ctl.settle_steps if earlier else 0
     every = _old_period(state, rules, change)
     candidates = [s for s in state.steps if start <= s.step < change.applied_step]
-    newest_first, _ = leading(candidates[::-1], ctl.window_min_steps, ctl.verdict_before_s, every,
-                              ctl.verdict_enough_steps)
-    return _since_level_shift(newest_first[::-1], every, rules, state.persistence)
+    return _since_level_shift(before_window(candidates, rules, every), every, rules, state.persistence)
 
 
 def _since_level_shift(before: list[JobStep], every: int, rules: RuleSet, kept: Persistence) -> list[JobStep]:
@@ -174,6 +173,7 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                                         ctl.window_enough_steps))
     if not complete:
         return measuring
+    state = replace(state, persistence=persistence(state, rules))  # a verdict's spreads widen by it (persistence.py)
     # While the test cannot tell, the after window grows (see _after_bound), then "no measurable gain".
     bound_steps, bound_s = _after_bound(rules, every, after_steps)
     grown, at_bound = leading(after_steps, bound_steps, bound_s, every, _after_enough(rules, bound_steps))
@@ -216,8 +216,7 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         measuring.note = (f"decision {open_d.id}: inconclusive so far ({100 * (v.ratio - 1):+.1f} %, "
                           f"{v.confidence_pct:.0f} % sure): lengthening the after window")
         # Tested again once another window's worth of steps is in (not on every step: fewer looks, less CPU).
-        measuring.wait = Wait(steps=max(every, ctl.window_min_steps), seconds=ctl.window_min_s,
-                              enough_steps=max(every, ctl.window_min_steps, ctl.window_enough_steps))
+        measuring.wait = window_wait(rules, every)
         return measuring
     # only a change that would be kept for a gain (a loss is rolled back anyway: re-measuring it would retry it)
     credited = v.result == GAIN or (v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct)

@@ -21,11 +21,12 @@ is taken as independence; ``persistence_max`` 0 switches it off.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from trimtab.contract.statuses import APPLIED
-from trimtab.control.verdict import Sample, unsettled
+from trimtab.control.verdict import Sample, fit_line, unsettled
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep, chunk_rates
 
@@ -63,25 +64,16 @@ def _as_period(value) -> int:
         return 1
 
 
-def _settled_part(stretch: list[JobStep], every: int, rules: RuleSet) -> list[JobStep]:
-    """The stretch without its unsettled head: while the trend test says it has not settled (a warm-up, the steps
-    after a restart), its older half is dropped — a warm-up's curve is not persistence."""
-    while len(stretch) >= 2 * MIN_PERIODS * every and unsettled(stretch, every, rules.controller):
-        half = (len(stretch) // every // 2) * every
-        stretch = stretch[half:]
-    return stretch
-
-
-def _detrended(logs: list[float]) -> list[float]:
-    """Residuals from the stretch's own least-squares line, for a stretch the trend test says has not settled: a
-    warm-up or a drift is a trend (the trend test's business), not persistence — left in, a settling job would read
-    as persistent and its verdicts be widened for nothing. (Only there: a line fitted to every short stretch would
-    take most of a regime's swing with it.)"""
-    n = len(logs)
-    mx, my = (n - 1) / 2.0, sum(logs) / n
-    sxx = sum((x - mx) ** 2 for x in range(n))
-    slope = sum((x - mx) * (y - my) for x, y in enumerate(logs)) / sxx
-    return [y - my - slope * (x - mx) for x, y in enumerate(logs)]
+def _settled_part(stretch: Sequence[JobStep], every: int, rules: RuleSet) -> tuple[Sequence[JobStep], bool]:
+    """The stretch without its unsettled head — while the trend test says it has not settled (a warm-up, the steps
+    after a restart) its older half is dropped: a warm-up's curve is not persistence — and whether what is left
+    still trends (a drift: its residuals are then taken from its own line, not its mean — only then: a line fitted
+    to every short stretch would take most of a regime's swing with it)."""
+    while True:
+        trending = unsettled(stretch, every, rules.controller) is not None
+        if not trending or len(stretch) < 2 * MIN_PERIODS * every:
+            return stretch, trending
+        stretch = stretch[(len(stretch) // every // 2) * every:]
 
 
 @dataclass(frozen=True)
@@ -119,13 +111,17 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     cap = rules.controller.persistence_max
     num = den = 0.0
     periods = stretches = 0
+    numbers = [s.step for s in state.steps]  # oldest first: each stretch is one slice
     for first, end, every in _stretches(state, rules):
-        stretch = _settled_part([s for s in state.steps if first <= s.step < end], every, rules)
+        lo, hi = bisect_left(numbers, first), bisect_left(numbers, end)
+        if hi - lo < MIN_PERIODS * every:
+            continue
+        stretch, trending = _settled_part(state.steps[lo:hi], every, rules)
         logs = [math.log(r) for r in chunk_rates(stretch, every) if r > 0]
         if len(logs) < MIN_PERIODS:
             continue
         mean = sum(logs) / len(logs)
-        resid = _detrended(logs) if unsettled(stretch, every, rules.controller) else [x - mean for x in logs]
+        resid = fit_line(logs)[1] if trending else [x - mean for x in logs]
         num += sum(a * b for a, b in zip(resid, resid[1:]))
         den += sum(r * r for r in resid)
         periods, stretches = periods + len(logs), stretches + 1

@@ -136,6 +136,15 @@ def steps_needed(rules: RuleSet, every: int) -> int:
     return min(ctl.steps_read_max, max(ctl.window_max_steps, 2 * one + ctl.settle_steps + ctl.cooldown_steps + 1))
 
 
+def before_window(steps: Sequence[JobStep], rules: RuleSet, every: int) -> list[JobStep]:
+    """The newest of ``steps`` (oldest first) a verdict takes as its before window: ``verdict_before_s`` of step
+    time or ``verdict_enough_steps`` steps, in whole periods of ``every``; oldest first."""
+    ctl = rules.controller
+    newest_first, _ = leading(list(steps)[::-1], ctl.window_min_steps, ctl.verdict_before_s, every,
+                              ctl.verdict_enough_steps)
+    return newest_first[::-1]
+
+
 def window_evidence(steps: Sequence[JobStep]) -> dict[str, Any]:
     tp = throughput(steps)
     return {"steps": [steps[0].step, steps[-1].step], "n_steps": len(steps),

@@ -173,6 +173,15 @@ class Trend:
                 "periods": self.n}
 
 
+def fit_line(ys: Sequence[float]) -> tuple[float, list[float], float]:
+    """Least squares through ``ys`` at x = 0, 1, …: (slope, residuals, Σ(x − x̄)²)."""
+    n = len(ys)
+    mx, my = (n - 1) / 2.0, statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in range(n))
+    slope = sum((x - mx) * (y - my) for x, y in enumerate(ys)) / sxx
+    return slope, [y - my - slope * (x - mx) for x, y in enumerate(ys)], sxx
+
+
 def unsettled(steps: Sequence[JobStep], period: int, ctl: ControllerSettings,
               confidence_pct: Optional[float] = None) -> Optional[Trend]:
     """The trend that says a window's throughput has not settled — a line fitted to the log of its per-period
@@ -188,11 +197,8 @@ def unsettled(steps: Sequence[JobStep], period: int, ctl: ControllerSettings,
     n = len(logs)
     if n < 4:
         return None
-    xs = range(n)
-    mx, my = (n - 1) / 2.0, statistics.fmean(logs)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, logs)) / sxx
-    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, logs)) / (n - 2)
+    slope, residuals, sxx = fit_line(logs)
+    resid = sum(r * r for r in residuals) / (n - 2)
     floor = math.log1p(ctl.min_noise_pct / 100.0) ** 2 / 100.0  # a noiseless line must not divide by zero
     se = math.sqrt(max(resid, floor) / sxx)
     p = min(1.0, 2.0 * _t_sf(abs(slope) / se, n - 2))
