@@ -192,6 +192,20 @@ def test_a_step_far_off_the_jobs_own_enters_no_window_and_is_named():
     assert plan(state(good, job(batch=4)), RULES).evidence.get("excluded_steps") is None
 
 
+def test_a_sync_step_is_a_period_s_cost_not_an_outlier():
+    # sync every 4: three 10 ms steps and a 1.2 s sync step (120× the median step, ~30× the median period). Judged
+    # step by step every sync step was left out — and a sync_every move was judged without the syncs it changes.
+    times = [0.01, 0.01, 0.01, 1.2] * 16
+    history = timed(times)
+    assert len(screen(history, RULES.controller.outlier_x_median)[0]) == 48          # step by step: syncs dropped
+    kept, out = screen(history, RULES.controller.outlier_x_median, every=4)
+    assert len(kept) == 64 and out == []
+    garbage = timed(times[:-1] + [1e5])                                                # garbage still goes
+    assert [o["step"] for o in screen(garbage, RULES.controller.outlier_x_median, every=4)[1]] == [63]
+    p = plan(state(history, job(batch=4, sync=4, sync_max=8)), RULES)
+    assert p.change is not None and p.evidence.get("excluded_steps") is None, p.evidence.get("excluded_steps")
+
+
 JOB = {"name": "ppo", "ranks": 1, "device_map": {}, "hostnames": ["cpu-box"], "mode": "auto",
        "knobs": {"batch_size": {"value": 8, "min": 1, "max": 64}}}
 

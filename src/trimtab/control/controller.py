@@ -37,8 +37,8 @@ from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
-from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied_step, period,
-                                  window_evidence, window_wait)
+from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied_step,
+                                  longest_period, period, window_evidence, window_wait)
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.control.verdict import Sample, unsettled
@@ -270,7 +270,7 @@ def plan(state: JobState, rules: RuleSet,
          placement: Optional[Callable[[JobState, dict[str, Reading], Sequence[JobStep]], Optional[dict]]] = None) -> Plan:
     """What the controller does now for this job (see the module docstring for the order). Steps far off the
     job's own (``outlier_x_median``) enter no window: a decision's evidence names them and why."""
-    kept, excluded = screen(state.steps, rules.controller.outlier_x_median)
+    kept, excluded = screen(state.steps, rules.controller.outlier_x_median, longest_period(state, rules))
     state = replace(state, steps=kept) if excluded else state
     result = _plan(state, rules, placement)
     if excluded and (result.change or result.advised or result.advice_rule or result.close is not None):

@@ -24,7 +24,7 @@ from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import JobContext, job_reading
 from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Trend, changed_level, compare,
                                         unsettled)
-from trimtab.grading.window import JobStep, throughput
+from trimtab.grading.window import JobStep, as_period, throughput
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
 
@@ -90,7 +90,7 @@ def _explained_by_trend(before: list[JobStep], every: int, ratio: float, rules: 
 
 def _old_period(state: JobState, rules: RuleSet, change: StoredChange) -> int:
     if change.knob == rules.controller.period_knob and change.previous_value:
-        return max(1, int(round(float(change.previous_value))))
+        return as_period(change.previous_value)
     return period(state.job, rules)
 
 

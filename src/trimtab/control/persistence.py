@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from trimtab.contract.statuses import APPLIED
 from trimtab.control.verdict import Sample, fit_line, unsettled
 from trimtab.grading.rules import RuleSet
-from trimtab.grading.window import JobStep, chunk_rates
+from trimtab.grading.window import JobStep, as_period, chunk_rates
 
 if TYPE_CHECKING:
     from trimtab.control.plan import JobState
@@ -43,25 +43,18 @@ def _stretches(state: "JobState", rules: RuleSet) -> list[tuple[int, int, int]]:
     applied = sorted((c for c in state.changes if c.status == APPLIED and c.applied_step is not None),
                      key=lambda c: c.applied_step)
     spec = state.job.knobs.get(ctl.period_knob)
-    period_now = _as_period(spec.get("value") if spec else None)
+    period_now = as_period(spec.get("value") if spec else None)
     periods = []  # the period each stretch ran at, newest last: walk the period knob's changes back from now
     at = period_now
     for c in reversed(applied):
         periods.append(at)
         if c.knob == ctl.period_knob and c.previous_value is not None:
-            at = _as_period(c.previous_value)
+            at = as_period(c.previous_value)
     periods.append(at)
     periods.reverse()  # periods[i]: before applied[i] (i < len), periods[-1]: after the last change
     starts = [0] + [c.applied_step + ctl.settle_steps for c in applied]
     ends = [c.applied_step for c in applied] + [math.inf]
     return [(s, e, p) for s, e, p in zip(starts, ends, periods) if e > s]
-
-
-def _as_period(value) -> int:
-    try:
-        return max(1, int(round(float(value))))
-    except (TypeError, ValueError):
-        return 1
 
 
 def _settled_part(stretch: Sequence[JobStep], every: int, rules: RuleSet) -> tuple[Sequence[JobStep], bool]:

@@ -11,7 +11,7 @@ from trimtab.control.persistence import NONE as NO_PERSISTENCE, Persistence
 from trimtab.grading.balance import GpuWindow
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import Reading
-from trimtab.grading.window import JobStep, throughput
+from trimtab.grading.window import JobStep, as_period, throughput
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, StoredJob
 
@@ -81,10 +81,15 @@ class Plan:
 def period(job: StoredJob, rules: RuleSet) -> int:
     """Steps per sync period (the period knob's value; 1 when the job has no such knob)."""
     spec = job.knobs.get(rules.controller.period_knob)
-    try:
-        return max(1, int(round(float(spec["value"])))) if spec else 1
-    except (TypeError, ValueError, KeyError):
-        return 1
+    return as_period(spec.get("value")) if isinstance(spec, dict) else 1
+
+
+def longest_period(state: JobState, rules: RuleSet) -> int:
+    """The longest sync interval the job's loaded steps may have run at: now, or before or after a change of it."""
+    knob = rules.controller.period_knob
+    values = [c.value for c in state.changes if c.knob == knob] + \
+        [c.previous_value for c in state.changes if c.knob == knob and c.previous_value is not None]
+    return max([period(state.job, rules)] + [as_period(v) for v in values])
 
 
 def leading(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int,

@@ -29,7 +29,7 @@ from trimtab.grading.grading import LIVE_JOB_S, Verdict, job_checks, job_rows, l
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.step_facts import generation_cadence, rl_facts
 from trimtab.grading.signals import WALL_TIME, JobContext, phase_share_pct, time_base
-from trimtab.grading.window import PHASES, JobStep, load_jobs_steps, throughput, window
+from trimtab.grading.window import PHASES, JobStep, as_period, load_jobs_steps, screen, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store import steps as step_store
@@ -192,7 +192,10 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
                           step_time_s=None, phase_shares={p: None for p in PHASES}, fragmentation=None,
                           collective_latency_us=None, probe_baseline_us=baseline_us,
                           verdicts=[no_data(c, None, NO_STEPS) for c in job_checks(rules)])
-    win, full = _pick_window(steps, rules)
+    # the controller's own screen: a step far off the job's (a clock jump) is in no window here either
+    spec = job.knobs.get(rules.controller.period_knob)
+    every = as_period(spec.get("value")) if isinstance(spec, dict) else 1
+    win, full = _pick_window(screen(steps, rules.controller.outlier_x_median, every)[0] or steps, rules)
     ctx = JobContext(all_steps=steps, probe_baseline_us=baseline_us)
     tp = throughput(win)
     mean_latency = _mean(s.collective_latency_us for s in win)

@@ -117,10 +117,21 @@ def window(steps: Sequence[JobStep], min_steps: int, min_s: float, max_steps: in
     return None
 
 
-def screen(steps: Sequence[JobStep], outlier_x_median: float) -> tuple[list[JobStep], list[dict[str, Any]]]:
+def as_period(value: Any) -> int:
+    """A sync-period knob's value as steps per period (≥ 1; 1 for a missing or unreadable value)."""
+    try:
+        return max(1, int(round(float(value))))
+    except (TypeError, ValueError):
+        return 1
+
+
+def screen(steps: Sequence[JobStep], outlier_x_median: float,
+           every: int = 1) -> tuple[list[JobStep], list[dict[str, Any]]]:
     """(the steps a window may hold, the steps left out and why). A step more than ``outlier_x_median`` times
     longer or shorter than the median of the job's steps around it (a clock jump, a report of a paused process)
-    says nothing about a setting's throughput: it is left out of every window, and named in the evidence."""
+    says nothing about a setting's throughput: it is left out of every window, and named in the evidence. Longer is
+    measured against the median *period* (``every`` steps, the longest sync interval the steps ran at): a sync
+    step carries its period's communication — 120× a 10 ms step at sync 4 is a sync, not garbage."""
     if outlier_x_median <= 0 or len(steps) < 5:
         return list(steps), []
     times = sorted(s.step_time_s for s in steps)
@@ -130,7 +141,7 @@ def screen(steps: Sequence[JobStep], outlier_x_median: float) -> tuple[list[JobS
     kept, out = [], []
     for s in steps:
         x = s.step_time_s / median
-        if x > outlier_x_median or x < 1.0 / outlier_x_median:
+        if x > outlier_x_median * max(1, every) or x < 1.0 / outlier_x_median:
             out.append({"step": s.step, "step_time_s": s.step_time_s,
                         "reason": f"{x:.3g}× the median step of the job's recent steps ({median:.4g} s): "
                                   f"beyond outlier_x_median ({outlier_x_median:g}×)"})
