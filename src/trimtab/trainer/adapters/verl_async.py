@@ -257,42 +257,22 @@ class RolloutSession:
 
 # -- wrappers (installed by verl_plugin's post-import hook) -----------------------------------------------------
 
-def _start(owner: Any, make: Callable[[Any, dict], Any]) -> Optional[Any]:
-    from trimtab.paths import BadToken
-    from trimtab.trainer.adapters.verl_plugin import settings
-
-    try:
-        options = settings(owner.config)
-        return make(owner, options) if options is not None else None
-    except BadToken as exc:
-        log.warning("trimtab: not attached to this verl run: %s; training continues without trimtab", exc)
-    except Exception:
-        log.warning("trimtab: could not attach to verl's async fit(); training continues without it", exc_info=True)
-    return None
-
-
 def _wrap_async_fit(original: Callable, make: Callable[[Any, dict], Any]) -> Callable:
     import functools
 
-    from trimtab.trainer.adapters.verl_plugin import WRAPPED, _session
+    from trimtab.trainer.adapters.verl_plugin import WRAPPED, bound, start_session
 
     @functools.wraps(original)
     async def fit(self, *args, **kwargs):
         if getattr(self, SESSION_ATTR, None) is not None:
             return await original(self, *args, **kwargs)
-        session = _start(self, make)
+        session = start_session(self, make, "async fit()")
         setattr(self, SESSION_ATTR, session)
-        token = _session.set(session)  # Tracking.log inside this fit reports through it
         try:
-            return await original(self, *args, **kwargs)
+            with bound(session):  # Tracking.log inside this fit reports through it
+                return await original(self, *args, **kwargs)
         finally:
-            _session.reset(token)
             setattr(self, SESSION_ATTR, None)
-            if session is not None:
-                try:
-                    session.close()
-                except Exception:
-                    log.warning("trimtab: closing the verl session failed", exc_info=True)
 
     setattr(fit, WRAPPED, True)
     return fit

@@ -41,6 +41,7 @@ Each worker group's roles, node, GPUs and pids are found when ``fit`` starts
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import importlib.abc
@@ -145,19 +146,34 @@ class VerlSession:
             self.hook.close()
 
 
-def _start(trainer: Any, kind: str) -> Optional[VerlSession]:
-    """A session for this fit, or None (not configured, or trimtab failed: training goes on without it)."""
+def start_session(owner: Any, make: Callable[[Any, dict], Any], what: str = "fit()") -> Optional[Any]:
+    """A session for this fit (``make(owner, options)``), or None (not configured, or trimtab failed: training goes
+    on without it). Shared by the synchronous trainers' fit and the async trainers' (verl_async.py)."""
     from trimtab.paths import BadToken
 
     try:
-        options = settings(trainer.config)
-        return VerlSession(trainer, kind, options) if options is not None else None
+        options = settings(owner.config)
+        return make(owner, options) if options is not None else None
     except BadToken as exc:  # a configuration waiting cannot fix: one clear line, no traceback, stay detached
         log.warning("trimtab: not attached to this verl run: %s; training continues without trimtab", exc)
-        return None
     except Exception:
-        log.warning("trimtab: could not attach to verl's fit(); training continues without trimtab", exc_info=True)
-        return None
+        log.warning("trimtab: could not attach to verl's %s; training continues without trimtab", what, exc_info=True)
+    return None
+
+
+@contextlib.contextmanager
+def bound(session: Optional[Any]):
+    """``session`` is the one ``Tracking.log`` reports through while the fit runs; closed after it, quietly."""
+    token = _session.set(session)
+    try:
+        yield session
+    finally:
+        _session.reset(token)
+        if session is not None:
+            try:
+                session.close()
+            except Exception:
+                log.warning("trimtab: closing the verl session failed", exc_info=True)
 
 
 def _wrap_fit(original: Callable, kind: str) -> Callable:
@@ -165,17 +181,8 @@ def _wrap_fit(original: Callable, kind: str) -> Callable:
     def fit(self, *args, **kwargs):
         if _session.get() is not None:  # a subclass's fit calling its base's: one session
             return original(self, *args, **kwargs)
-        session = _start(self, kind)
-        token = _session.set(session)
-        try:
+        with bound(start_session(self, lambda trainer, options: VerlSession(trainer, kind, options))):
             return original(self, *args, **kwargs)
-        finally:
-            _session.reset(token)
-            if session is not None:
-                try:
-                    session.close()
-                except Exception:
-                    log.warning("trimtab: closing the verl session failed", exc_info=True)
 
     setattr(fit, WRAPPED, True)
     return fit
