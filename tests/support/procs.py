@@ -18,6 +18,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_ranks(module: str, tmp_path, *args: str, world: int = 2, timeout_s: float = 60.0) -> list[dict]:
+    """``python -m MODULE rank world port out.json ARGS…`` for every rank at once (their rendezvous on a free
+    loopback port); each must exit 0; their JSON outputs, rank order. A rank still running at the deadline is
+    killed with the others — one stuck rank must not leave the rest behind."""
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    port = free_port()
+    outs = [tmp_path / f"rank{r}.json" for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, "-m", module, str(r), str(world), str(port), str(outs[r]), *args],
+                              cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    deadline = time.monotonic() + timeout_s
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=max(0.1, deadline - time.monotonic()))[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for proc, log in zip(procs, logs):
+        assert proc.returncode == 0, log
+    print("\n".join(logs))  # shown by pytest when a test fails
+    return [json.loads(o.read_text()) for o in outs]
+
+
 def trimtab(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     """`trimtab ARGS` as a child process (stderr captured to a file-like pipe unless given)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

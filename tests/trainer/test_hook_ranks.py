@@ -9,32 +9,21 @@ rank of those jobs.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from tests.support.procs import free_port
+from tests.support import procs
 from tests.support.waits import eventually
 
-REPO = Path(__file__).resolve().parents[2]
 JOB = "ppo-2ranks"
 KNOBS = {"batch_size": (8, 1, 64), "prefetch": (0, 0, 4), "sync_every": (1, 1, 4)}
 MAX_STEPS = 600  # ~6 s at 10 ms a step: the change arrives within a few steps of registration
 
 
 def run_ranks(tmp_path: Path, scenario: str, *extra: str, world: int = 2) -> list[dict]:
-    port = free_port()
-    outs = [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.trainer.test_hook_ranks", str(r), str(world), str(port),
-                               str(outs[r]), scenario, *extra], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = [p.communicate(timeout=60)[0] for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log
-    print("\n".join(logs))  # shown by pytest when a test fails
-    return [json.loads(o.read_text()) for o in outs]
+    return procs.run_ranks("tests.trainer.test_hook_ranks", tmp_path, scenario, *extra, world=world, timeout_s=60)
 
 
 def test_a_queued_change_is_applied_at_the_same_step_on_both_ranks_and_acked_with_it(sqlite_api, tmp_path):

@@ -10,17 +10,15 @@ Run as a module (``python -m tests.workload.test_pipeline_ddp RANK WORLD PORT OU
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.support.procs import free_port
+from tests.support import procs
 from tests.support.waits import eventually
 
-REPO = Path(__file__).resolve().parents[2]
 JOB = "ppo-ddp"
 KNOBS = {"batch_size": (4, 1, 16), "prefetch": (0, 0, 4), "sync_every": (1, 1, 4)}
 NEW_BATCH = 8
@@ -28,16 +26,7 @@ MAX_STEPS = 150
 
 
 def run_ranks(tmp_path: Path, url: str, token: str, world: int = 2) -> list[dict]:
-    port = free_port()
-    outs = [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.workload.test_pipeline_ddp", str(r), str(world), str(port),
-                               str(outs[r]), url, token], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = [p.communicate(timeout=120)[0] for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log
-    print("\n".join(logs))  # shown by pytest when a test fails
-    return [json.loads(o.read_text()) for o in outs]
+    return procs.run_ranks("tests.workload.test_pipeline_ddp", tmp_path, url, token, world=world, timeout_s=120)
 
 
 def test_two_ranks_stay_identical_and_apply_a_queued_change_at_the_same_step(sqlite_api, tmp_path):
