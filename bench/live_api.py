@@ -4,7 +4,12 @@ file holds one idea."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
@@ -46,3 +51,35 @@ def local_api(job_token_name: str, rules_file: Optional[str] = None) -> Iterator
         finally:
             api.stop()
             engine.dispose()
+
+
+@contextmanager
+def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0) -> Iterator[tuple[str, str, int]]:
+    """A real `trimtab server` over ``db_url`` on loopback (ephemeral port), stopped at the end; yields its URL,
+    admin token, pid. Shared by the benches that load a server process (``report_latency.py``, ``server_load.py``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TRIMTAB_STATE_DIR": str(state_dir), "TRIMTAB_LOG_LEVEL": "warning"}
+    server = subprocess.Popen([sys.executable, "-m", "trimtab.cli.main", "server", "--db", db_url,
+                               "--port", str(port)], env=env, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"trimtab server exited with {server.returncode} before serving")
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"trimtab server did not answer on {base} within {start_timeout_s:g} s")
+            time.sleep(0.1)
+        # admin.token for the state dir's own store, admin-<database>-<hash>.token for another one
+        [token_file] = Path(state_dir).glob("admin*.token")
+        yield base, token_file.read_text().strip(), server.pid
+    finally:
+        server.terminate()
+        server.wait(10)

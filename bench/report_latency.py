@@ -18,18 +18,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
+from bench.live_api import trimtab_server  # noqa: E402
 
 GOAL_P99_MS = 50.0
 KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},
@@ -136,37 +135,6 @@ async def bench(base: str, token: str, server: psutil.Process, n_jobs: int, rate
                        client_cpu_s=cpu_s(psutil.Process()) - own_before)
             results.append(res)
     return results
-
-
-@contextmanager
-def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0) -> Iterator[tuple[str, str, int]]:
-    """A real `trimtab server` over ``db_url`` on loopback (ephemeral port); yields its URL, admin token, pid."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "TRIMTAB_STATE_DIR": str(state_dir), "TRIMTAB_LOG_LEVEL": "warning"}
-    server = subprocess.Popen([sys.executable, "-m", "trimtab.cli.main", "server", "--db", db_url,
-                               "--port", str(port)], env=env, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"trimtab server exited with {server.returncode} before serving")
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"trimtab server did not answer on {base} within {start_timeout_s:g} s")
-            time.sleep(0.1)
-        # admin.token for the state dir's own store, admin-<database>-<hash>.token for another one
-        [token_file] = Path(state_dir).glob("admin*.token")
-        yield base, token_file.read_text().strip(), server.pid
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def main() -> int:

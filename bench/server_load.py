@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
+from bench.live_api import trimtab_server  # noqa: E402
 
 PG_BASE = os.environ.get("TRIMTAB_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -62,20 +64,6 @@ def agent_token(url: str) -> str:
         return create_token(engine, "bench/server_load.py", "agent")[1]
     finally:
         engine.dispose()
-
-
-def wait_until_serving(base: str, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"trimtab server exited with {server.returncode} before serving")
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"trimtab server did not answer {base}/healthz within {timeout_s:g} s")
 
 
 def count_rows(url: str) -> int:
@@ -144,34 +132,28 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trimtab-load-"))
     url, cleanup = store_url(args.db, tmp)
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "TRIMTAB_STATE_DIR": str(tmp / "state"), "TRIMTAB_LOG_LEVEL": "warning"}
     token = agent_token(url)
-    server = subprocess.Popen([sys.executable, "-m", "trimtab.cli.main", "server", "--db", url, "--port", str(port)],
-                              env=env, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
     try:
-        wait_until_serving(base, server)
-        run_id = secrets.token_hex(2)
-        results, stored_before = [], 0
-        print(f"server: {args.db}, {args.seconds:g} s per step, 8 GPUs per node, 1 batch/node/s; cores: {os.cpu_count()}")
-        print(f"{'nodes':>6} {'sends':>7} {'drops':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99/base':>9} {'stored/sent':>12}")
-        for n in [int(x) for x in args.nodes.split(",")]:
-            res = asyncio.run(run_step(base, token, n, args.seconds, run_id))
-            time.sleep(0.5)
-            stored = count_rows(url)
-            res["rows_stored"], stored_before = stored - stored_before, stored
-            results.append(res)
-            ratio = res["p99_ms"] / results[0]["p99_ms"]
-            print(f"{n:>6} {res['sends']:>7} {res['drops']:>6} {res['p50_ms']:>8.1f} {res['p99_ms']:>8.1f} "
-                  f"{ratio:>9.2f} {res['rows_stored']:>6}/{res['rows_sent']:<6}")
-        ok = [r["nodes"] for r in results if r["drops"] == 0 and r["p99_ms"] < 100 and r["rows_stored"] == r["rows_sent"]]
-        print(f"largest N with 0 drops, all rows stored and p99 < 100 ms: {max(ok) if ok else 'none'}")
+        with trimtab_server(url, tmp / "state", start_timeout_s=60.0) as (base, _admin, _pid):
+            run_id = secrets.token_hex(2)
+            results, stored_before = [], 0
+            print(f"server: {args.db}, {args.seconds:g} s per step, 8 GPUs per node, 1 batch/node/s; "
+                  f"cores: {os.cpu_count()}")
+            print(f"{'nodes':>6} {'sends':>7} {'drops':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99/base':>9} "
+                  f"{'stored/sent':>12}")
+            for n in [int(x) for x in args.nodes.split(",")]:
+                res = asyncio.run(run_step(base, token, n, args.seconds, run_id))
+                time.sleep(0.5)
+                stored = count_rows(url)
+                res["rows_stored"], stored_before = stored - stored_before, stored
+                results.append(res)
+                ratio = res["p99_ms"] / results[0]["p99_ms"]
+                print(f"{n:>6} {res['sends']:>7} {res['drops']:>6} {res['p50_ms']:>8.1f} {res['p99_ms']:>8.1f} "
+                      f"{ratio:>9.2f} {res['rows_stored']:>6}/{res['rows_sent']:<6}")
+            ok = [r["nodes"] for r in results
+                  if r["drops"] == 0 and r["p99_ms"] < 100 and r["rows_stored"] == r["rows_sent"]]
+            print(f"largest N with 0 drops, all rows stored and p99 < 100 ms: {max(ok) if ok else 'none'}")
     finally:
-        server.terminate()
-        server.wait(10)
         cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
