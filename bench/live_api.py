@@ -1,6 +1,6 @@
-"""The harness the simulated-job benches share (``workloads.py``, ``moving_job.py``): a live API on loopback over
-a fresh SQLite store with the real Rebalancer, and the ``--seeds`` syntax. Kept apart from the workloads so each
-file holds one idea."""
+"""What the benches share to run trimtab: for the simulated-job benches (``workloads.py``, ``moving_job.py``) a live
+API on loopback over a fresh SQLite store with the real Rebalancer, and the ``--seeds`` syntax; for the benches that
+load a server process (``report_latency.py``, ``server_load.py``) a real `trimtab server` on a loopback port."""
 
 from __future__ import annotations
 

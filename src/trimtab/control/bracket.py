@@ -80,8 +80,8 @@ def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optio
 
 def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> bool:
     """A, B, A′: a move rolled back on a loss beyond the dead band (sure or not: a lower estimate it could not
-    tell from noise too) whose known setting, measured again since the job came back to it (all its steps since, up to a before
-    window's worth), reads no higher than the move itself had measured and surely lower than before (at
+    tell from noise too) whose known setting, measured again since the job came back to it (its steps since, up
+    to a before window's worth), reads no higher than the move itself had measured and surely lower than before (at
     ``remeasure_confidence_pct``): the job slowed by itself while the move was measured (a host that drifts, a
     neighbour that arrived), so the loss was the drift's, not the move's (the H200 pipeline: sync 1 → 4 read −10 %
     while sync 1 itself then read −11 %). A real loss stays: the known setting reads above the move again, or no

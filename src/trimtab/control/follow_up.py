@@ -19,7 +19,8 @@ from typing import Optional
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import Persistence, persistence
-from trimtab.control.plan import JobState, Plan, Wait, before_window, leading, period, wait_to_cover, window_evidence, window_wait
+from trimtab.control.plan import (JobState, Plan, Wait, before_window, leading, period, wait_to_cover,
+                                  window_evidence, window_wait)
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import JobContext, job_reading
 from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Trend, changed_level, compare,

@@ -3,19 +3,19 @@ autocorrelation of its per-period log throughputs, measured on its own history.
 
 Why: a verdict's t-test takes the periods of a window as independent samples. On a host whose speed shifts in
 regimes (the lent H200: one fixed setting read 70–90 samples/s in runs of 3–20 steps) they are not — a window of 8
-periods that sits in one fast regime is one sample, not eight, and its mean is far less certain than its spread
-over √8 says: a +16 % "gain, 99.9 % sure" for a move that did nothing, a warm-up "still climbing 100 % sure" at the
-end of a before window that merely ended in a fast regime. With lag-1 autocorrelation ρ the variance of a mean of
-n periods is about (1 + ρ) / (1 − ρ) times the independent one; every sample a verdict or a re-measure
-takes has its spread widened by that factor (``inflation``) — and, where periods persist, taken as at least
-the history's own spread (a window that sat in one regime is calm inside and still one draw of the regimes).
+periods that sits in one fast regime is one sample, not eight, and its mean is far less certain than its spread over
+√8 says: a +16 % "gain, 99.9 % sure" for a move that did nothing. With lag-1 autocorrelation ρ the variance of a
+mean of n periods is about (1 + ρ) / (1 − ρ) times the independent one; every sample a verdict or a re-measure takes
+has its spread widened by that factor (``inflation``) — and, where periods persist, taken as at least the history's
+own spread (a window that sat in one regime is calm inside and still one draw of the regimes). The warm-up test is
+not widened (``verdict.unsettled`` says why).
 
-Measured where nothing moved: each stretch of steps between two applied changes (after the settle steps), in
-whole periods of the sync interval it ran at, residuals from the stretch's own mean (a level shift caused by a
-change is not persistence), its unsettled head left out and what still trends taken from its own line (nor is a
-warm-up's or a drift's trend), pooled over the stretches, the small-sample bias added back, and only the part the
-history shows beyond one standard error (the estimate less 1/√periods). Clamped to [0, ``persistence_max``]: anything below
-is taken as independence; ``persistence_max`` 0 switches it off.
+Measured where nothing moved: each stretch of steps between two applied changes (after the settle steps), in whole
+periods of the sync interval it ran at, residuals from the stretch's own mean (a level shift caused by a change is
+not persistence), its unsettled head left out and what still trends taken from its own line (nor is a warm-up's or a
+drift's trend), pooled over the stretches, the small-sample bias added back, and only the part the history shows
+beyond one standard error (the estimate less 1/√periods), from 32 periods of history on. Clamped to [0,
+``persistence_max``]: anything below is taken as independence; ``persistence_max`` 0 switches it off.
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ NONE = Persistence()
 def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     """The job's persistence at unchanged knobs (see the module docstring)."""
     cap = rules.controller.persistence_max
+    if cap <= 0:
+        return NONE
     num = den = 0.0
     periods = stretches = 0
     numbers = [s.step for s in state.steps]  # oldest first: each stretch is one slice
@@ -118,7 +120,7 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
         num += sum(a * b for a, b in zip(resid, resid[1:]))
         den += sum(r * r for r in resid)
         periods, stretches = periods + len(logs), stretches + 1
-    if den <= 0 or cap <= 0 or periods < MIN_HISTORY_PERIODS:
+    if den <= 0 or periods < MIN_HISTORY_PERIODS:
         return NONE
     var_log = den / (periods - stretches)
     rho = num / den

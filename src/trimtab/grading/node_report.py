@@ -75,4 +75,5 @@ def _judge_freshness(engine, report: BalanceReport, aggs, now_ms: int, rules: Ru
         interval_ms = newest.last_ts_ms - before
     ctl = rules.controller
     report.sample_interval_s = round(interval_ms / 1000, 3)
-    report.stale_after_s = round(max(ctl.stale_after_intervals * interval_ms / 1000, ctl.stale_min_s), 3)
+    # from the interval as reported, so the two figures a reader sees agree (5 × 1.001 s, not 5.003 s)
+    report.stale_after_s = round(max(ctl.stale_after_intervals * report.sample_interval_s, ctl.stale_min_s), 3)

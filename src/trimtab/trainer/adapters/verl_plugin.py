@@ -176,12 +176,17 @@ def bound(session: Optional[Any]):
                 log.warning("trimtab: closing the verl session failed", exc_info=True)
 
 
+def _start(trainer: Any, kind: str) -> Optional[VerlSession]:
+    """A synchronous trainer's session for this fit (``kind``: which trainer), or None."""
+    return start_session(trainer, lambda owner, options: VerlSession(owner, kind, options))
+
+
 def _wrap_fit(original: Callable, kind: str) -> Callable:
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
         if _session.get() is not None:  # a subclass's fit calling its base's: one session
             return original(self, *args, **kwargs)
-        with bound(start_session(self, lambda trainer, options: VerlSession(trainer, kind, options))):
+        with bound(_start(self, kind)):
             return original(self, *args, **kwargs)
 
     setattr(fit, WRAPPED, True)
