@@ -21,7 +21,9 @@ bearer = HTTPBearer(auto_error=False, scheme_name="bearer",
                     description="A token from POST /v1/tokens (or the admin.token file written at first start).")
 
 
-def get_ctx(request: Request) -> ApiContext:
+# Dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` dependency on its thread pool, one
+# hand-off to a worker thread and back per request for an attribute read (issue 20: a report's CPU).
+async def get_ctx(request: Request) -> ApiContext:
     return request.app.state.ctx
 
 
@@ -82,7 +84,7 @@ class Page:
         return rows[:self.limit], (self.offset + self.limit if more else None)
 
 
-def page(limit: int = Query(100, ge=1, le=MAX_PAGE, description="Page size (at most 1000)."),
+async def page(limit: int = Query(100, ge=1, le=MAX_PAGE, description="Page size (at most 1000)."),
          offset: int = Query(0, ge=0, le=MAX_OFFSET, description="Rows to skip (next_offset of the previous page).")
          ) -> Page:
     return Page(limit, offset)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
 
 from trimtab.contract.roles import RolePlacement, device_map_of
 from trimtab.contract.statuses import APPLIED, CANCELLED, PENDING, REFUSED, SUPERSEDED
@@ -124,9 +124,19 @@ def _last_report(job_id) -> Any:
             .scalar_subquery().label("last_report_ms"))
 
 
+# The statements of the report path (each report reads its job, its newest step and its pending changes, and
+# inserts one row), built once: a statement built per call costs SQLAlchemy its construction and cache key every
+# time, which was most of a report's store time (issue 20, report latency). Parameters come at execution.
+_JOB_BY_NAME = select(jobs, _last_report(jobs.c.id)).where(jobs.c.name == bindparam("name"))
+_NEWEST_STEP = select(func.max(job_reports.c.step)).where(job_reports.c.job_id == bindparam("job_id"))
+_PENDING = (select(*knob_changes.c).where(knob_changes.c.job_id == bindparam("job_id"),
+                                          knob_changes.c.status == PENDING).order_by(knob_changes.c.id))
+_ADD_REPORT: dict[str, Any] = {}  # dialect name → INSERT … ON CONFLICT DO NOTHING RETURNING id
+
+
 def get_job(engine: Engine, name: str) -> Optional[StoredJob]:
     with engine.connect() as conn:
-        row = conn.execute(select(jobs, _last_report(jobs.c.id)).where(jobs.c.name == name)).first()
+        row = conn.execute(_JOB_BY_NAME, {"name": name}).first()
         return None if row is None else _with_process_gpus(conn, _job(row, row.last_report_ms))
 
 
@@ -203,10 +213,13 @@ def add_report(engine: Engine, job_id: int, report: Mapping[str, Any]) -> bool:
     """Store one rank's step report; False when that (step, rank) was stored before (a resend)."""
     row = {name: report.get(name) for name in REPORT_COLUMNS}
     row["received_ms"] = now_ms()
+    row["job_id"] = job_id
     with write_transaction(engine) as conn:
-        stmt = (insert_for(conn.dialect, job_reports).values(job_id=job_id, **row).on_conflict_do_nothing()
-                .returning(job_reports.c.id))  # a row back = inserted (rowcount is not portable here)
-        return conn.execute(stmt).first() is not None
+        stmt = _ADD_REPORT.get(conn.dialect.name)
+        if stmt is None:  # a row back = inserted (rowcount is not portable here)
+            stmt = _ADD_REPORT[conn.dialect.name] = (insert_for(conn.dialect, job_reports).on_conflict_do_nothing()
+                                                     .returning(job_reports.c.id))
+        return conn.execute(stmt, row).first() is not None
 
 
 def ranks_reported(engine: Engine, job_id: int, step: int) -> int:
@@ -219,9 +232,8 @@ def ranks_reported(engine: Engine, job_id: int, step: int) -> int:
 
 def newest_step(engine: Engine, job_id: int) -> Optional[int]:
     """The highest step any rank of the job has reported (None: no reports yet); one indexed lookup."""
-    r = job_reports.c
     with engine.connect() as conn:
-        return conn.execute(select(func.max(r.step)).where(r.job_id == job_id)).scalar_one()
+        return conn.execute(_NEWEST_STEP, {"job_id": job_id}).scalar_one()
 
 
 def list_reports(engine: Engine, job_id: int, limit: int, offset: int) -> list[dict[str, Any]]:
@@ -267,10 +279,8 @@ def queue_change_in(conn: Connection, job_id: int, knob: str, value: float, reas
 
 
 def pending_changes(engine: Engine, job_id: int) -> list[StoredChange]:
-    c = knob_changes.c
     with engine.connect() as conn:
-        rows = conn.execute(select(*_CHANGE_COLUMNS).where(c.job_id == job_id, c.status == PENDING).order_by(c.id))
-        return [_change(r) for r in rows]
+        return [_change(r) for r in conn.execute(_PENDING, {"job_id": job_id})]
 
 
 def ack_change(engine: Engine, job_id: int, change_id: int, rank: int, applied_at_step: int) -> Optional[StoredChange]:

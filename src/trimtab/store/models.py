@@ -254,6 +254,7 @@ job_reports = Table(
     *(_report_column(f) for f in REPORT_FIELDS),
     UniqueConstraint("job_id", "step", "rank"),  # a hook that resends a report after a timeout adds nothing
     Index(None, "received_ms"),
+    Index(None, "job_id", "received_ms"),  # a job's newest report (every read of a job) in one seek
 )
 
 knob_changes = Table(

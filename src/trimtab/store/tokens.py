@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Engine, bindparam, func, insert, select, update
 
 from trimtab.store.engine import write_transaction
 from trimtab.store.models import api_tokens
@@ -49,11 +49,15 @@ def add_token(engine: Engine, name: str, scope: str, secret_sha256: str) -> Stor
     return StoredToken(token_id, name, scope, now, None, None)
 
 
+# Every request reads its token: the statement is built once (its construction cost more than the query).
+_ACTIVE_BY_DIGEST = select(*_COLUMNS, api_tokens.c.secret_sha256).where(
+    api_tokens.c.secret_sha256 == bindparam("digest"), api_tokens.c.revoked_ms.is_(None))
+
+
 def find_active(engine: Engine, secret_sha256: str) -> Optional[tuple[StoredToken, str]]:
     """The unrevoked token with this digest and the digest as stored (for a constant-time comparison), or None."""
     with engine.connect() as conn:
-        row = conn.execute(select(*_COLUMNS, api_tokens.c.secret_sha256).where(
-            api_tokens.c.secret_sha256 == secret_sha256, api_tokens.c.revoked_ms.is_(None))).first()
+        row = conn.execute(_ACTIVE_BY_DIGEST, {"digest": secret_sha256}).first()
     return None if row is None else (StoredToken(*row[:-1]), row[-1])
 
 
