@@ -8,6 +8,7 @@ flushes (queued batches written or spooled) before the process exits.
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import logging
 import socket
@@ -22,6 +23,19 @@ log = logging.getLogger("trimtab.daemon")
 
 class DaemonError(RuntimeError):
     """The daemon cannot start; the message says why and what to do."""
+
+
+def settle_heap() -> int:
+    """Collect once and move every object that survived start-up (modules, the app, the routes, the store's
+    metadata) out of the collector's sight; returns how many were moved.
+
+    A full collection walks every tracked object. In the API's process that was ~110 000 objects after start-up,
+    and each full collection while serving stopped every request for 60-90 ms (seen in the report-latency bench,
+    issue 20); with start-up's objects frozen, the same collections walk the ~10 000 made since and take ~6 ms.
+    The frozen objects live as long as the process anyway."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def is_loopback(host: str) -> bool:

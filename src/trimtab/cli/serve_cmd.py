@@ -106,12 +106,14 @@ def _guard_bind(engine, host: str, sd: Path) -> None:
 
 def _serve(ctx, host: str, port: int):
     from trimtab.api.app import create_app
-    from trimtab.daemon import ApiServer, DaemonError
+    from trimtab.daemon import ApiServer, DaemonError, settle_heap
 
     try:
-        return ApiServer(create_app(ctx), host, port).start()
+        api = ApiServer(create_app(ctx), host, port).start()
     except DaemonError as exc:
         raise click.ClickException(str(exc)) from exc
+    settle_heap()  # after start-up, before the first request: full collections stop every request for less
+    return api
 
 
 @click.command()

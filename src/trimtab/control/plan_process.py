@@ -84,6 +84,9 @@ def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid
         pass
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [planning process]: %(message)s")
     _child = Rebalancer(open_engine(url), rules)
+    from trimtab.daemon import settle_heap
+
+    settle_heap()  # a full collection mid-plan would hold SQLite's write lock for its length when it falls in one
 
 
 def _plan_in_child(job: StoredJob, check: bool) -> ChildPlan:
