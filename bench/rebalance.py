@@ -13,8 +13,9 @@ batch-1 step takes 45 s). Prints every step, every decision, and:
     reached   = throughput of the last --tail steps / best static        (goal ≥ 0.95)
                 (also against the best static measured right after it: on a host whose speed drifts within a
                 run — the H200's read one static setting at 88.9, then 73.8 samples/s — the neighbour in time)
-    landed    = the auto run's final setting / the best static, measured alternately in --landed-blocks blocks
-                of --landed-steps steps after the run (ABAB: drift hits both alike)
+    landed    = the auto run's final setting (with a rollback still pending applied) / the best static, measured
+                alternately in --landed-blocks blocks of --landed-steps steps after the run (ABAB: drift hits
+                both alike)
     control   = the best static in --control-blocks more blocks of --tail steps: the spread one fixed setting
                 shows by itself, block to block, on this host (the resolution of "reached")
     steps     = first step from which 3 steps' throughput ≥ 95 % of best (goal ≤ 40)
@@ -39,6 +40,17 @@ START_S = time.perf_counter()
 def knobs_of(text: str) -> dict:
     b, p, s = (int(x) for x in text.split(","))
     return {"batch_size": b, "prefetch": p, "sync_every": s}
+
+
+def _decided(story, daemon, job: str, last) -> dict:
+    """The setting the controller left the job at: the last step's knobs with the change still pending applied (a
+    rollback decided in the run's last steps reaches the job only at its next step, after the run; on the H200
+    runs 5 and 6 the landed blocks measured the losing trial the controller had just rolled back)."""
+    knobs = dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(last)))
+    for change in story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]:
+        if change["status"] == "pending":
+            knobs[change["knob"]] = int(change["value"])
+    return knobs
 
 
 def _landed(pipe, final: dict, best: dict, blocks: int, steps: int) -> Optional[dict]:
@@ -117,7 +129,7 @@ def main() -> int:
             best_after, after_records = story.measure_static(pipe, best_knobs, warmup=2, steps=args.best_steps)
             print(f"[{time.perf_counter() - START_S:6.1f} s] best static {args.best} again: {best_after:.2f} "
                   f"samples/s over {len(after_records)} steps", flush=True)
-            final_knobs = dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(run.records[-1])))
+            final_knobs = _decided(story, daemon, job, run.records[-1])
             landed = _landed(pipe, final_knobs, best_knobs, args.landed_blocks, args.landed_steps)
             control = [story.measure_static(pipe, best_knobs, warmup=1, steps=args.tail)[0]
                        for _ in range(args.control_blocks)]
