@@ -62,11 +62,14 @@ def _shut_down(notifier, api, rebalancer, engine) -> None:
     """Say STOPPING, stop serving, stop deciding, close the store — in that order, for up and server alike."""
     from trimtab.store.engine import release_engine
 
+    import gc
+
     notifier.stopping()
     api.stop()
     if rebalancer is not None:
         rebalancer.stop()
     release_engine(engine)
+    gc.unfreeze()  # what settle_heap froze at start is the collector's again (`up` run inside another program)
 
 
 def _open_store(url: str):

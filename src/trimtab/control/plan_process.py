@@ -18,6 +18,7 @@ replaced at the next plan; the plan it was running counts as an error.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -84,9 +85,10 @@ def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid
         pass
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [planning process]: %(message)s")
     _child = Rebalancer(open_engine(url), rules)
-    from trimtab.daemon import settle_heap
-
-    settle_heap()  # a full collection mid-plan would hold SQLite's write lock for its length when it falls in one
+    # Start-up's objects out of the collector's sight, as daemon.settle_heap does for the API's process (which
+    # this level may not import): a full collection that falls in a plan's write holds SQLite's lock its length.
+    gc.collect()
+    gc.freeze()
 
 
 def _plan_in_child(job: StoredJob, check: bool) -> ChildPlan:
