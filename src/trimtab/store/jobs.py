@@ -283,26 +283,43 @@ def pending_changes(engine: Engine, job_id: int) -> list[StoredChange]:
         return [_change(r) for r in conn.execute(_PENDING, {"job_id": job_id})]
 
 
+# An ack's statements (every rank acknowledges every change; the first ack of a change writes four rows), built
+# once as the report path's are: acks arrive in bursts when many jobs apply their changes together, and a burst of
+# acks built statement by statement was where the slow reports of the report-latency bench clustered (issue 20).
+_CHANGE_OF_JOB = select(*_CHANGE_COLUMNS).where(knob_changes.c.id == bindparam("b_change"),
+                                                knob_changes.c.job_id == bindparam("b_job"))
+_ACKS_OF = (select(knob_acks.c.rank, knob_acks.c.applied_at_step, knob_acks.c.acked_ms)
+            .where(knob_acks.c.change_id == bindparam("b_change")).order_by(knob_acks.c.rank))
+_MARK_APPLIED = (update(knob_changes).where(knob_changes.c.id == bindparam("b_change"))
+                 .values(status=APPLIED, applied_step=bindparam("b_step"), applied_ms=bindparam("b_ms")))
+_JOB_KNOBS = select(jobs.c.knobs).where(jobs.c.id == bindparam("b_job"))
+_SET_KNOBS = (update(jobs).where(jobs.c.id == bindparam("b_job"))
+              .values(knobs=bindparam("b_knobs", type_=jobs.c.knobs.type), updated_ms=bindparam("b_ms")))
+_ADD_ACK: dict[str, Any] = {}  # dialect name → INSERT … ON CONFLICT DO NOTHING into knob_acks
+
+
 def ack_change(engine: Engine, job_id: int, change_id: int, rank: int, applied_at_step: int) -> Optional[StoredChange]:
     """Record that ``rank`` applied the change at ``applied_at_step``. The first ack marks the change applied and
     moves the job's knob to the new value; a repeated ack of the same rank keeps the first. None: no such change
     for this job."""
-    c = knob_changes.c
     now = now_ms()
+    ids = {"b_change": change_id, "b_job": job_id}
     with write_transaction(engine) as conn:
-        row = conn.execute(select(*_CHANGE_COLUMNS).where(c.id == change_id, c.job_id == job_id)).first()
+        row = conn.execute(_CHANGE_OF_JOB, ids).first()
         if row is None:
             return None
-        conn.execute(insert_for(conn.dialect, knob_acks).values(
-            change_id=change_id, rank=rank, applied_at_step=applied_at_step, acked_ms=now).on_conflict_do_nothing())
+        add_ack = _ADD_ACK.get(conn.dialect.name)
+        if add_ack is None:
+            add_ack = _ADD_ACK[conn.dialect.name] = insert_for(conn.dialect, knob_acks).on_conflict_do_nothing()
+        conn.execute(add_ack, {"change_id": change_id, "rank": rank, "applied_at_step": applied_at_step,
+                               "acked_ms": now})
         if row.status != APPLIED:
-            conn.execute(update(knob_changes).where(c.id == change_id)
-                         .values(status=APPLIED, applied_step=applied_at_step, applied_ms=now))
-            knobs = conn.execute(select(jobs.c.knobs).where(jobs.c.id == job_id)).scalar_one()
+            conn.execute(_MARK_APPLIED, {"b_change": change_id, "b_step": applied_at_step, "b_ms": now})
+            knobs = conn.execute(_JOB_KNOBS, ids).scalar_one()
             if row.knob in knobs:
                 knobs = {**knobs, row.knob: {**knobs[row.knob], "value": number(row.value)}}
-                conn.execute(update(jobs).where(jobs.c.id == job_id).values(knobs=knobs, updated_ms=now))
-    return list_changes(engine, job_id, limit=1, offset=0, change_id=change_id)[0]
+                conn.execute(_SET_KNOBS, {"b_job": job_id, "b_knobs": knobs, "b_ms": now})
+    return _one_change(engine, job_id, change_id)
 
 
 def refuse_change(engine: Engine, job_id: int, change_id: int, rank: int, reason: str) -> Optional[StoredChange]:
@@ -311,13 +328,22 @@ def refuse_change(engine: Engine, job_id: int, change_id: int, rank: int, reason
     refusal is kept in the reason for the record only when nothing else is). None: no such change for this job."""
     c = knob_changes.c
     with write_transaction(engine) as conn:
-        row = conn.execute(select(*_CHANGE_COLUMNS).where(c.id == change_id, c.job_id == job_id)).first()
+        row = conn.execute(_CHANGE_OF_JOB, {"b_change": change_id, "b_job": job_id}).first()
         if row is None:
             return None
         if row.status in (PENDING, SUPERSEDED, CANCELLED):
             conn.execute(update(knob_changes).where(c.id == change_id)
                          .values(status=REFUSED, refused_reason=f"rank {rank}: {reason}"[:1024]))
-    return list_changes(engine, job_id, limit=1, offset=0, change_id=change_id)[0]
+    return _one_change(engine, job_id, change_id)
+
+
+def _one_change(engine: Engine, job_id: int, change_id: int) -> StoredChange:
+    """One change of the job with its per-rank acks (as :func:`list_changes` gives it)."""
+    with engine.connect() as conn:
+        row = conn.execute(_CHANGE_OF_JOB, {"b_change": change_id, "b_job": job_id}).one()
+        acks = tuple(StoredAck(a.rank, a.applied_at_step, a.acked_ms)
+                     for a in conn.execute(_ACKS_OF, {"b_change": change_id}))
+    return _change(row, acks)
 
 
 def list_changes(engine: Engine, job_id: int, limit: int, offset: int,
