@@ -13,7 +13,7 @@ import threading
 import weakref
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import ContextManager, Iterator
+from typing import Any, ContextManager, Iterator
 
 from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
@@ -303,6 +303,23 @@ def insert_for(dialect: Dialect, table: Table):
     if dialect.name == "sqlite":
         return sqlite.insert(table)
     raise StoreError(f"unsupported database dialect {dialect.name!r}")
+
+
+_IGNORING: dict[tuple[str, str, tuple[str, ...]], Any] = {}
+
+
+def insert_ignoring(dialect: Dialect, table: Table, *returning: str):
+    """``INSERT … ON CONFLICT DO NOTHING [RETURNING …]`` into ``table``, built once per dialect and executed with
+    the row as parameters. For the inserts of every report and ack: building the statement with ``.values(row)``
+    per call cost SQLAlchemy more than the insert (issue 20, report latency)."""
+    key = (dialect.name, table.name, returning)
+    stmt = _IGNORING.get(key)
+    if stmt is None:
+        stmt = insert_for(dialect, table).on_conflict_do_nothing()
+        if returning:
+            stmt = stmt.returning(*(table.c[name] for name in returning))
+        stmt = _IGNORING[key] = stmt
+    return stmt
 
 
 def migrate(engine: Engine, revision: str = "head") -> None:

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, bindparam, func, insert, select, upda
 
 from trimtab.contract.roles import RolePlacement, device_map_of
 from trimtab.contract.statuses import APPLIED, CANCELLED, PENDING, REFUSED, SUPERSEDED
-from trimtab.store.engine import insert_for, write_transaction
+from trimtab.store.engine import insert_ignoring, write_transaction
 from trimtab.store.models import api_tokens, gpu_processes, gpus, job_reports, jobs, knob_acks, knob_changes, nodes
 
 MODES = ("auto", "advise", "off")
@@ -124,14 +124,12 @@ def _last_report(job_id) -> Any:
             .scalar_subquery().label("last_report_ms"))
 
 
-# The statements of the report path (each report reads its job, its newest step and its pending changes, and
-# inserts one row), built once: a statement built per call costs SQLAlchemy its construction and cache key every
-# time, which was most of a report's store time (issue 20, report latency). Parameters come at execution.
+# The statements of the report path (each report reads its job, its newest step and its pending changes —
+# _PENDING, below with the changes' statements — and inserts one row: insert_ignoring), built once: a statement
+# built per call costs SQLAlchemy its construction and cache key every time, which was most of a report's store
+# time (issue 20, report latency). Parameters come at execution.
 _JOB_BY_NAME = select(jobs, _last_report(jobs.c.id)).where(jobs.c.name == bindparam("name"))
 _NEWEST_STEP = select(func.max(job_reports.c.step)).where(job_reports.c.job_id == bindparam("job_id"))
-_PENDING = (select(*knob_changes.c).where(knob_changes.c.job_id == bindparam("job_id"),
-                                          knob_changes.c.status == PENDING).order_by(knob_changes.c.id))
-_ADD_REPORT: dict[str, Any] = {}  # dialect name → INSERT … ON CONFLICT DO NOTHING RETURNING id
 
 
 def get_job(engine: Engine, name: str) -> Optional[StoredJob]:
@@ -214,12 +212,8 @@ def add_report(engine: Engine, job_id: int, report: Mapping[str, Any]) -> bool:
     row = {name: report.get(name) for name in REPORT_COLUMNS}
     row["received_ms"] = now_ms()
     row["job_id"] = job_id
-    with write_transaction(engine) as conn:
-        stmt = _ADD_REPORT.get(conn.dialect.name)
-        if stmt is None:  # a row back = inserted (rowcount is not portable here)
-            stmt = _ADD_REPORT[conn.dialect.name] = (insert_for(conn.dialect, job_reports).on_conflict_do_nothing()
-                                                     .returning(job_reports.c.id))
-        return conn.execute(stmt, row).first() is not None
+    with write_transaction(engine) as conn:  # a row back = inserted (rowcount is not portable here)
+        return conn.execute(insert_ignoring(conn.dialect, job_reports, "id"), row).first() is not None
 
 
 def ranks_reported(engine: Engine, job_id: int, step: int) -> int:
@@ -248,6 +242,8 @@ def list_reports(engine: Engine, job_id: int, limit: int, offset: int) -> list[d
 # -- knob changes --------------------------------------------------------------------------------------------
 
 _CHANGE_COLUMNS = tuple(knob_changes.c)
+_PENDING = (select(*_CHANGE_COLUMNS).where(knob_changes.c.job_id == bindparam("job_id"),
+                                           knob_changes.c.status == PENDING).order_by(knob_changes.c.id))
 
 
 def _change(row, acks: tuple[StoredAck, ...] = ()) -> StoredChange:
@@ -295,7 +291,6 @@ _MARK_APPLIED = (update(knob_changes).where(knob_changes.c.id == bindparam("b_ch
 _JOB_KNOBS = select(jobs.c.knobs).where(jobs.c.id == bindparam("b_job"))
 _SET_KNOBS = (update(jobs).where(jobs.c.id == bindparam("b_job"))
               .values(knobs=bindparam("b_knobs", type_=jobs.c.knobs.type), updated_ms=bindparam("b_ms")))
-_ADD_ACK: dict[str, Any] = {}  # dialect name → INSERT … ON CONFLICT DO NOTHING into knob_acks
 
 
 def ack_change(engine: Engine, job_id: int, change_id: int, rank: int, applied_at_step: int) -> Optional[StoredChange]:
@@ -308,11 +303,8 @@ def ack_change(engine: Engine, job_id: int, change_id: int, rank: int, applied_a
         row = conn.execute(_CHANGE_OF_JOB, ids).first()
         if row is None:
             return None
-        add_ack = _ADD_ACK.get(conn.dialect.name)
-        if add_ack is None:
-            add_ack = _ADD_ACK[conn.dialect.name] = insert_for(conn.dialect, knob_acks).on_conflict_do_nothing()
-        conn.execute(add_ack, {"change_id": change_id, "rank": rank, "applied_at_step": applied_at_step,
-                               "acked_ms": now})
+        conn.execute(insert_ignoring(conn.dialect, knob_acks), {"change_id": change_id, "rank": rank,
+                                                                "applied_at_step": applied_at_step, "acked_ms": now})
         if row.status != APPLIED:
             conn.execute(_MARK_APPLIED, {"b_change": change_id, "b_step": applied_at_step, "b_ms": now})
             knobs = conn.execute(_JOB_KNOBS, ids).scalar_one()
@@ -346,13 +338,10 @@ def _one_change(engine: Engine, job_id: int, change_id: int) -> StoredChange:
     return _change(row, acks)
 
 
-def list_changes(engine: Engine, job_id: int, limit: int, offset: int,
-                 change_id: Optional[int] = None) -> list[StoredChange]:
+def list_changes(engine: Engine, job_id: int, limit: int, offset: int) -> list[StoredChange]:
     """Newest first, each with its per-rank acks."""
     c, a = knob_changes.c, knob_acks.c
     query = select(*_CHANGE_COLUMNS).where(c.job_id == job_id)
-    if change_id is not None:
-        query = query.where(c.id == change_id)
     with engine.connect() as conn:
         rows = conn.execute(query.order_by(c.id.desc()).limit(limit).offset(offset)).all()
         acks: dict[int, list[StoredAck]] = {r.id: [] for r in rows}
