@@ -21,7 +21,8 @@ batch-1 step takes 45 s). Prints every step, every decision, and:
     steps     = first step from which 3 steps' throughput ≥ 95 % of best (goal ≤ 40)
     × default = reached throughput / defaults                            (goal ≥ 2)
 
-    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4     # on the H200
+    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4 --max-steps 140 --budget-s 400 \
+        --tail 24 --landed-blocks 2 --control-blocks 2                            # on the H200 (BENCHMARKS.md)
     python bench/rebalance.py --config tiny --device-map cpu --best 64,2,1          # here (CPU)
 """
 
@@ -43,13 +44,21 @@ def knobs_of(text: str) -> dict:
 
 
 def _decided(story, daemon, job: str, last) -> dict:
-    """The setting the controller left the job at: the last step's knobs with the change still pending applied (a
-    rollback decided in the run's last steps reaches the job only at its next step, after the run; on the H200
-    runs 5 and 6 the landed blocks measured the losing trial the controller had just rolled back)."""
+    """The setting the controller stands by at the run's end: the last step's knobs, with a change still pending
+    applied (a rollback decided in the run's last steps reaches the job only at its next step: on the H200 runs 5
+    and 6 the landed blocks measured the losing trial the controller had just rolled back) and a trial still being
+    measured taken back (its decision is open, the move unjudged: run 9's landed blocks measured prefetch 2 → 4
+    begun at step 144, 13 steps before the run ended)."""
     knobs = dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(last)))
-    for change in story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]:
+    changes = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]
+    for change in changes:
         if change["status"] == "pending":
             knobs[change["knob"]] = int(change["value"])
+    open_trials = {d["change_id"] for d in story.api_get(daemon, f"/v1/decisions?job={job}&limit=100")["decisions"]
+                   if d.get("outcome") == "pending" and d.get("change_id") is not None}
+    for change in changes:
+        if change["change_id"] in open_trials and change["previous_value"] is not None:
+            knobs[change["knob"]] = int(change["previous_value"])
     return knobs
 
 
@@ -201,6 +210,9 @@ def main() -> int:
         print(f"landed: final setting {landed['final']} {landed['final_samples_per_s']:.2f} samples/s vs best static "
               f"{landed['best_samples_per_s']:.2f} samples/s, alternated in {landed['blocks']} blocks of "
               f"{landed['steps']} steps: {100 * landed['ratio']:.1f} %")
+    elif args.landed_blocks > 0:
+        print(f"landed: the controller's final setting {final_knobs} is the best static setting itself (nothing to "
+              f"alternate)")
     print(json.dumps(summary))
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "decisions": decisions, "changes": changes,
