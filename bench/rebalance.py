@@ -50,15 +50,13 @@ def _decided(story, daemon, job: str, last) -> dict:
     measured taken back (its decision is open, the move unjudged: run 9's landed blocks measured prefetch 2 → 4
     begun at step 144, 13 steps before the run ended)."""
     knobs = dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(last)))
-    changes = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]
-    for change in changes:
-        if change["status"] == "pending":
-            knobs[change["knob"]] = int(change["value"])
     open_trials = {d["change_id"] for d in story.api_get(daemon, f"/v1/decisions?job={job}&limit=100")["decisions"]
                    if d.get("outcome") == "pending" and d.get("change_id") is not None}
-    for change in changes:
+    for change in story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]:
         if change["change_id"] in open_trials and change["previous_value"] is not None:
-            knobs[change["knob"]] = int(change["previous_value"])
+            knobs[change["knob"]] = int(change["previous_value"])  # unjudged, applied or not: the value before it
+        elif change["status"] == "pending":
+            knobs[change["knob"]] = int(change["value"])  # a rollback on its way
     return knobs
 
 
