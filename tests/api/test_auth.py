@@ -223,3 +223,23 @@ def test_a_malformed_body_without_a_token_is_401_not_422(sqlite_api, method, pat
     r = sqlite_api.http.request(method, path, content=b"{not json", headers={
         "Content-Type": "application/json", "Authorization": f"Bearer {sqlite_api.admin_token}"})
     assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid", r.text  # with one: 422
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs/{name}/reports", "/v1/jobs/{name}/acks"])
+def test_the_job_loop_s_hot_routes_check_their_token_without_a_thread_hop_of_its_own(path):
+    """A report or ack is one hand-off to the thread pool (the route), not two: a ``def`` dependency runs on a
+    thread of its own (issue 20, report latency). Their token check is still done: the 401/403 tests above."""
+    import asyncio
+    from fastapi.routing import APIRoute
+    from trimtab.api.routes.job_loop import router
+
+    route = next(r for r in router.routes if isinstance(r, APIRoute) and r.path == path and "POST" in r.methods)
+    pending, calls = list(route.dependant.dependencies), []
+    while pending:
+        dep = pending.pop()
+        calls.append(dep.call)
+        pending.extend(dep.dependencies)
+    assert any(getattr(c, "trimtab_scope", None) == "job" for c in calls)
+    sync = [getattr(c, "__name__", repr(c)) for c in calls
+            if not (asyncio.iscoroutinefunction(c) or asyncio.iscoroutinefunction(getattr(c, "__call__", None)))]
+    assert sync == [], f"{path}: dependencies run on the thread pool: {sync}"

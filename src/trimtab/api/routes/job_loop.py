@@ -8,7 +8,8 @@ from typing import Optional
 from fastapi import APIRouter, Depends, HTTPException
 
 from trimtab.api.context import ApiContext
-from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, require_scope
+from trimtab.api.deps import (NOT_FOUND, READ, WRITE, Page, TokenCheck, get_ctx, page, require_scope,
+                              scope_checked_by_route)
 from trimtab.api.errors import invalid
 from trimtab.api.job_schemas import (AckIn, AckOut, ChangeIn, ChangeOut, ChangesOut, PendingChangeOut,
                                      RefusalIn, ReportAcceptedOut, ReportIn, ReportOut, ReportsOut)
@@ -79,8 +80,8 @@ def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
                          "an admin; 403 for any other job token, and for every job token when an admin "
                          "registered the job.")
 def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
-                token: StoredToken = Depends(require_scope("job"))) -> ReportAcceptedOut:
-    job = _rank_of(ctx, name, token, body.rank)
+                check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ReportAcceptedOut:
+    job = _rank_of(ctx, name, check(), body.rank)  # the token first: one thread hop per report, not two
     _check_possible(ctx, job, body)
     stored = job_store.add_report(ctx.engine, job.id, to_columns(body.model_dump()))
     if stored and ctx.after_report is not None:
@@ -110,8 +111,8 @@ def list_reports(name: str = job_name_path(), pages: Page = Depends(page),
                          "rank when the job has no such rank. Scope: job — as for reports, only the job token "
                          "that registered the job, or an admin.")
 def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
-        token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
-    job = _rank_of(ctx, name, token, body.rank)
+        check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ChangeOut:
+    job = _rank_of(ctx, name, check(), body.rank)  # the token first, on this thread (as for reports)
     change = job_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
     return change_out(_known(change, name, body.change_id))
 
