@@ -44,18 +44,40 @@ def after_change_long(after_step_time: float, n: int = 2):
 
 
 def test_an_unconfirmed_gain_above_the_dead_band_is_kept_and_leaves_the_direction_open():
-    p = follow(after_change_long(45.0 / 1.04))  # +4 % on 45 s steps: well inside step-to-step noise
+    p = follow(after_change_long(45.0 / 1.10))  # +10 % on 45 s steps: inside step-to-step noise, likely not lower
     assert (p.close, p.outcome, p.rollback_to) == (7, "kept", None)
     assert p.evidence["verdict"]["result"] == "inconclusive"
+    assert 50.0 <= p.evidence["verdict"]["confidence_pct"] < 95.0  # ≥ 75 % likely not lower, not sure of a gain
     assert p.evidence["no_gain"] is True and p.evidence["unconfirmed_gain"] is True
     assert "the direction stays open" in p.note
 
 
-def test_a_change_within_the_dead_band_that_is_not_lower_is_kept_and_not_pushed_further():
-    # +1 %: not shown to be a gain, not lower either. Kept as "no measurable gain" (it may have moved the bottleneck:
-    # on the H200 a neutral prefetch raise is what a sync-frequency change then pays off), the direction closed.
-    p = follow(after_change_long(45.0 / 1.01))
-    assert (p.close, p.outcome, p.rollback_to) == (7, "kept", None)
+def test_an_estimate_just_above_the_old_setting_is_not_kept_on_a_coin_flip():
+    # +4 % on one 45 s step against two: about 65 % likely not lower. Kept on any estimate above the old one, a move
+    # that costs 2–3 % read ≥ 0 in 4 verdicts of 10 on a ±20 % host: a ratchet (the noisy bench job's prefetch walked
+    # from its best, 4, to 8). Now back to the known setting, saying how likely the move was not lower.
+    p = follow(after_change_long(45.0 / 1.04))
+    assert (p.close, p.outcome, p.rollback_to, p.rollback_knob) == (7, "rolled_back", 1, "batch_size")
+    verdict = p.evidence["verdict"]
+    assert verdict["result"] == "inconclusive" and verdict["confidence_pct"] < 50 and verdict["n_before"] == 1
+    assert p.evidence["back_to_known"] is True and p.evidence["gain_pct"] == 4.0
+    assert "% likely not lower (under 75 %), back to the known setting" in p.note
+    # … and with the old rule (any estimate not lower is kept): kept, as before
+    old_rule = RULES.with_overrides({"controller": {"keep_unproven_likely_pct": 50.0}})
+    kept = plan(state(after_change_long(45.0 / 1.04), job(batch=4), changes=[change()], decisions=[decision()]),
+                old_rule)
+    assert kept.outcome == "kept" and kept.evidence["unconfirmed_gain"] is True
+
+
+def test_a_measured_change_within_the_dead_band_is_kept_and_not_pushed_further():
+    # +1 %, measured (1 s steps, 12 a window): smaller than the dead band but surely not lower. Kept as "no
+    # measurable gain" (it may have moved the bottleneck: on the H200 a neutral prefetch raise is what a
+    # sync-frequency change then pays off), the direction closed.
+    history = (steps(0, 20, step_time=1.0, gen=0.9) + steps(20, 1, step_time=1.0, gen=0.9)
+               + steps(21, 14, step_time=1.0 / 1.01, gen=0.9 / 1.01))
+    p = plan(state(history, job(batch=4), changes=[change(applied_step=20)], decisions=[decision()]), RULES)
+    assert (p.close, p.outcome, p.rollback_to) == (7, "kept", None), p.note
+    assert p.evidence["verdict"]["result"] == "no_gain" and p.evidence["verdict"]["confidence_pct"] >= 95.0
     assert p.evidence["no_gain"] is True and "unconfirmed_gain" not in p.evidence and "back_to_known" not in p.evidence
     assert "not pushed further" in p.note
 
@@ -66,7 +88,7 @@ def test_a_small_loss_that_cannot_be_told_from_noise_goes_back_to_the_known_sett
     p = follow(after_change_long(45.0 / 0.98))  # −2 %
     assert (p.close, p.outcome, p.rollback_to, p.rollback_knob) == (7, "rolled_back", 1, "batch_size")
     assert p.evidence["verdict"]["result"] == "inconclusive" and p.evidence["back_to_known"] is True
-    assert "not told apart from noise and lower, back to the known setting" in p.note
+    assert "not told apart from noise" in p.note and "back to the known setting" in p.note
 
 
 def test_throughput_up_is_kept():
@@ -76,13 +98,12 @@ def test_throughput_up_is_kept():
     assert p.evidence["gain_pct"] == 275.0 and "no_gain" not in p.evidence
 
 
-def test_a_small_gain_on_one_long_step_each_side_is_no_measurable_gain_and_says_how_sure():
+def test_a_small_gain_on_one_long_step_each_side_is_not_measurable_and_says_how_sure():
     # +4 % on 45 s steps (one before, two after): well inside step-to-step noise
     assert follow(after_change(45.0 / 1.04)).note.endswith("lengthening the after window")  # one step: 45 s < 60 s
     p = follow(after_change_long(45.0 / 1.04))
-    assert p.outcome == "kept" and p.evidence["no_gain"] is True and p.evidence["gain_pct"] == 4.0
     verdict = p.evidence["verdict"]
-    # the after window cannot grow (two steps reach verdict_max_after_cap_s): kept, the test could not tell
+    # the after window cannot grow (two steps reach verdict_max_after_cap_s): the test could not tell
     assert verdict["result"] == "inconclusive" and verdict["confidence_pct"] < 50 and verdict["n_before"] == 1
     assert verdict["ci_pct"][0] < 0 < verdict["ci_pct"][1]
     assert "% sure" in p.note

@@ -14,7 +14,7 @@ from trimtab.control.controller import plan
 from trimtab.control.bracket import blocked
 from trimtab.control.plan import steps_needed
 from trimtab.grading.rules import load_rules
-from trimtab.control.verdict import Sample, unsettled
+from trimtab.control.verdict import TREND_LINE_MIN_PERIODS, Sample, compare, gain_within_trend, unsettled
 from trimtab.grading.window import JobStep, screen, window
 
 
@@ -96,6 +96,30 @@ def test_a_verdict_whose_before_window_had_not_settled_is_re_measured_not_kept()
     closed = replace(decision(old=1, new=4), outcome="rolled_back", evidence=p.evidence)
     action = RULES["generation_bound"].actions[0]
     assert blocked(state(after, job(batch=1), decisions=[closed]), RULES, action, 4.0, None) is None
+
+
+def test_a_gain_on_the_tail_of_a_warm_up_is_re_measured_not_kept():
+    """The bench's warm-up job, a knob that does nothing changed at step 74: the before window (steps 34–73) passes
+    the settled test, yet its mean sits below the level the job had reached by then, and a mean-based verdict
+    reads the last of the warm-up as a gain. Against the end of the before window's own line it is not one."""
+    history = warm_up(74, seed=47) + noisy(15, 0.3, 0.05, seed=1047, first=74)
+    before, after = history[34:74], history[75:]
+    assert unsettled(before, 1, RULES.controller) is None  # the settled test lets this baseline through
+    mean_based = compare(Sample.of_steps(before), Sample.of_steps(after), RULES.controller)
+    assert mean_based.result == "gain" and mean_based.ratio > 1.02  # the trap: +2.3 %, "sure"
+    p = plan(state(history, job(batch=4), changes=[change(applied_step=74)], decisions=[decision(old=1, new=4)]),
+             RULES)
+    assert (p.close, p.outcome, p.rollback_to) == (7, "rolled_back", 1), p.note
+    assert p.evidence["remeasure"] is True and p.evidence["before_not_settled"]["change_pct"] > 0
+    assert gain_within_trend(before, 1, Sample.of_steps(after), RULES.controller) is not None
+    # a real gain on the same baseline clears the line's end and is kept
+    faster = warm_up(74, seed=47) + noisy(20, 0.3 / 1.15, 0.05, seed=1047, first=74)
+    kept = plan(state(faster, job(batch=4), changes=[change(applied_step=74)], decisions=[decision(old=1, new=4)]),
+                RULES)
+    assert kept.outcome == "kept" and kept.evidence["verdict"]["result"] == "gain", kept.note
+    # a short before window says too little about where its line ends: the test is not made on one
+    assert gain_within_trend(before[-(TREND_LINE_MIN_PERIODS - 1):], 1, Sample.of_steps(after),
+                             RULES.controller) is None
 
 
 # -- a known loser --------------------------------------------------------------------------------------------------
@@ -232,6 +256,8 @@ def test_the_new_window_limits_are_checked_when_the_rules_load():
         load_rules(overrides={"controller": {"steps_read_max": 10}})
     with pytest.raises(RulesError, match="window_enough_steps and verdict_enough_steps ≥ window_min_steps"):
         load_rules(overrides={"controller": {"window_min_steps": 30}})
+    with pytest.raises(RulesError, match=r"keep_unproven_likely_pct: must be within \[50, 100\]"):
+        load_rules(overrides={"controller": {"keep_unproven_likely_pct": 40}})
 
 
 # -- a ladder that does not stop early ------------------------------------------------------------------------------

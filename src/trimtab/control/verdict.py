@@ -85,6 +85,12 @@ class Verdict:
     n_after: int
     method: str                   # pooled t | welch | welch, assumed noise on a one-period side
 
+    @property
+    def not_lower_pct(self) -> float:
+        """How likely, by the test, the new setting is not lower than the old (one-sided, %): 50 at a ratio of 1."""
+        half = self.confidence_pct / 2.0
+        return 50.0 + half if self.ratio >= 1.0 else 50.0 - half
+
     def evidence(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(ratio=round(self.ratio, 4), confidence_pct=round(self.confidence_pct, 1),
@@ -206,3 +212,34 @@ def unsettled(steps: Sequence[JobStep], period: int, ctl: ControllerSettings,
     moved = abs(slope * (n - 1)) > math.log1p(ctl.dead_band_pct / 100.0)
     sure = ctl.settled_confidence_pct if confidence_pct is None else confidence_pct
     return trend if moved and p < 1.0 - sure / 100.0 else None
+
+
+TREND_LINE_MIN_PERIODS = 8  # fewer periods put a line's end too loosely: at ±20 % step noise real +20–35 % gains over
+                            # 4–5-period before windows did not clear it, and were re-measured again and again
+
+
+def gain_within_trend(before: Sequence[JobStep], period: int, after: Sample,
+                      ctl: ControllerSettings) -> Optional[Trend]:
+    """The before window's trend when it, not the change, may be what the after window gained: the before window
+    climbed (its fitted line goes the verdict's way) and the after window is not surely above that line's end by
+    more than the dead band, at the verdicts' confidence. A mean-based verdict credits a still-settling baseline —
+    a warm-up's last 1–3 % read as a +3 % gain, "99.9 % sure" — that the stricter settled test let through; the
+    line's end is the job's level when the change came. Applied only to a gain, only when the before window went
+    the same way (its end is a noisier baseline than its mean: a real +15 % still clears it, a +3 % on a warm-up's
+    tail does not)."""
+    logs = [math.log(r) for r in chunk_rates(before, max(1, int(period))) if r > 0]
+    n = len(logs)
+    if n < TREND_LINE_MIN_PERIODS or after.mean_log <= statistics.fmean(logs):
+        return None
+    slope, residuals, sxx = fit_line(logs)
+    if slope <= 0:
+        return None
+    floor = math.log1p(ctl.min_noise_pct / 100.0) ** 2
+    var = max(floor, sum(r * r for r in residuals) / (n - 2))
+    end = statistics.fmean(logs) + slope * (n - 1) / 2.0
+    se = math.sqrt(var * (1.0 / n + ((n - 1) / 2.0) ** 2 / sxx) + after.variance(ctl) / after.n)
+    beyond = after.mean_log - end - math.log1p(ctl.dead_band_pct / 100.0)
+    if beyond > 0 and 2.0 * _t_sf(beyond / se, n - 2 + max(1, after.n - 1)) < 1.0 - ctl.confidence_pct / 100.0:
+        return None  # surely above the line's end, by more than the dead band: the change's
+    slope_p = min(1.0, 2.0 * _t_sf(slope / math.sqrt(var / sxx), n - 2))
+    return Trend(math.expm1(slope * (n - 1)) * 100.0, 100.0 * (1.0 - slope_p), n)

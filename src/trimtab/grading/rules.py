@@ -114,6 +114,7 @@ class ControllerSettings:
     settled_confidence_pct: float = 99.9
     ladder_look_further: int = 1
     drift_retries: int = 1
+    keep_unproven_likely_pct: float = 75.0
     persistence_max: float = 0.8
     outlier_x_median: float = 100.0
     bracket_min_gap_pct: float = 15.0
@@ -255,6 +256,10 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         ctl[f.name] = value
     if ctl["window_min_steps"] < 1 or ctl["window_max_steps"] < ctl["window_min_steps"]:
         raise RulesError(f"{source}: controller needs 1 ≤ window_min_steps ≤ window_max_steps")
+    if not 50.0 <= ctl["keep_unproven_likely_pct"] <= 100.0:
+        raise RulesError(f"{source}{_line_of(text, 'controller', 'keep_unproven_likely_pct')}: "
+                         f"controller.keep_unproven_likely_pct: must be within [50, 100] (a probability that a "
+                         f"move is not lower, in %), got {ctl['keep_unproven_likely_pct']:g}")
     if ctl["stale_after_intervals"] < 1:
         raise RulesError(f"{source}{_line_of(text, 'controller', 'stale_after_intervals')}: "
                          f"controller.stale_after_intervals: must be ≥ 1 (a sample is at most one interval old while "
