@@ -111,6 +111,7 @@ def test_a_gain_on_the_tail_of_a_warm_up_is_re_measured_not_kept():
              RULES)
     assert (p.close, p.outcome, p.rollback_to) == (7, "rolled_back", 1), p.note
     assert p.evidence["remeasure"] is True and p.evidence["before_not_settled"]["change_pct"] > 0
+    assert "not surely above the end of the before window's own line" in p.note
     assert gain_within_trend(before, 1, Sample.of_steps(after), RULES.controller) is not None
     # a real gain on the same baseline clears the line's end and is kept
     faster = warm_up(74, seed=47) + noisy(20, 0.3 / 1.15, 0.05, seed=1047, first=74)

@@ -231,17 +231,19 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     # only a change that would be kept for a gain (a loss is rolled back anyway: re-measuring it would retry it)
     credited = v.result == GAIN or (v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct)
     every_before = _old_period(state, rules, change)
-    drift = (_explained_by_trend(before, every_before, v.ratio, rules)
-             or (gain_within_trend(before, every_before, a_sample, ctl) if _first_move(state, change) else None)
-             ) if credited else None
-    if drift is not None:
+    drift = _explained_by_trend(before, every_before, v.ratio, rules) if credited else None
+    line_end = (gain_within_trend(before, every_before, a_sample, ctl)
+                if credited and drift is None and _first_move(state, change) else None)
+    if drift is not None or line_end is not None:
         # The before window was still moving (a warm-up, a restart) the way the verdict went, by as much: the
         # change may be the settling's. Back to the old setting; the move is decided again on a settled baseline.
-        evidence.update(remeasure=True, before_not_settled=drift.evidence())
-        return _roll_back(state, open_d, change, f"not judged: the before window had not settled (its throughput "
-                                                 f"moved {drift.change_pct:+.1f} % across it, "
-                                                 f"{drift.confidence_pct:.0f} % sure), to be re-measured",
-                          evidence, closed)
+        trend = drift or line_end
+        evidence.update(remeasure=True, before_not_settled=trend.evidence())
+        why = (f"the before window had not settled (its throughput moved {trend.change_pct:+.1f} % across it, "
+               f"{trend.confidence_pct:.0f} % sure)" if drift is not None else
+               f"the job's first move, and not surely above the end of the before window's own line (it climbed "
+               f"{trend.change_pct:+.1f} % across it: the tail of a warm-up)")
+        return _roll_back(state, open_d, change, f"not judged: {why}, to be re-measured", evidence, closed)
     figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
                f"{v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, {v.confidence_pct:.0f} % sure)")
     if v.result == GAIN:
