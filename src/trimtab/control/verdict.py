@@ -188,6 +188,34 @@ def fit_line(ys: Sequence[float]) -> tuple[float, list[float], float]:
     return slope, [y - my - slope * (x - mx) for x, y in enumerate(ys)], sxx
 
 
+@dataclass(frozen=True)
+class _Line:
+    """A least-squares line through a window's per-period log throughputs (the trend tests' one fit)."""
+    logs: list[float]
+    slope: float
+    var: float  # of the residuals, from at least the floor it was fitted with
+    sxx: float
+
+    @classmethod
+    def through(cls, steps: Sequence[JobStep], period: int, var_floor: float) -> Optional["_Line"]:
+        logs = [math.log(r) for r in chunk_rates(steps, max(1, int(period))) if r > 0]
+        if len(logs) < 4:
+            return None
+        slope, residuals, sxx = fit_line(logs)
+        return cls(logs, slope, max(var_floor, sum(r * r for r in residuals) / (len(logs) - 2)), sxx)
+
+    @property
+    def n(self) -> int:
+        return len(self.logs)
+
+    def slope_p(self) -> float:
+        """Two-sided p that the slope is 0."""
+        return min(1.0, 2.0 * _t_sf(abs(self.slope) / math.sqrt(self.var / self.sxx), self.n - 2))
+
+    def trend(self) -> Trend:
+        return Trend(math.expm1(self.slope * (self.n - 1)) * 100.0, 100.0 * (1.0 - self.slope_p()), self.n)
+
+
 def unsettled(steps: Sequence[JobStep], period: int, ctl: ControllerSettings,
               confidence_pct: Optional[float] = None) -> Optional[Trend]:
     """The trend that says a window's throughput has not settled — a line fitted to the log of its per-period
@@ -199,19 +227,13 @@ def unsettled(steps: Sequence[JobStep], period: int, ctl: ControllerSettings,
     ``confidence_pct``: how sure (default ``settled_confidence_pct``). Not widened for persistence (see
     ``trimtab.control.persistence``): early in a job the only history is its warm-up, and a trend test weakened by
     it let a warm-up through; a regime read as a trend costs a re-measure, not a wrong verdict."""
-    logs = [math.log(r) for r in chunk_rates(steps, max(1, int(period))) if r > 0]
-    n = len(logs)
-    if n < 4:
-        return None
-    slope, residuals, sxx = fit_line(logs)
-    resid = sum(r * r for r in residuals) / (n - 2)
     floor = math.log1p(ctl.min_noise_pct / 100.0) ** 2 / 100.0  # a noiseless line must not divide by zero
-    se = math.sqrt(max(resid, floor) / sxx)
-    p = min(1.0, 2.0 * _t_sf(abs(slope) / se, n - 2))
-    trend = Trend(math.expm1(slope * (n - 1)) * 100.0, 100.0 * (1.0 - p), n)
-    moved = abs(slope * (n - 1)) > math.log1p(ctl.dead_band_pct / 100.0)
+    line = _Line.through(steps, period, floor)
+    if line is None:
+        return None
+    moved = abs(line.slope * (line.n - 1)) > math.log1p(ctl.dead_band_pct / 100.0)
     sure = ctl.settled_confidence_pct if confidence_pct is None else confidence_pct
-    return trend if moved and p < 1.0 - sure / 100.0 else None
+    return line.trend() if moved and line.slope_p() < 1.0 - sure / 100.0 else None
 
 
 TREND_LINE_MIN_PERIODS = 8  # fewer periods put a line's end too loosely: at ±20 % step noise real +20–35 % gains over
@@ -227,19 +249,15 @@ def gain_within_trend(before: Sequence[JobStep], period: int, after: Sample,
     line's end is the job's level when the change came. Applied only to a gain, only when the before window went
     the same way (its end is a noisier baseline than its mean: a real +15 % still clears it, a +3 % on a warm-up's
     tail does not)."""
-    logs = [math.log(r) for r in chunk_rates(before, max(1, int(period))) if r > 0]
-    n = len(logs)
-    if n < TREND_LINE_MIN_PERIODS or after.mean_log <= statistics.fmean(logs):
+    line = _Line.through(before, period, math.log1p(ctl.min_noise_pct / 100.0) ** 2)
+    if line is None or line.n < TREND_LINE_MIN_PERIODS or line.slope <= 0:
         return None
-    slope, residuals, sxx = fit_line(logs)
-    if slope <= 0:
+    n, mean = line.n, statistics.fmean(line.logs)
+    if after.mean_log <= mean:
         return None
-    floor = math.log1p(ctl.min_noise_pct / 100.0) ** 2
-    var = max(floor, sum(r * r for r in residuals) / (n - 2))
-    end = statistics.fmean(logs) + slope * (n - 1) / 2.0
-    se = math.sqrt(var * (1.0 / n + ((n - 1) / 2.0) ** 2 / sxx) + after.variance(ctl) / after.n)
+    end = mean + line.slope * (n - 1) / 2.0
+    se = math.sqrt(line.var * (1.0 / n + ((n - 1) / 2.0) ** 2 / line.sxx) + after.variance(ctl) / after.n)
     beyond = after.mean_log - end - math.log1p(ctl.dead_band_pct / 100.0)
     if beyond > 0 and 2.0 * _t_sf(beyond / se, n - 2 + max(1, after.n - 1)) < 1.0 - ctl.confidence_pct / 100.0:
         return None  # surely above the line's end, by more than the dead band: the change's
-    slope_p = min(1.0, 2.0 * _t_sf(slope / math.sqrt(var / sxx), n - 2))
-    return Trend(math.expm1(slope * (n - 1)) * 100.0, 100.0 * (1.0 - slope_p), n)
+    return line.trend()
