@@ -229,7 +229,7 @@ def test_a_malformed_body_without_a_token_is_401_not_422(sqlite_api, method, pat
 def test_the_job_loop_s_hot_routes_check_their_token_without_a_thread_hop_of_its_own(path):
     """A report or ack is one hand-off to the thread pool (the route), not two: a ``def`` dependency runs on a
     thread of its own (issue 20, report latency). Their token check is still done: the 401/403 tests above."""
-    import asyncio
+    import inspect
     from fastapi.routing import APIRoute
     from trimtab.api.routes.job_loop import router
 
@@ -241,5 +241,5 @@ def test_the_job_loop_s_hot_routes_check_their_token_without_a_thread_hop_of_its
         pending.extend(dep.dependencies)
     assert any(getattr(c, "trimtab_scope", None) == "job" for c in calls)
     sync = [getattr(c, "__name__", repr(c)) for c in calls
-            if not (asyncio.iscoroutinefunction(c) or asyncio.iscoroutinefunction(getattr(c, "__call__", None)))]
+            if not (inspect.iscoroutinefunction(c) or inspect.iscoroutinefunction(getattr(c, "__call__", None)))]
     assert sync == [], f"{path}: dependencies run on the thread pool: {sync}"
