@@ -16,13 +16,19 @@ batch-1 step takes 45 s). Prints every step, every decision, and:
     landed    = the auto run's final setting (with a rollback still pending applied) / the best static, measured
                 alternately in --landed-blocks blocks of --landed-steps steps after the run (ABAB: drift hits
                 both alike)
+    paired    = the auto job going on under the live controller against the best static, alternated in
+                --paired-blocks pairs of --paired-steps steps after the run (auto, best, auto, best …; the
+                first step of each block refills the workers' queue and is not counted, on both sides): "reached"
+                with the host's drift taken out — this host moves by up to 20 % between blocks minutes apart,
+                more than the 2 % the goal asks, and a pair's two blocks are seconds apart
     control   = the best static in --control-blocks more blocks of --tail steps: the spread one fixed setting
                 shows by itself, block to block, on this host (the resolution of "reached")
-    steps     = first step from which 3 steps' throughput ≥ 95 % of best (goal ≤ 40)
+    steps     = first step from which 3 steps' throughput ≥ 95 % of best (goal ≤ 40); also against the best
+                static measured right before the auto run (the neighbour in time of its first steps)
     × default = reached throughput / defaults                            (goal ≥ 2)
 
-    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4 --max-steps 140 --budget-s 400 \
-        --tail 24 --landed-blocks 2 --control-blocks 2                            # on the H200 (BENCHMARKS.md)
+    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4 --max-steps 140 --budget-s 360 \
+        --tail 24 --paired-blocks 3 --paired-steps 8 --landed-blocks 2            # on the H200 (BENCHMARKS.md)
     python bench/rebalance.py --config tiny --device-map cpu --best 64,2,1          # here (CPU)
 """
 
@@ -60,6 +66,36 @@ def _decided(story, daemon, job: str, last) -> dict:
     return knobs
 
 
+def _paired(pipe, hook, best: dict, blocks: int, steps: int, show) -> tuple[Optional[dict], list]:
+    """The auto job against the best static, alternately (auto, best, auto, best …), the controller live all along:
+    it may still start or judge a change in an auto block, and that counts. Each block restarts the workers (the
+    grid's rule: nothing generated under one setting counts under the other), so its first step refills the queue
+    and is left out on both sides. Returns the summary (None when there are no blocks) and the auto job's steps
+    (all of them, the refill steps included: they are the job's)."""
+    if blocks <= 0:
+        return None, []
+    from trimtab.workload import story
+    auto_all: list = []
+    pairs = []
+    for i in range(blocks):
+        pipe.hook, pipe.knobs = hook, hook.knobs
+        pipe.restart_workers()
+        auto = pipe.run(steps + 1, show)
+        auto_all += auto
+        best_tp, best_records = story.measure_static(pipe, best, warmup=1, steps=steps)
+        auto_tp = story.throughput(auto[1:]) or 0.0
+        pairs.append((auto, best_records))
+        print(f"[{time.perf_counter() - START_S:6.1f} s] paired block {i + 1}/{blocks}: auto {auto_tp:.2f} "
+              f"({'/'.join(str(k) for k in story.knob_tuple(auto[-1]))}), best {best_tp:.2f} samples/s: "
+              f"{100 * auto_tp / best_tp:.1f} %", flush=True)
+    auto_tp = story.throughput([r for a, _ in pairs for r in a[1:]]) or 0.0
+    best_tp = story.throughput([r for _, b in pairs for r in b]) or 0.0
+    ratios = [(story.throughput(a[1:]) or 0.0) / (story.throughput(b) or 1.0) for a, b in pairs]
+    return {"blocks": blocks, "steps": steps, "auto_samples_per_s": round(auto_tp, 3),
+            "best_samples_per_s": round(best_tp, 3), "ratio": round(auto_tp / best_tp, 4) if best_tp else None,
+            "block_ratios": [round(r, 4) for r in ratios]}, auto_all
+
+
 def _landed(pipe, final: dict, best: dict, blocks: int, steps: int) -> Optional[dict]:
     """The final setting against the best static, alternately (final, best, final, best …): a drifting host hits
     both alike. None when there are no blocks or the final setting is the best."""
@@ -95,6 +131,11 @@ def main() -> int:
     ap.add_argument("--landed-blocks", type=int, default=0,
                     help="after the run, the final setting and the best static alternately, this many blocks each")
     ap.add_argument("--landed-steps", type=int, default=8, help="measured steps per landed block (after 1 warm-up)")
+    ap.add_argument("--paired-blocks", type=int, default=0,
+                    help="after the run, the auto job (controller live) and the best static alternately, this many "
+                         "blocks each: the tail against the best static with the host's drift taken out")
+    ap.add_argument("--paired-steps", type=int, default=8, help="measured steps per paired block (after 1 refill "
+                                                                "step)")
     ap.add_argument("--control-blocks", type=int, default=0,
                     help="after the run, the best static again in this many blocks of --tail steps: how far one "
                          "tail-sized block of one fixed setting reads from another on this host")
@@ -131,12 +172,14 @@ def main() -> int:
             run = story.run_auto(pipe, hook, args.max_steps, args.budget_s, args.tail,
                                  show=lambda r: print(f"  auto {r.line()}", flush=True),
                                  settled=story.rebalancer_idle(daemon, job))
-            hook.close()
             auto_s = time.perf_counter() - t0
+            paired, paired_records = _paired(pipe, hook, best_knobs, args.paired_blocks, args.paired_steps,
+                                             show=lambda r: print(f"  paired auto {r.line()}", flush=True))
+            hook.close()
             best_after, after_records = story.measure_static(pipe, best_knobs, warmup=2, steps=args.best_steps)
             print(f"[{time.perf_counter() - START_S:6.1f} s] best static {args.best} again: {best_after:.2f} "
                   f"samples/s over {len(after_records)} steps", flush=True)
-            final_knobs = _decided(story, daemon, job, run.records[-1])
+            final_knobs = _decided(story, daemon, job, (run.records + paired_records)[-1])
             landed = _landed(pipe, final_knobs, best_knobs, args.landed_blocks, args.landed_steps)
             control = [story.measure_static(pipe, best_knobs, warmup=1, steps=args.tail)[0]
                        for _ in range(args.control_blocks)]
@@ -151,6 +194,7 @@ def main() -> int:
     tail = records[-args.tail:]
     reached = story.throughput(tail) or 0.0
     within = story.steps_to_within(records, best_tp)
+    within_before = story.steps_to_within(records, best_before)
     print("\ndecisions (oldest first):")
     print("| id | rule | change | applied at step | before samples/s | after samples/s | gain | verdict | outcome | "
           "how the step was chosen |")
@@ -186,11 +230,14 @@ def main() -> int:
         "auto_steps": len(records), "auto_seconds": round(auto_s, 1), "stopped_because": run.stopped_because,
         "reached_samples_per_s": round(reached, 3), "reached_fraction_of_best": round(reached / best_tp, 4),
         "steps_to_within_5pct": within, "ratio_to_defaults": round(reached / default_tp, 2) if default_tp else None,
-        "final_knobs": dict(zip(("batch_size", "prefetch", "sync_every"), story.knob_tuple(records[-1]))),
+        "steps_to_within_5pct_of_best_before": within_before,
+        "final_knobs": dict(zip(("batch_size", "prefetch", "sync_every"),
+                                story.knob_tuple((records + paired_records)[-1]))),
         "decisions": len(decisions), "wall_s": round(time.perf_counter() - START_S, 1),
     }
     summary["reached_fraction_of_best_after"] = round(reached / best_after, 4) if best_after else None
     summary["landed"] = landed
+    summary["paired"] = paired
     summary["control_blocks_samples_per_s"] = [round(c, 3) for c in control]
     print(f"\nbest static {args.best}: {best_tp:.2f} samples/s (before {best_before:.2f}, after {best_after:.2f}); "
           f"defaults: {default_tp:.2f} samples/s ({len(default_records)} steps); auto reached "
@@ -199,6 +246,13 @@ def main() -> int:
           f"{within} (goal ≤ 40); {len(records)} auto steps in {auto_s:.0f} s ({run.stopped_because})")
     if best_after:
         print(f"against the best static measured right after the tail: {100 * reached / best_after:.1f} %")
+    print(f"within 5 % of the best static measured right before the auto run ({best_before:.2f}) from step "
+          f"{within_before}")
+    if paired:
+        print(f"paired: the auto job (controller live) {paired['auto_samples_per_s']:.2f} samples/s vs the best "
+              f"static {paired['best_samples_per_s']:.2f} samples/s, alternated in {paired['blocks']} pairs of "
+              f"{paired['steps']} steps: {100 * paired['ratio']:.1f} % (pairs: "
+              f"{', '.join(f'{100 * r:.1f}' for r in paired['block_ratios'])} %)")
     if control:
         print(f"the best static in {len(control)} more blocks of {args.tail} steps: "
               f"{', '.join(f'{c:.2f}' for c in control)} samples/s = "
@@ -214,7 +268,8 @@ def main() -> int:
     print(json.dumps(summary))
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "decisions": decisions, "changes": changes,
-                                         "records": [r.as_dict() for r in records]}, indent=1))
+                                         "records": [r.as_dict() for r in records],
+                                         "paired_records": [r.as_dict() for r in paired_records]}, indent=1))
     return 0
 
 
