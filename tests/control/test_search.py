@@ -136,12 +136,35 @@ def test_no_follow_through_below_follow_above():
     nothing(p)
 
 
+# The tiny reference pipeline on the CPU (50 ms steps, the update half of the step): batch 1 → 4 gained +186 %, and
+# at batch 4 generation was 47 % of the step, under the act line (50 %): the controller stopped at 4/0/1, 32 % of
+# the best static (64/2/1); a ×4 ladder that just gained that much still pays while generation is a quarter of it.
+def gen_decision(result="gain", ratio=2.86):
+    ev = {"reading": {}, "knobs": {"batch_size": 1, "prefetch": 0, "sync_every": 1},
+          "verdict": {"result": result, "ratio": ratio, "confidence_pct": 100.0}}
+    return decision(id=1, change_id=1, knob="batch_size", old=1, new=4, outcome="kept", evidence=ev)
+
+
+def at_batch4(d, gen: float):
+    history = steps(0, 40, step_time=0.126, gen=gen, ev=0.022, comm=None)
+    return plan(state(history, job(batch=4), changes=[applied(1, "batch_size", 4, 1, 0)], decisions=[d]), RULES)
+
+
+def test_a_batch_gain_is_followed_through_while_generation_is_still_a_quarter_of_the_step():
+    p = at_batch4(gen_decision(), gen=0.06)  # 48 % of the step: under the act line (50 %), above follow_above (25 %)
+    acts(p, "generation_bound", "batch_size", 4, 16)
+    assert p.evidence["step_policy"][0].startswith("following through: decision 1 (batch_size 1 → 4) measured a gain")
+    assert at_batch4(gen_decision(result="inconclusive", ratio=1.02), gen=0.06).change is None
+    assert at_batch4(gen_decision(), gen=0.025).change is None  # 20 %: below follow_above
+
+
 def test_follow_above_is_data_and_must_lie_under_the_act_line():
     import pytest
 
     from trimtab.grading.rules import RulesError, load_rules
 
     assert load_rules().__getitem__("communication_bound").follow_above == 5.0
+    assert load_rules().__getitem__("generation_bound").follow_above == 25.0
     with pytest.raises(RulesError, match="follow_above .* must be below act_above"):
         load_rules(overrides={"rules": {"communication_bound": {"follow_above": 20.0}}})
     assert math.isfinite(RULES["communication_bound"].act_above)
