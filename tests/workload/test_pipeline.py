@@ -7,6 +7,7 @@ batch, not the job, a failing worker stops the trainer with its error, and the C
 from __future__ import annotations
 
 import json
+import time
 import math
 import subprocess
 import sys
@@ -189,3 +190,32 @@ def test_cli_without_torch_says_what_to_install_in_one_line():
     assert result.returncode != 0
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "pip install '.[trainer]'" in result.stderr and "download.pytorch.org/whl/cpu" in result.stderr
+
+
+def test_a_benchmark_s_own_polling_between_auto_steps_is_not_the_job_s_step_time():
+    """``story.run_auto`` asks the daemon whether the rebalancer settled (a ``GET /healthz``, 20+ ms on 2 cores) and
+    prints each step: on the tiny pipeline's 50 ms steps that bookkeeping read as a 40 % slower job, in the figures
+    and in the reports the rebalancer judged. It is off the job's clock, and asked at most every ``poll_s``."""
+    from trimtab.workload import story
+
+    asked = []
+
+    def slow_settled() -> bool:
+        asked.append(1)
+        time.sleep(0.3)
+        return False
+
+    hook = attach(job="pipeline-test", knobs={"batch_size": (4, 1, 16), "prefetch": (0, 0, 4),
+                                              "sync_every": (1, 1, 4)})
+    with Pipeline(SMALL, "cpu", hook=hook) as pipeline:
+        run = story.run_auto(pipeline, hook, max_steps=6, budget_s=60, tail_steps=100,
+                             show=lambda r: time.sleep(0.3), settled=slow_settled, poll_s=0.0)
+    hook.close()
+    assert len(asked) == 6
+    reported = [r.step_s for r in run.records]
+    assert max(reported) < 0.6 * 0.9, reported  # each step would carry 0.6 s of the bench's sleeps
+    assert sum(reported) < 0.5 * 6 * 0.6, reported
+    with Pipeline(SMALL, "cpu", hook=hook) as pipeline:
+        asked.clear()
+        story.run_auto(pipeline, hook, max_steps=6, budget_s=60, tail_steps=100, settled=slow_settled, poll_s=10.0)
+    assert len(asked) == 1  # the answer of the first ask stands for the steps within poll_s
