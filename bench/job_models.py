@@ -199,6 +199,23 @@ def regime_host() -> Workload:
                     step, [{"prefetch": p} for p in (0, 1, 2, 4, 8)], steps=160)
 
 
+def stalls() -> Workload:
+    """A job that stalls now and then whatever its setting — a checkpoint or validation pass inside a step, a GC
+    pause, a host hiccup (on the H200, run 15, a benchmark's own refill step: 10.3 s among 0.9 s ones, inside a
+    verdict's window): the drifting host's sync job without the drift (0.6 s of compute, ±8 %, 0.1 s of each sync on
+    the step's path: sync 1 → 4 pays +11 %, 4 → 8 +2 %), one step in 30 taking 10× as long."""
+    def step(k, i, rng):
+        sync = int(k["sync_every"])
+        synced = (i + 1) % sync == 0
+        compute = _noisy(rng, 0.6, 0.08)
+        stall = 5.4 if rng.random() < 1 / 30 else 0.0
+        t = compute + stall + (0.1 if synced else 0.0)
+        return t, {"generation": compute - 0.05 + stall, "update": 0.05,
+                   **({"communication": 0.45} if synced else {})}, 16
+    return Workload("stalls (sync, one step in 30 10× long)", {"sync_every": {"value": 1, "min": 1, "max": 8}}, step,
+                    [{"sync_every": s} for s in (1, 2, 4, 8)], steps=160)
+
+
 WORKLOADS = {"comm": comm_bound, "eval": eval_bound, "non_monotone": non_monotone, "memory": memory_growing,
              "noisy": noisy, "fast": fast_steps, "warm_up": warm_up, "known_loser": known_loser,
-             "ladder": sync_ladder, "drift": drifting_host, "regimes": regime_host}
+             "ladder": sync_ladder, "drift": drifting_host, "regimes": regime_host, "stalls": stalls}

@@ -7,6 +7,7 @@ import random
 
 from tests.support.plans import RULES, acts, change, decision, job, state, steps
 from trimtab.control.controller import plan
+from trimtab.grading.rules import load_rules
 
 
 def noisy(first: int, n: int, step_s: float, noise: float, seed: int) -> list:
@@ -172,3 +173,52 @@ def test_a_slowdown_inside_the_before_window_is_not_charged_to_the_change():
     assert p.evidence["before_window"]["steps"] == [29, 39], p.evidence["before_window"]
     assert p.outcome != "rolled_back" or p.evidence.get("back_to_known"), p.note
     assert p.evidence["verdict"]["result"] != "worse"
+
+
+# -- a lone stall in a window (a checkpoint, a GC pause; on the H200 a benchmark's 10.3 s step among 0.9 s ones) ------
+
+def stalled(history: list, at: int, x: float = 10.0) -> list:
+    """``history`` with step ``at`` ``x`` times as long (all of the extra time generating: a stall)."""
+    out = []
+    for s in history:
+        if s.step == at:
+            extra = s.step_time_s * (x - 1)
+            s = type(s)(**{**s.__dict__, "step_time_s": s.step_time_s * x,
+                           "phases_s": {**s.phases_s, "generation": s.phases_s["generation"] + extra}})
+        out.append(s)
+    return out
+
+
+def test_a_lone_stalled_step_after_a_real_gain_is_left_out_of_the_verdict_and_named_in_the_evidence():
+    history = noisy(0, 40, 0.5, 0.1, seed=3) + noisy(40, 30, 0.5 / 1.1, 0.1, seed=4)  # +10 %
+    assert follow(history).evidence["verdict"]["result"] == "gain"
+    p = follow(stalled(history, 60))
+    assert p.outcome == "kept" and p.evidence["verdict"]["result"] == "gain"
+    assert p.evidence["after_sample"]["left_out"][0]["first_step"] == 60
+    assert p.evidence["after_sample"]["left_out"][0]["x_median_period"] > 9
+    assert "left_out" not in p.evidence["before_sample"]
+    # without the rule the same window reads the +10 % as nothing
+    off = plan(state(stalled(history, 60), job(batch=4),
+                     changes=[change(id=2, value=1, previous=1, applied_step=2), change(applied_step=40)],
+                     decisions=[decision(before=None)]), load_rules(overrides={"controller": {"lone_period_x": 0}}))
+    assert off.evidence["verdict"]["result"] != "gain" and off.evidence["verdict"]["ratio"] < 1.01
+
+
+def test_two_stalled_steps_in_one_window_are_the_setting_s_own_pattern_and_stay():
+    history = noisy(0, 40, 0.5, 0.1, seed=3) + noisy(40, 30, 0.5 / 1.1, 0.1, seed=4)
+    p = follow(stalled(stalled(history, 50), 53))
+    assert "left_out" not in p.evidence["after_sample"]
+    assert p.evidence["verdict"]["ratio"] < 1.0
+
+
+def test_lone_outlier_needs_one_period_far_from_the_median_and_a_window_to_have_one():
+    import math
+
+    from trimtab.control.verdict import lone_outlier
+
+    logs = [math.log(v) for v in (10, 11, 9, 10, 2.5, 10)]
+    assert lone_outlier(logs, 3.0) == 4
+    assert lone_outlier(logs, 5.0) is None           # 4× off: not 5×
+    assert lone_outlier(logs, 0.0) is None           # off
+    assert lone_outlier(logs[3:], 3.0) is None       # three periods: no median to speak of
+    assert lone_outlier(logs + [math.log(40)], 3.0) is None  # two far periods: a pattern

@@ -259,6 +259,10 @@ def test_the_new_window_limits_are_checked_when_the_rules_load():
         load_rules(overrides={"controller": {"window_min_steps": 30}})
     with pytest.raises(RulesError, match=r"keep_unproven_likely_pct: must be within \[50, 100\]"):
         load_rules(overrides={"controller": {"keep_unproven_likely_pct": 40}})
+    with pytest.raises(RulesError, match=r"lone_period_x: must be 0 \(off\) or above 1"):
+        load_rules(overrides={"controller": {"lone_period_x": 0.5}})
+    assert load_rules(overrides={"controller": {"lone_period_x": 0}}).controller.lone_period_x == 0
+    assert load_rules().controller.lone_period_x == 3.0
 
 
 # -- a ladder that does not stop early ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from trimtab.contract.statuses import APPLIED
-from trimtab.control.verdict import Sample, fit_line, unsettled
+from trimtab.control.verdict import Sample, fit_line, lone_outlier, unsettled
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep, as_period, chunk_rates
 
@@ -75,6 +75,7 @@ class Persistence:
     shows none) and ``var_log`` (their variance on the log scale, pooled over the stretches; None without history)."""
     rho: float = 0.0
     var_log: Optional[float] = None
+    lone_x: float = 0.0  # a lone period this many times off its window's median is left out (lone_period_x)
 
     @property
     def inflation(self) -> float:
@@ -88,8 +89,8 @@ class Persistence:
         return self.var_log if self.rho > 0 else None
 
     def sample(self, steps: Sequence[JobStep], period: int = 1) -> Optional[Sample]:
-        """The window's per-period sample, its spread widened for persistence."""
-        return Sample.of_steps(steps, period, self.inflation, self.var_floor)
+        """The window's per-period sample, its spread widened for persistence, a lone stalled period left out."""
+        return Sample.of_steps(steps, period, self.inflation, self.var_floor, self.lone_x)
 
     def evidence(self) -> dict[str, Any]:
         return {"rho": round(self.rho, 3), "var_log": None if self.var_log is None else round(self.var_log, 6),
@@ -101,9 +102,9 @@ NONE = Persistence()
 
 def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     """The job's persistence at unchanged knobs (see the module docstring)."""
-    cap = rules.controller.persistence_max
+    cap, lone_x = rules.controller.persistence_max, rules.controller.lone_period_x
     if cap <= 0:
-        return NONE
+        return Persistence(lone_x=lone_x)
     num = den = 0.0
     periods = stretches = 0
     numbers = [s.step for s in state.steps]  # oldest first: each stretch is one slice
@@ -113,6 +114,9 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
             continue
         stretch, trending = _settled_part(state.steps[lo:hi], every, rules)
         logs = [math.log(r) for r in chunk_rates(stretch, every) if r > 0]
+        lone = lone_outlier(logs, lone_x)  # a stall is not the host's spread either
+        if lone is not None:
+            logs = logs[:lone] + logs[lone + 1:]
         if len(logs) < MIN_PERIODS:
             continue
         mean = sum(logs) / len(logs)
@@ -121,7 +125,7 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
         den += sum(r * r for r in resid)
         periods, stretches = periods + len(logs), stretches + 1
     if den <= 0 or periods < MIN_HISTORY_PERIODS:
-        return NONE
+        return Persistence(lone_x=lone_x)
     var_log = den / (periods - stretches)
     rho = num / den
     # Residuals from each stretch's own mean read persistence low by about (1 + 3ρ)/m over stretches of m periods
@@ -130,4 +134,4 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     # Only what the history shows beyond one standard error (about 1/√periods; 84 % sure, one-sided): a job with
     # independent periods seldom has its verdicts slowed by this estimate's own noise (a wrong "sure" verdict costs
     # more than a slow one, so not 95 %).
-    return Persistence(min(cap, max(0.0, rho - 1.0 / math.sqrt(periods))), var_log)
+    return Persistence(min(cap, max(0.0, rho - 1.0 / math.sqrt(periods))), var_log, lone_x)

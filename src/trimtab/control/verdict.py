@@ -7,6 +7,12 @@ A side with fewer than two periods has no variance of its own: it is given ``ass
 noise seen on real jobs, averaged over the steps its one period holds — one 45 s step keeps all of it (one slow step
 against one fast one is "inconclusive", not a verdict), a period of 32 short steps a sixth of it (32 steps with a
 sync at the end average like ~28 steps: (Σt)² / Σt²).
+
+One period of a window at least ``lone_period_x`` times slower (or faster) than the window's median period, and
+the only one, is left out of its sample (``lone_outlier``): a stall — a checkpoint or validation pass inside a
+step, a GC pause, a host hiccup — says nothing about the setting, and one 10 s step among 0.9 s ones moves a
+7-period mean by ~15 % (on the H200, run 15, a benchmark's own 10.3 s refill step entered a verdict: −22.5 % with it,
+−7.8 % without). Two or more such periods are the window's own pattern and stay.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class Sample:
     mean_log: float
     var_log: Optional[float]  # None: fewer than two periods
     steps_per_period: float = 1.0  # how many steps' noise a period averages ((Σt)² / Σt², mean over the periods)
+    left_out: tuple = ()  # (first step, × the window's median period) of a lone stalled period left out
 
     @classmethod
     def of(cls, rates: Sequence[float], steps_per_period: float = 1.0) -> Optional["Sample"]:
@@ -40,18 +47,29 @@ class Sample:
 
     @classmethod
     def of_steps(cls, steps: Sequence[JobStep], period: int = 1, inflate: float = 1.0,
-                 var_floor: Optional[float] = None) -> Optional["Sample"]:
+                 var_floor: Optional[float] = None, lone_x: float = 0.0) -> Optional["Sample"]:
         """The per-period sample of a window of steps (whole periods of ``period`` steps); its spread widened
         ``inflate`` times, from at least ``var_floor``, where the job's periods persist (see
-        ``trimtab.control.persistence``)."""
+        ``trimtab.control.persistence``); a lone period ``lone_x`` times off the median left out (0: none)."""
         period = max(1, int(period))
         spans = [steps[i:i + period] for i in range(0, len(steps) - period + 1, period)]
-        weights = [sum(s.step_time_s for s in span) ** 2 / sum(s.step_time_s ** 2 for s in span)
-                   for span in spans if any(s.step_time_s > 0 for s in span)]
-        sample = cls.of(chunk_rates(steps, period), statistics.fmean(weights) if weights else 1.0)
-        if sample is None or sample.var_log is None or (inflate == 1.0 and var_floor is None):
-            return sample
-        return cls(sample.n, sample.mean_log, max(sample.var_log, var_floor or 0.0) * inflate, sample.steps_per_period)
+        spans = [span for span in spans if any(s.step_time_s > 0 for s in span)]
+        weights = [sum(s.step_time_s for s in span) ** 2 / sum(s.step_time_s ** 2 for s in span) for span in spans]
+        rates = chunk_rates(steps, period)
+        left_out: tuple = ()
+        if len(rates) == len(spans):  # every period has its samples: the two lists line up
+            lone = lone_outlier([math.log(r) if r > 0 else -math.inf for r in rates], lone_x)
+            if lone is not None:
+                median = statistics.median(rates)
+                left_out = ((spans[lone][0].step, round(max(median / rates[lone], rates[lone] / median), 2)),)
+                rates, weights = rates[:lone] + rates[lone + 1:], weights[:lone] + weights[lone + 1:]
+        sample = cls.of(rates, statistics.fmean(weights) if weights else 1.0)
+        if sample is None:
+            return None
+        var_log = sample.var_log
+        if var_log is not None and (inflate != 1.0 or var_floor is not None):
+            var_log = max(var_log, var_floor or 0.0) * inflate
+        return cls(sample.n, sample.mean_log, var_log, sample.steps_per_period, left_out)
 
     @classmethod
     def from_evidence(cls, d: Any) -> Optional["Sample"]:
@@ -70,9 +88,25 @@ class Sample:
         return max(floor, math.log1p(ctl.assumed_noise_pct / 100.0) ** 2 / self.steps_per_period)
 
     def evidence(self) -> dict[str, Any]:
-        return {"n": self.n, "mean_log": round(self.mean_log, 6),
-                "var_log": None if self.var_log is None else round(self.var_log, 8),
-                "steps_per_period": round(self.steps_per_period, 2)}
+        out = {"n": self.n, "mean_log": round(self.mean_log, 6),
+               "var_log": None if self.var_log is None else round(self.var_log, 8),
+               "steps_per_period": round(self.steps_per_period, 2)}
+        if self.left_out:
+            out["left_out"] = [{"first_step": step, "x_median_period": x,
+                                "why": "a lone period this far from the window's median period (a stall), "
+                                       "beyond lone_period_x"} for step, x in self.left_out]
+        return out
+
+
+def lone_outlier(logs: Sequence[float], x: float) -> Optional[int]:
+    """The index of the one period (log throughputs) at least ``x`` times slower or faster than the median period
+    of the window, when it is the only one; None when there is none, or more than one (the window's own pattern:
+    a regime, a setting that stalls), or fewer than 4 periods (no median to speak of), or ``x`` ≤ 1 (off)."""
+    if x <= 1.0 or len(logs) < 4:
+        return None
+    median = statistics.median(logs)
+    far = [i for i, v in enumerate(logs) if abs(v - median) >= math.log(x)]
+    return far[0] if len(far) == 1 else None
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ class ControllerSettings:
     keep_unproven_likely_pct: float = 75.0
     persistence_max: float = 0.8
     outlier_x_median: float = 100.0
+    lone_period_x: float = 3.0
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
     advice_repeat_s: float = 600.0
@@ -264,6 +265,9 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         raise RulesError(f"{source}{_line_of(text, 'controller', 'stale_after_intervals')}: "
                          f"controller.stale_after_intervals: must be ≥ 1 (a sample is at most one interval old while "
                          f"its agent runs), got {ctl['stale_after_intervals']:g}")
+    if 0 < ctl["lone_period_x"] <= 1:
+        raise RulesError(f"{source}{_line_of(text, 'controller', 'lone_period_x')}: controller.lone_period_x: must be "
+                         f"0 (off) or above 1 (times the median period), got {ctl['lone_period_x']:g}")
     if ctl["persistence_max"] >= 1:
         raise RulesError(f"{source}{_line_of(text, 'controller', 'persistence_max')}: controller.persistence_max: must "
                          f"be below 1 (at 1 a window's mean would carry no information), got {ctl['persistence_max']:g}")
