@@ -158,6 +158,23 @@ def test_a_batch_gain_is_followed_through_while_generation_is_still_a_quarter_of
     assert at_batch4(gen_decision(), gen=0.025).change is None  # 20 %: below follow_above
 
 
+def test_a_gain_followed_through_to_the_knob_s_bound_goes_on_with_the_rule_s_next_action():
+    # the CPU pipeline: batch 16 → 64 gained, 64 is the job's max, generation still 40 % of the step — prefetch (the
+    # rule's next action) was never asked and the job ended at 77 % of the best static (64/2/1)
+    ev = {"reading": {}, "knobs": {"batch_size": 16, "prefetch": 0, "sync_every": 1},
+          "verdict": {"result": "gain", "ratio": 1.4, "confidence_pct": 100.0}}
+    d = decision(id=3, change_id=3, knob="batch_size", old=16, new=64, outcome="kept", evidence=ev)
+    history = steps(0, 40, step_time=0.1, gen=0.04, ev=0.02, comm=None)
+    p = plan(state(history, job(batch=64, batch_max=64), changes=[applied(3, "batch_size", 64, 16, 0)],
+                   decisions=[d]), RULES)
+    acts(p, "generation_bound", "prefetch", 0, 2)
+    assert "batch_size is at its bound: the rule's next action" in p.evidence["step_policy"][0]
+    # below its bound the follow-through stays on the knob that gained
+    p = plan(state(history, job(batch=64, batch_max=128), changes=[applied(3, "batch_size", 64, 16, 0)],
+                   decisions=[d]), RULES)
+    acts(p, "generation_bound", "batch_size", 64, 128)
+
+
 def test_follow_above_is_data_and_must_lie_under_the_act_line():
     import pytest
 

@@ -81,6 +81,16 @@ def _headroom(state: JobState, rules: RuleSet, readings: dict[str, Reading], nvm
     return None
 
 
+def _at_bound(state: JobState, knob: str, direction: float) -> bool:
+    """The knob can go no further that way (its declared max, or min): a gain followed through on it goes on with
+    the rule's next action (batch 16 → 64 gained, 64 is the max, generation still a third of the step: prefetch)."""
+    spec = state.job.knobs.get(knob)
+    if spec is None or direction == 0:
+        return False
+    value = float(spec["value"])
+    return value >= float(spec["max"]) if direction > 0 else value <= float(spec["min"])
+
+
 def _strong(rule: Rule, reading: Reading) -> bool:
     """The signal is far above its line (over the whole window and each half): the rule's larger step."""
     if rule.strong_above is None or reading.value is None or reading.value <= rule.strong_above:
@@ -98,14 +108,15 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
     # the knobs a job did not declare are worth naming only when it declared none of them.
     declared_any = any(a.knob in state.job.knobs for a in rule.actions)
     strong = _strong(rule, readings[rule.name])
+    followed_at_bound = follow is not None and _at_bound(state, follow.knob, follow.new_value - follow.old_value)
     for action in rule.actions:
         spec = state.job.knobs.get(action.knob)
         if spec is None:
             if not declared_any:
                 skipped.append(f"{action.describe()}: the job declared no knob {action.knob!r}")
             continue
-        if follow is not None and (follow.knob != action.knob
-                                   or (follow.new_value - follow.old_value) * action.direction <= 0):
+        if follow is not None and not followed_at_bound and (
+                follow.knob != action.knob or (follow.new_value - follow.old_value) * action.direction <= 0):
             continue
         policy: list = []
         current = float(spec["value"])
@@ -143,7 +154,9 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         if follow is not None:
             policy.insert(0, f"following through: decision {follow.id} ({follow.knob} {follow.old_value:g} → "
                              f"{follow.new_value:g}) measured a gain and the signal is still above "
-                             f"{rule.follow_above:g} {rule.unit}")
+                             f"{rule.follow_above:g} {rule.unit}"
+                             + (f"; {follow.knob} is at its bound: the rule's next action" if followed_at_bound
+                                else ""))
         return (action, new), skipped, policy
     return None, skipped, []
 
