@@ -27,8 +27,8 @@ batch-1 step takes 45 s). Prints every step, every decision, and:
                 static measured right before the auto run (the neighbour in time of its first steps)
     × default = reached throughput / defaults                            (goal ≥ 2)
 
-    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4 --max-steps 140 --budget-s 360 \
-        --tail 24 --paired-blocks 3 --paired-steps 8 --landed-blocks 2            # on the H200 (BENCHMARKS.md)
+    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4 --max-steps 220 --budget-s 300 \
+        --tail 24 --paired-blocks 3 --paired-steps 8 --deadline-s 540             # on the H200 (BENCHMARKS.md)
     python bench/rebalance.py --config tiny --device-map cpu --best 64,2,1          # here (CPU)
 """
 
@@ -66,7 +66,19 @@ def _decided(story, daemon, job: str, last) -> dict:
     return knobs
 
 
-def _paired(pipe, hook, best: dict, blocks: int, steps: int, show) -> tuple[Optional[dict], list]:
+def _past(deadline_s: Optional[float], what: str) -> bool:
+    """Whether the run is past ``--deadline-s`` (then ``what`` is not started, and the run says so): on a slow
+    host the optional measurements after the auto run must not cost the summary (H200 run 15 hit its 10-minute
+    call limit in its last landed block and printed nothing)."""
+    if deadline_s is None or time.perf_counter() - START_S < deadline_s:
+        return False
+    print(f"[{time.perf_counter() - START_S:6.1f} s] past --deadline-s {deadline_s:g}: {what} not measured",
+          flush=True)
+    return True
+
+
+def _paired(pipe, hook, best: dict, blocks: int, steps: int, show,
+            deadline_s: Optional[float] = None) -> tuple[Optional[dict], list]:
     """The auto job against the best static, alternately (auto, best, auto, best …), the controller live all along:
     it may still start or judge a change in an auto block, and that counts. Each block restarts the workers (the
     grid's rule: nothing generated under one setting counts under the other), so its first step refills the queue
@@ -80,6 +92,8 @@ def _paired(pipe, hook, best: dict, blocks: int, steps: int, show) -> tuple[Opti
     auto_all: list = []
     pairs = []
     for i in range(blocks):
+        if _past(deadline_s, f"paired blocks {i + 1}–{blocks}"):
+            break
         pipe.hook, pipe.knobs = None, hook.knobs  # the hook's knobs: a change it applied stands
         pipe.restart_workers()
         pipe.run(1)  # the refill step: neither counted nor reported
@@ -92,10 +106,12 @@ def _paired(pipe, hook, best: dict, blocks: int, steps: int, show) -> tuple[Opti
         print(f"[{time.perf_counter() - START_S:6.1f} s] paired block {i + 1}/{blocks}: auto {auto_tp:.2f} "
               f"({'/'.join(str(k) for k in story.knob_tuple(auto[-1]))}), best {best_tp:.2f} samples/s: "
               f"{100 * auto_tp / best_tp:.1f} %", flush=True)
+    if not pairs:
+        return None, auto_all
     auto_tp = story.throughput([r for a, _ in pairs for r in a]) or 0.0
     best_tp = story.throughput([r for _, b in pairs for r in b]) or 0.0
     ratios = [(story.throughput(a) or 0.0) / (story.throughput(b) or 1.0) for a, b in pairs]
-    return {"blocks": blocks, "steps": steps, "auto_samples_per_s": round(auto_tp, 3),
+    return {"blocks": len(pairs), "steps": steps, "auto_samples_per_s": round(auto_tp, 3),
             "best_samples_per_s": round(best_tp, 3), "ratio": round(auto_tp / best_tp, 4) if best_tp else None,
             "block_ratios": [round(r, 4) for r in ratios]}, auto_all
 
@@ -140,6 +156,9 @@ def main() -> int:
                          "blocks each: the tail against the best static with the host's drift taken out")
     ap.add_argument("--paired-steps", type=int, default=8, help="measured steps per paired block (after 1 refill "
                                                                 "step)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="seconds since the start after which no more paired, landed or control blocks are begun "
+                         "(the summary still prints): keep a run inside a call's time limit on a slow host")
     ap.add_argument("--control-blocks", type=int, default=0,
                     help="after the run, the best static again in this many blocks of --tail steps: how far one "
                          "tail-sized block of one fixed setting reads from another on this host")
@@ -178,15 +197,18 @@ def main() -> int:
                                  settled=story.rebalancer_idle(daemon, job))
             auto_s = time.perf_counter() - t0
             paired, paired_records = _paired(pipe, hook, best_knobs, args.paired_blocks, args.paired_steps,
-                                             show=lambda r: print(f"  paired auto {r.line()}", flush=True))
+                                             show=lambda r: print(f"  paired auto {r.line()}", flush=True),
+                                             deadline_s=args.deadline_s)
             hook.close()
             best_after, after_records = story.measure_static(pipe, best_knobs, warmup=2, steps=args.best_steps)
             print(f"[{time.perf_counter() - START_S:6.1f} s] best static {args.best} again: {best_after:.2f} "
                   f"samples/s over {len(after_records)} steps", flush=True)
             final_knobs = _decided(story, daemon, job, (run.records + paired_records)[-1])
-            landed = _landed(pipe, final_knobs, best_knobs, args.landed_blocks, args.landed_steps)
+            landed_skipped = args.landed_blocks > 0 and _past(args.deadline_s, "the landed blocks")
+            landed = None if landed_skipped else _landed(pipe, final_knobs, best_knobs, args.landed_blocks,
+                                                         args.landed_steps)
             control = [story.measure_static(pipe, best_knobs, warmup=1, steps=args.tail)[0]
-                       for _ in range(args.control_blocks)]
+                       for i in range(args.control_blocks) if not _past(args.deadline_s, f"control block {i + 1}")]
         decisions = story.api_get(daemon, f"/v1/decisions?job={job}&limit=100")["decisions"]
         changes = story.api_get(daemon, f"/v1/jobs/{job}/changes?limit=100")["changes"]
     finally:
@@ -266,7 +288,7 @@ def main() -> int:
         print(f"landed: final setting {landed['final']} {landed['final_samples_per_s']:.2f} samples/s vs best static "
               f"{landed['best_samples_per_s']:.2f} samples/s, alternated in {landed['blocks']} blocks of "
               f"{landed['steps']} steps: {100 * landed['ratio']:.1f} %")
-    elif args.landed_blocks > 0:
+    elif args.landed_blocks > 0 and not landed_skipped:
         print(f"landed: the controller's final setting {final_knobs} is the best static setting itself (nothing to "
               f"alternate)")
     print(json.dumps(summary))
