@@ -13,7 +13,7 @@ from tests.support.frameworks import require
 
 require("torch")
 
-from trimtab.cli.demo_cmd import _decision_row, _print_rollback, _story  # noqa: E402
+from trimtab.cli.demo_cmd import _decision_row, _print_rollback, _print_why, _story  # noqa: E402
 from trimtab.workload import story  # noqa: E402
 from trimtab.workload.config import preset  # noqa: E402
 from trimtab.workload.loop import Pipeline  # noqa: E402
@@ -111,3 +111,18 @@ def test_progress_lines_show_the_rebalancers_figures_not_a_single_steps_rate(mon
     assert lines == [
         "  step   59: prefetch 1 → 3 (decision #5, generation_bound, at 262.3 samples/s over steps 41–57)",
         "  step   71: prefetch 3 → 1, rolled back on decision #5's verdict: -42.0 % (100 % sure), worse"]
+
+
+def test_a_change_below_the_rules_act_line_says_it_followed_a_gain_through(capsys):
+    d = decision("kept")
+    d["evidence"].update(reading={"message": "generation share (wall time) 44.6 % of step over steps 30–49 (20 with "
+                                             "data; lower half-window 43.7; act above 50)"},
+                         step_policy=["following through: decision 2 (batch_size 4 → 16) measured a gain and the "
+                                      "signal is still above 25 % of step", {"memory_prediction": {}}])
+    _print_why(d)
+    out = capsys.readouterr().out
+    assert "why: generation share (wall time) 44.6 %" in out
+    assert "following through: decision 2 (batch_size 4 → 16) measured a gain" in out
+    del d["evidence"]["step_policy"]
+    _print_why(d)
+    assert "following through" not in capsys.readouterr().out

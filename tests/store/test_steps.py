@@ -110,3 +110,20 @@ def test_a_job_s_newest_report_is_one_index_seek_not_a_scan_of_its_reports(engin
             conn.execute(text("SET LOCAL enable_seqscan = off"))
             plan = " | ".join(conn.exec_driver_sql(f"EXPLAIN {query}").scalars())
     assert "ix_job_reports_job_id_received_ms" in plan, plan
+
+
+def test_a_change_decided_after_the_job_left_auto_is_filed_as_advice_and_never_queued(store_engine):
+    """The plan runs on the job as it read it; a mode switch to advise can land in between (`trimtab demo` switched
+    its job to advise to measure the settings left, and a prefetch change still reached the job a second later)."""
+    a = job(store_engine, "a", 1)
+    job_store.set_mode(store_engine, "a", "advise")
+    decision_id, change = decision_store.decide_change(store_engine, a.id, "generation_bound", {"reading": {}},
+                                                       "batch_size", 8, "gen-bound", advice="raise it")
+    assert change is None and job_store.pending_changes(store_engine, a.id) == []
+    d = next(d for d in decision_store.list_decisions(store_engine, a.id, 10, 0) if d.id == decision_id)
+    assert (d.outcome, d.change_id, d.knob, d.new_value) == ("advised", None, "batch_size", 8)
+    assert d.old_value == KNOBS["batch_size"]["value"]
+    assert d.advice == "gen-bound (not applied: the job's mode is advise). raise it"
+    job_store.set_mode(store_engine, "a", "auto")
+    _, change = decision_store.decide_change(store_engine, a.id, "generation_bound", {}, "batch_size", 8, "gen-bound")
+    assert change is not None and [c.id for c in job_store.pending_changes(store_engine, a.id)] == [change.id]

@@ -46,7 +46,7 @@ def _knobs_text(knobs) -> str:
 @click.option("--keep-state", is_flag=True, help="Keep the demo daemon's state directory (store, log) afterwards.")
 def demo(as_json: bool, budget_s: float, quiet_steps: int, after_steps: int, before_steps: int,
          keep_state: bool) -> None:
-    """Watch the rebalancer fix a badly configured PPO job on this CPU (about 100 s on 2 CPU cores).
+    """Watch the rebalancer fix a badly configured PPO job on this CPU (about 50 s on 2 CPU cores).
 
     Starts a private `trimtab up` on a free loopback port, runs the reference pipeline from deliberately bad
     settings (batch 1, no prefetch, sync every step), lets the rebalancer change its knobs in `auto` mode — raise
@@ -232,13 +232,23 @@ def _print_report(result: dict, before_tp: float, after_tp: float, n_before: int
         step = f" at step {d['applied_step']}" if d["applied_step"] is not None else ""
         outcome = "kept, no measurable gain" if d["outcome"] == KEPT and row["no_gain"] else d["outcome"]
         click.echo(f"  #{d['id']:<3} {d['rule']:<20} {change:<24}{step:<14} {measured:<40} {outcome}")
-        reading = d["evidence"].get("reading", {})
-        if reading.get("message"):
-            click.echo(f"        why: {reading['message']}")
+        _print_why(d)
         if d["outcome"] == ROLLED_BACK:
             _print_rollback(d, row)
     click.echo("\nOn a GPU node: `trimtab up`, attach the hook to your trainer (README, 'The rebalancer'), then "
                "`trimtab check` and GET /v1/decisions show the same story for your job.")
+
+
+def _print_why(d: dict) -> None:
+    """The rule's reading that asked for the change — and, for a rule below its act line, that it followed a
+    measured gain through (else "44.6 % of step … act above 50" reads as a misfire)."""
+    reading = d["evidence"].get("reading", {})
+    if reading.get("message"):
+        click.echo(f"        why: {reading['message']}")
+    follow = next((p for p in d["evidence"].get("step_policy", []) if isinstance(p, str)
+                   and p.startswith("following through")), None)
+    if follow:
+        click.echo(f"        {follow}")
 
 
 def _print_rollback(d: dict, row: dict) -> None:

@@ -362,10 +362,15 @@ class Rebalancer:
             decision_store.set_applied_step(engine, p.measuring, p.applied_step)
         if p.change is not None:
             c = p.change
-            decision_store.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value, c.reason,
-                                         throughput_before_samples_per_s=p.throughput_before, advice=p.advice)
-            self.stats.changes_queued += 1
-            log.info("rebalancer: job %s: %s", job.name, p.note)
+            _, queued = decision_store.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value,
+                                                     c.reason, throughput_before_samples_per_s=p.throughput_before,
+                                                     advice=p.advice)
+            if queued is not None:
+                self.stats.changes_queued += 1
+            else:
+                self.stats.advised += 1
+            log.info("rebalancer: job %s%s: %s", job.name, "" if queued is not None else " (mode switched: advised)",
+                     p.note)
         elif p.advised is not None:
             c = p.advised
             decision_store.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,

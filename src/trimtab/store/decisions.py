@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 
 from sqlalchemy import Engine, func, insert, select, update
 
-from trimtab.contract.statuses import PENDING
+from trimtab.contract.statuses import ADVISED, PENDING
 from trimtab.store.engine import write_transaction
 from trimtab.store.jobs import StoredChange, now_ms, number, queue_change_in
 from trimtab.store.models import decisions, jobs
@@ -44,9 +44,20 @@ def add_decision(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, 
 
 
 def decide_change(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, Any], knob: str, value: float,
-                  reason: str, **fields: Any) -> tuple[int, StoredChange]:
-    """Queue a rebalancer change and file its decision (outcome "pending") atomically: (decision id, change)."""
+                  reason: str, **fields: Any) -> tuple[int, Optional[StoredChange]]:
+    """Queue a rebalancer change and file its decision (outcome "pending") atomically: (decision id, change). A job
+    no longer in mode ``auto`` when the change would be queued (switched while the plan ran on what it had read:
+    `trimtab demo` switched its job to advise and a prefetch change still reached it a second later) gets the
+    decision as advice and no change: (decision id, None) — advise starts nothing new."""
     with write_transaction(engine) as conn:
+        job = conn.execute(select(jobs.c.mode, jobs.c.knobs).where(jobs.c.id == job_id)).one()
+        if job.mode != "auto":
+            advice = fields.pop("advice", None)
+            said = f"{reason} (not applied: the job's mode is {job.mode})" + (f". {advice}" if advice else "")
+            return conn.execute(insert(decisions).values(
+                job_id=job_id, ts_ms=fields.pop("ts_ms", None) or now_ms(), rule=rule, evidence=dict(evidence),
+                knob=knob, old_value=(job.knobs.get(knob) or {}).get("value"), new_value=value, outcome=ADVISED,
+                advice=said, **fields).returning(decisions.c.id)).scalar_one(), None
         change = queue_change_in(conn, job_id, knob, value, reason, source="rebalancer")
         decision_id = conn.execute(insert(decisions).values(
             job_id=job_id, ts_ms=fields.pop("ts_ms", None) or now_ms(), rule=rule, evidence=dict(evidence),
