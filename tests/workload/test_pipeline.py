@@ -219,3 +219,23 @@ def test_a_benchmark_s_own_polling_between_auto_steps_is_not_the_job_s_step_time
         asked.clear()
         story.run_auto(pipeline, hook, max_steps=6, budget_s=60, tail_steps=100, settled=slow_settled, poll_s=10.0)
     assert len(asked) == 1  # the answer of the first ask stands for the steps within poll_s
+
+
+def test_an_auto_run_ends_settled_only_on_a_fresh_answer():
+    """An answer up to ``poll_s`` old stands for the steps in between, but it must not end the run: `trimtab demo`
+    ended its auto phase on a second-old "settled" while the rebalancer was queueing a change."""
+    from trimtab.workload import story
+
+    answers = iter([True, False])
+    asked = []
+
+    def settled() -> bool:
+        asked.append(1)
+        return next(answers, False)
+
+    hook = attach(job="pipeline-test", knobs={"batch_size": (4, 1, 16), "prefetch": (0, 0, 4),
+                                              "sync_every": (1, 1, 4)})
+    with Pipeline(SMALL, "cpu", hook=hook) as pipeline:
+        run = story.run_auto(pipeline, hook, max_steps=6, budget_s=60, tail_steps=2, settled=settled, poll_s=60.0)
+    hook.close()
+    assert len(asked) == 2 and len(run.records) == 6 and run.stopped_because == "6 steps"

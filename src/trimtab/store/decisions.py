@@ -46,9 +46,8 @@ def add_decision(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, 
 def decide_change(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, Any], knob: str, value: float,
                   reason: str, **fields: Any) -> tuple[int, Optional[StoredChange]]:
     """Queue a rebalancer change and file its decision (outcome "pending") atomically: (decision id, change). A job
-    no longer in mode ``auto`` when the change would be queued (switched while the plan ran on what it had read:
-    `trimtab demo` switched its job to advise and a prefetch change still reached it a second later) gets the
-    decision as advice and no change: (decision id, None) — advise starts nothing new."""
+    no longer in mode ``auto`` when the change would be queued (switched while the plan ran on the job as it had
+    read it) gets the decision as advice and no change: (decision id, None) — advise starts nothing new."""
     with write_transaction(engine) as conn:
         job = conn.execute(select(jobs.c.mode, jobs.c.knobs).where(jobs.c.id == job_id)).one()
         if job.mode != "auto":
