@@ -324,9 +324,8 @@ class Rebalancer:
         rules = self.rules_for(job)
         result = self._plan_and_execute(job, rules)
         if result.close is not None and result.rollback_to is None:
-            # A verdict that queued nothing: the window it was judged on is the next decision's "before" window,
-            # so decide now: the next change is pending for the job's next report, not a window later (a step
-            # sooner: 25 s at batch 4 on the H200).
+            # A verdict that queued nothing: its window is the next decision's "before" window, so decide now: the
+            # next change waits for the job's next report, not a window (a step sooner: 25 s at batch 4 on the H200).
             fresh = job_store.get_job(self.engine, job.name) or job
             follow = self._plan_and_execute(fresh, rules)
             result = follow if (follow.change or follow.advised or follow.advice_rule) else result
@@ -365,12 +364,9 @@ class Rebalancer:
             _, queued = decision_store.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value,
                                                      c.reason, throughput_before_samples_per_s=p.throughput_before,
                                                      advice=p.advice)
-            if queued is not None:
-                self.stats.changes_queued += 1
-            else:
-                self.stats.advised += 1
-            log.info("rebalancer: job %s%s: %s", job.name, "" if queued is not None else " (mode switched: advised)",
-                     p.note)
+            counter = "changes_queued" if queued is not None else "advised"  # None: the job left auto meanwhile
+            setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+            log.info("rebalancer: job %s%s: %s", job.name, "" if queued else " (left auto: advised)", p.note)
         elif p.advised is not None:
             c = p.advised
             decision_store.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,
