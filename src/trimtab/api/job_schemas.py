@@ -236,8 +236,11 @@ class DecisionOut(Model):
     ts_ms: int = Field(description="When, epoch milliseconds.")
     rule: str = Field(description="The rule that fired (utilization_balance, pcie, step_composition, …).")
     evidence: dict[str, Any] = Field(description="The window's figures that made it fire (signal, value, per-step "
-                                                 "values, halves, skipped actions and why), and once judged the "
-                                                 "after-window, gain_pct and each rank's acknowledged step.")
+                                                 "values, halves, skipped actions and why, step_policy: how the "
+                                                 "step was chosen), and once judged the after-window, gain_pct, the "
+                                                 "verdict with its before_sample/after_sample (a lone stalled period "
+                                                 "left out of one is named under left_out) and each rank's "
+                                                 "acknowledged step.")
     change_id: Optional[int] = Field(description="The knob change made, if any.")
     knob: Optional[str] = Field(description="Knob changed.")
     old_value: Optional[Union[int, float]] = Field(description="Value before.")
