@@ -195,6 +195,37 @@ def test_a_move_rolled_back_is_tried_again_once_the_known_setting_reads_no_highe
     assert not tried([unsure], 72.0, replace(RULES, controller=replace(RULES.controller, drift_retries=0)))
 
 
+
+def test_a_drift_needs_to_be_no_surer_than_the_loss_it_explains_and_measured_on_as_many_periods():
+    # The H200 reference pipeline, run 17 (2026-12-04): sync_every 1 → 4 read −8.6 % (90.5 % sure, inconclusive)
+    # against an 8-step before window and went back to 1. At 1 the job then read 72–75 samples/s against 84 before,
+    # steadily, below what sync 4 had read (77): the host had slowed. At 99 % ("remeasure") that slowdown was sure
+    # only at three single plans over 120 steps, and the job stood at the 12 % slower setting all that while (the
+    # pairs after the run: 88 % of the best static). The steps at 1 after the rollback (applied at step 79):
+    at_one_s = [0.887, 0.86, 0.872, 0.821, 0.962, 0.84, 0.858, 1.026, 0.774, 0.824, 0.734, 0.762]
+    loss = decision(id=5, knob="sync_every", old=1, new=4, outcome="rolled_back", rule="communication_bound",
+                    evidence={"verdict": {"result": "inconclusive", "ratio": 0.9142, "confidence_pct": 90.5},
+                              "back_to_known": True, "knobs": {"batch_size": 64, "prefetch": 2, "sync_every": 1},
+                              "before_sample": {"n": 8, "mean_log": 4.432835, "var_log": 0.01602496},
+                              "after_sample": {"n": 6, "mean_log": 4.343126, "var_log": 0.00182941}})
+    action = RULES["communication_bound"].actions[0]
+    back = [change(id=6, knob="sync_every", value=1, previous=4, applied_step=79)]
+
+    def tried(n_steps: int, rules=RULES, decisions=(loss,)) -> bool:
+        since = [replace(s, step=80 + i, samples=64, step_time_s=t)
+                 for i, (s, t) in enumerate(zip(steps(80, n_steps, 0.85), at_one_s))]
+        st = state(since, job(batch=64, prefetch=2, sync=1), changes=back, decisions=list(decisions))
+        return blocked(st, rules, action, 4.0, None) is None
+
+    assert tried(12)                      # as sure as the loss was (90.5 %): the drift's, tried again
+    as_before = replace(RULES, controller=replace(RULES.controller, drift_confidence_pct=99.0))
+    assert not tried(12, as_before)       # at 99 % (the rule before): held, as on the H200
+    assert not tried(5)                   # fewer periods at 1 than the before window had: not yet
+    # a sure loss needs a drift as sure (at most remeasure_confidence_pct): the same steps do not release it
+    sure = replace(loss, evidence={**loss.evidence, "verdict": {"result": "worse", "ratio": 0.9142,
+                                                                "confidence_pct": 99.9}})
+    assert not tried(12, decisions=(sure,))
+
 def test_the_old_value_of_a_sure_gain_is_not_moved_back_to():
     gained = decision(old=4, new=16, outcome="kept", evidence={"verdict": {"result": "gain", "ratio": 1.9},
                                                                 "after_sample": sample(40.0)})
@@ -259,6 +290,8 @@ def test_the_new_window_limits_are_checked_when_the_rules_load():
         load_rules(overrides={"controller": {"window_min_steps": 30}})
     with pytest.raises(RulesError, match=r"keep_unproven_likely_pct: must be within \[50, 100\]"):
         load_rules(overrides={"controller": {"keep_unproven_likely_pct": 40}})
+    with pytest.raises(RulesError, match=r"drift_confidence_pct: must be within \[50, 100\)"):
+        load_rules(overrides={"controller": {"drift_confidence_pct": 100}})
     with pytest.raises(RulesError, match=r"lone_period_x: must be 0 \(off\) or above 1"):
         load_rules(overrides={"controller": {"lone_period_x": 0.5}})
     assert load_rules(overrides={"controller": {"lone_period_x": 0}}).controller.lone_period_x == 0

@@ -39,11 +39,7 @@ class Action:
 
     def apply(self, value: float, strong: bool = False) -> float:
         by = self.strong_by if strong and self.strong_by is not None else self.by
-        if self.op == "mul":
-            return value * by
-        if self.op == "div":
-            return value / by
-        return value + by
+        return value * by if self.op == "mul" else value / by if self.op == "div" else value + by
 
     @property
     def direction(self) -> int:
@@ -114,6 +110,7 @@ class ControllerSettings:
     settled_confidence_pct: float = 99.9
     ladder_look_further: int = 1
     drift_retries: int = 1
+    drift_confidence_pct: float = 90.0
     keep_unproven_likely_pct: float = 75.0
     persistence_max: float = 0.8
     outlier_x_median: float = 100.0
@@ -240,6 +237,18 @@ def _number(value: Any, where: str, integer: bool = False) -> float:
     return int(value) if integer else float(value)
 
 
+# Controller keys with a range narrower than "≥ 0": the key, its test, what it must be (and why), for the error.
+_CONTROLLER_RANGES = (
+    ("keep_unproven_likely_pct", lambda v: 50.0 <= v <= 100.0,
+     "within [50, 100] (a probability that a move is not lower, in %)"),
+    ("drift_confidence_pct", lambda v: 50.0 <= v < 100.0,
+     "within [50, 100) (how sure a slowdown of the known setting must be, in %)"),
+    ("stale_after_intervals", lambda v: v >= 1, "≥ 1 (a sample is at most one interval old while its agent runs)"),
+    ("lone_period_x", lambda v: not 0 < v <= 1, "0 (off) or above 1 (times the median period)"),
+    ("persistence_max", lambda v: v < 1, "below 1 (at 1 a window's mean would carry no information)"),
+)
+
+
 def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet:
     ctl_in = data.get("controller", {})
     ctl = {}
@@ -257,20 +266,10 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         ctl[f.name] = value
     if ctl["window_min_steps"] < 1 or ctl["window_max_steps"] < ctl["window_min_steps"]:
         raise RulesError(f"{source}: controller needs 1 ≤ window_min_steps ≤ window_max_steps")
-    if not 50.0 <= ctl["keep_unproven_likely_pct"] <= 100.0:
-        raise RulesError(f"{source}{_line_of(text, 'controller', 'keep_unproven_likely_pct')}: "
-                         f"controller.keep_unproven_likely_pct: must be within [50, 100] (a probability that a "
-                         f"move is not lower, in %), got {ctl['keep_unproven_likely_pct']:g}")
-    if ctl["stale_after_intervals"] < 1:
-        raise RulesError(f"{source}{_line_of(text, 'controller', 'stale_after_intervals')}: "
-                         f"controller.stale_after_intervals: must be ≥ 1 (a sample is at most one interval old while "
-                         f"its agent runs), got {ctl['stale_after_intervals']:g}")
-    if 0 < ctl["lone_period_x"] <= 1:
-        raise RulesError(f"{source}{_line_of(text, 'controller', 'lone_period_x')}: controller.lone_period_x: must be "
-                         f"0 (off) or above 1 (times the median period), got {ctl['lone_period_x']:g}")
-    if ctl["persistence_max"] >= 1:
-        raise RulesError(f"{source}{_line_of(text, 'controller', 'persistence_max')}: controller.persistence_max: must "
-                         f"be below 1 (at 1 a window's mean would carry no information), got {ctl['persistence_max']:g}")
+    for key, ok, must in _CONTROLLER_RANGES:
+        if not ok(ctl[key]):
+            raise RulesError(f"{source}{_line_of(text, 'controller', key)}: controller.{key}: must be {must}, "
+                             f"got {ctl[key]:g}")
     if ctl["window_enough_steps"] < ctl["window_min_steps"] or ctl["verdict_enough_steps"] < ctl["window_min_steps"]:
         raise RulesError(f"{source}: controller needs window_enough_steps and verdict_enough_steps ≥ window_min_steps")
     if ctl["steps_read_max"] < 2 * ctl["window_enough_steps"]:
