@@ -9,6 +9,8 @@ directly: wall time inside ``step_end`` on the training thread, and the CPU time
 competes for the GIL), each per step and as a share of the median step.
 
     python bench/hook_overhead.py --config h200 --rounds 4 --block 5 --server http://127.0.0.1:9460 --token …
+    python3 bench/hook_overhead.py --config h200 --device-map cuda:0 --batch-size 64 --prefetch 2 --sync-every 4 \
+        --rounds 8 --block 12 --daemon     # the best static's knobs, its own `trimtab up` (next H200 session)
 """
 
 from __future__ import annotations
@@ -44,8 +46,23 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--server", default=None)
     ap.add_argument("--token", default=None)
+    ap.add_argument("--daemon", action="store_true",
+                    help="start a `trimtab up` on a loopback port for the run and report to it (instead of --server)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    daemon = None
+    if args.daemon:
+        from trimtab.workload import story
+        daemon = story.start_daemon(args=["--interval", "1"])
+        args.server, args.token = daemon.url, daemon.token
+    try:
+        return _run(args)
+    finally:
+        if daemon is not None:
+            daemon.close(False)
+
+
+def _run(args) -> int:
 
     from trimtab.trainer import attach
     from trimtab.workload.cli import knob_declaration
@@ -80,19 +97,23 @@ def main() -> int:
     hook.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     overhead = med["with"] / med["without"] - 1
+    # every step carries the same samples: throughput is steps over their summed time — the mean, which the
+    # median misses where one step in sync_every carries the weight sync
+    mean_overhead = statistics.fmean(times["with"]) / statistics.fmean(times["without"]) - 1
     hooked_steps = args.warmup + args.rounds * args.block
     per_step = {"step_end_s": sum(in_step_end) / max(1, len(in_step_end)),
                 "reporter_cpu_s": reporter_cpu_s / hooked_steps if reporter_cpu_s is not None else None}
     print(f"config {config.name}, knobs {knobs}, {args.rounds} rounds × {args.block} steps each, server {args.server}")
     print(f"median step without hook: {med['without'] * 1e3:.2f} ms   with hook: {med['with'] * 1e3:.2f} ms   "
-          f"overhead {overhead * 100:+.2f} %   (goal ≤ 1 %)")
+          f"overhead {overhead * 100:+.2f} %   (goal ≤ 1 %); mean step (throughput) {mean_overhead * 100:+.2f} %")
     share = {k: (v / med["without"] if v is not None else None) for k, v in per_step.items()}
     print(f"hook cost per step: step_end {per_step['step_end_s'] * 1e3:.3f} ms ({share['step_end_s'] * 100:.3f} % of a step), "
           + (f"reporter thread CPU {per_step['reporter_cpu_s'] * 1e3:.3f} ms ({share['reporter_cpu_s'] * 100:.3f} %)"
              if per_step["reporter_cpu_s"] is not None else "reporter thread CPU: not measurable here"))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"median_s": med, "overhead": overhead, "times_s": times, "knobs": knobs,
+            json.dump({"median_s": med, "overhead": overhead, "mean_overhead": mean_overhead, "times_s": times,
+                       "knobs": knobs,
                        "hook_cost_per_step_s": per_step, "hook_cost_share_of_step": share}, fh, indent=2)
     return 0
 
