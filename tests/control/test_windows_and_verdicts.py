@@ -200,7 +200,7 @@ def test_a_drift_needs_to_be_no_surer_than_the_loss_it_explains_and_measured_on_
     # The H200 reference pipeline, run 17 (2026-12-04): sync_every 1 → 4 read −8.6 % (90.5 % sure, inconclusive)
     # against an 8-step before window and went back to 1. At 1 the job then read 72–75 samples/s against 84 before,
     # steadily, below what sync 4 had read (77): the host had slowed. At 99 % ("remeasure") that slowdown was sure
-    # only at three single plans over 120 steps, and the job stood at the 12 % slower setting all that while (the
+    # only at 4 of 120 steps (replayed), and the job stood at the 12 % slower setting all that while (the
     # pairs after the run: 88 % of the best static). The steps at 1 after the rollback (applied at step 79):
     at_one_s = [0.887, 0.86, 0.872, 0.821, 0.962, 0.84, 0.858, 1.026, 0.774, 0.824, 0.734, 0.762]
     loss = decision(id=5, knob="sync_every", old=1, new=4, outcome="rolled_back", rule="communication_bound",

@@ -112,7 +112,7 @@ def drift_sure_pct(d: StoredDecision, ctl) -> float:
     as the loss itself was measured, at least ``drift_confidence_pct``, at most ``remeasure_confidence_pct``. A
     drift need not be surer than the loss it explains: on the H200 (run 17) sync 1 → 4 went back on a −8 % read
     90 % sure, and sync 1 itself then read 72–75 samples/s against 84 before, steadily — yet 99 % sure only at
-    three single plans over 120 steps (a short before window of 8 steps), and the job stood at the 12 % slower
+    4 of the 120 steps it was replayed at (a short before window of 8 steps), and the job stood at the 12 % slower
     setting all that while."""
     loss = (_evidence(d).get("verdict") or {}).get("confidence_pct")
     if not isinstance(loss, (int, float)):
