@@ -20,7 +20,7 @@ from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BA
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
 from trimtab.control.plan import before_window, last_applied_step, period
-from trimtab.control.verdict import GAIN, WORSE, Sample, _standard_error, _t_ppf, changed_level, compare
+from trimtab.control.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     since = before_window([s for s in state.steps if s.step >= last + ctl.settle_steps], rules, every)
     again = state.persistence.sample(since, every)
     return again is not None and again.n >= known.n and again.mean_log <= min(after.mean_log, known.mean_log) \
-        and compare(known, again, ctl, drift_sure_pct(d, ctl)).result == WORSE
+        and changed_level(known, again, ctl, drift_sure_pct(d, ctl))
 
 
 def drift_sure_pct(d: StoredDecision, ctl) -> float:

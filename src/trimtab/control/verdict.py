@@ -190,14 +190,17 @@ def compare(before: Sample, after: Sample, ctl: ControllerSettings, confidence_p
     return Verdict(result, ratio, 100.0 * (1.0 - p), (lo, hi), before.n, after.n, method)
 
 
-def changed_level(then: Optional[Sample], now: Optional[Sample], ctl: ControllerSettings) -> bool:
+def changed_level(then: Optional[Sample], now: Optional[Sample], ctl: ControllerSettings,
+                  confidence_pct: Optional[float] = None) -> bool:
     """The job's throughput at the same setting has moved measurably since ``then`` (a slowdown, a new phase of
-    training): an old verdict taken at ``then`` no longer says anything about now."""
+    training): an old verdict taken at ``then`` no longer says anything about now. ``confidence_pct``: how sure
+    (default ``remeasure_confidence_pct``)."""
     if then is None or now is None:
         return False
     # Looked at once a window for as long as the verdict stands: a stricter line than a verdict's, or noise alone
     # would re-open every verdict within a few dozen windows.
-    return compare(then, now, ctl, ctl.remeasure_confidence_pct).result in (GAIN, WORSE)
+    sure = ctl.remeasure_confidence_pct if confidence_pct is None else confidence_pct
+    return compare(then, now, ctl, sure).result in (GAIN, WORSE)
 
 
 

@@ -8,6 +8,7 @@ line and the reason. The controller and the balance checks read only the typed :
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 SHIPPED = "rules.toml"
-OPS = ("mul", "div", "add")
+OPS = {"mul": operator.mul, "div": operator.truediv, "add": operator.add}  # an action's op: new = op(value, by)
 SCOPES = ("job", "gpu")
 KNOWN_SIGNALS = {
     "ooms", "mem_used_pct", "fragmentation_pct", "collective_latency_x_baseline", "pcie_pct_of_peak",
@@ -39,7 +40,7 @@ class Action:
 
     def apply(self, value: float, strong: bool = False) -> float:
         by = self.strong_by if strong and self.strong_by is not None else self.by
-        return value * by if self.op == "mul" else value / by if self.op == "div" else value + by
+        return OPS[self.op](value, by)
 
     @property
     def direction(self) -> int:
@@ -301,7 +302,7 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
                 raise RulesError(f"{w}: needs exactly knob, op, by (and optionally needs_memory_headroom, strong_by, "
                                  f"to_memory_fit), got {a!r}")
             if a["op"] not in OPS:
-                raise RulesError(f"{w}: op must be one of {OPS}, got {a['op']!r}")
+                raise RulesError(f"{w}: op must be one of {tuple(OPS)}, got {a['op']!r}")
             by = _number(a["by"], f"{w}.by")
             if (a["op"] in ("mul", "div") and by <= 0) or (a["op"] == "add" and by == 0) or by == 1 and a["op"] != "add":
                 raise RulesError(f"{w}: by={by} would not change the knob")
