@@ -48,6 +48,8 @@ def main() -> int:
     ap.add_argument("--token", default=None)
     ap.add_argument("--daemon", action="store_true",
                     help="start a `trimtab up` on a loopback port for the run and report to it (instead of --server)")
+    ap.add_argument("--no-cuda-events", action="store_true",
+                    help="attach with cuda_events=False (wall clock only): tells the event records' cost apart")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     daemon = None
@@ -73,7 +75,8 @@ def _run(args) -> int:
     devices = parse_device_map(args.device_map)
     knobs = {"batch_size": args.batch_size, "prefetch": args.prefetch, "sync_every": args.sync_every}
     hook = attach(job="hook-overhead", server=args.server, token=args.token, device_map=devices.as_hook_map(),
-                  knobs=knob_declaration(Knobs.read(knobs), config.samples_per_step))
+                  knobs=knob_declaration(Knobs.read(knobs), config.samples_per_step),
+                  cuda_events=not args.no_cuda_events)
     times: dict[str, list[float]] = {"without": [], "with": []}
     in_step_end: list[float] = []
     step_end = hook.step_end
@@ -103,7 +106,8 @@ def _run(args) -> int:
     hooked_steps = args.warmup + args.rounds * args.block
     per_step = {"step_end_s": sum(in_step_end) / max(1, len(in_step_end)),
                 "reporter_cpu_s": reporter_cpu_s / hooked_steps if reporter_cpu_s is not None else None}
-    print(f"config {config.name}, knobs {knobs}, {args.rounds} rounds × {args.block} steps each, server {args.server}")
+    print(f"config {config.name}, knobs {knobs}, {args.rounds} rounds × {args.block} steps each, server {args.server}, "
+          f"cuda events {'off' if args.no_cuda_events else 'on'}")
     print(f"median step without hook: {med['without'] * 1e3:.2f} ms   with hook: {med['with'] * 1e3:.2f} ms   "
           f"overhead {overhead * 100:+.2f} %   (goal ≤ 1 %); mean step (throughput) {mean_overhead * 100:+.2f} %")
     share = {k: (v / med["without"] if v is not None else None) for k, v in per_step.items()}
