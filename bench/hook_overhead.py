@@ -9,6 +9,9 @@ directly: wall time inside ``step_end`` on the training thread, and the CPU time
 competes for the GIL), each per step and as a share of the median step.
 
     python bench/hook_overhead.py --config h200 --rounds 4 --block 5 --server http://127.0.0.1:9460 --token …
+    python3 bench/hook_overhead.py --config smoke --device-map cpu --rounds 3 --block 20 --daemon \
+        --report-batch-max 1   # one POST per report; against the default 64, which batches only reports that queued
+                               # (steps shorter than a POST): the reporter thread's CPU per step of each
     python3 bench/hook_overhead.py --config h200 --device-map cuda:0 --batch-size 64 --prefetch 2 --sync-every 4 \
         --rounds 8 --block 12 --daemon     # the best static's knobs, its own `trimtab up` (next H200 session)
 """
@@ -50,6 +53,8 @@ def main() -> int:
                     help="start a `trimtab up` on a loopback port for the run and report to it (instead of --server)")
     ap.add_argument("--no-cuda-events", action="store_true",
                     help="attach with cuda_events=False (wall clock only): tells the event records' cost apart")
+    ap.add_argument("--report-batch-max", type=int, default=64,
+                    help="attach(..., report_batch_max=N): most queued reports in one POST (1: one POST per report)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     daemon = None
@@ -76,7 +81,7 @@ def _run(args) -> int:
     knobs = {"batch_size": args.batch_size, "prefetch": args.prefetch, "sync_every": args.sync_every}
     hook = attach(job="hook-overhead", server=args.server, token=args.token, device_map=devices.as_hook_map(),
                   knobs=knob_declaration(Knobs.read(knobs), config.samples_per_step),
-                  cuda_events=not args.no_cuda_events)
+                  cuda_events=not args.no_cuda_events, report_batch_max=args.report_batch_max)
     times: dict[str, list[float]] = {"without": [], "with": []}
     in_step_end: list[float] = []
     step_end = hook.step_end
@@ -107,7 +112,7 @@ def _run(args) -> int:
     per_step = {"step_end_s": sum(in_step_end) / max(1, len(in_step_end)),
                 "reporter_cpu_s": reporter_cpu_s / hooked_steps if reporter_cpu_s is not None else None}
     print(f"config {config.name}, knobs {knobs}, {args.rounds} rounds × {args.block} steps each, server {args.server}, "
-          f"cuda events {'off' if args.no_cuda_events else 'on'}")
+          f"cuda events {'off' if args.no_cuda_events else 'on'}, report batch max {args.report_batch_max}")
     print(f"median step without hook: {med['without'] * 1e3:.2f} ms   with hook: {med['with'] * 1e3:.2f} ms   "
           f"overhead {overhead * 100:+.2f} %   (goal ≤ 1 %); mean step (throughput) {mean_overhead * 100:+.2f} %")
     share = {k: (v / med["without"] if v is not None else None) for k, v in per_step.items()}
@@ -117,7 +122,7 @@ def _run(args) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"median_s": med, "overhead": overhead, "mean_overhead": mean_overhead, "times_s": times,
-                       "knobs": knobs,
+                       "knobs": knobs, "report_batch_max": args.report_batch_max,
                        "hook_cost_per_step_s": per_step, "hook_cost_share_of_step": share}, fh, indent=2)
     return 0
 

@@ -19,6 +19,7 @@ JOB = {"name": "job-a", "ranks": 2, "knobs": {"batch_size": {"value": 8, "min": 
 WRITES = {
     "agent": [("POST", "/v1/ingest", recent_batch().to_dict())],
     "job": [("POST", "/v1/jobs", JOB), ("POST", "/v1/jobs/job-a/reports", {"step": 1, "rank": 0, "step_time_s": 1.0}),
+            ("POST", "/v1/jobs/job-a/report-batches", {"reports": [{"step": 2, "rank": 0, "step_time_s": 1.0}]}),
             ("POST", "/v1/jobs/job-a/acks", {"change_id": 1, "applied_at_step": 2, "rank": 0})],
     "admin": [("PUT", "/v1/jobs/job-a/mode", {"mode": "auto"}),
               ("POST", "/v1/jobs/job-a/changes", {"knob": "batch_size", "value": 16}),
@@ -225,7 +226,7 @@ def test_a_malformed_body_without_a_token_is_401_not_422(sqlite_api, method, pat
     assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid", r.text  # with one: 422
 
 
-@pytest.mark.parametrize("path", ["/v1/jobs/{name}/reports", "/v1/jobs/{name}/acks"])
+@pytest.mark.parametrize("path", ["/v1/jobs/{name}/reports", "/v1/jobs/{name}/report-batches", "/v1/jobs/{name}/acks"])
 def test_the_job_loop_s_hot_routes_check_their_token_without_a_thread_hop_of_its_own(path):
     """A report or ack is one hand-off to the thread pool (the route), not two: a ``def`` dependency runs on a
     thread of its own (issue 20, report latency). Their token check is still done: the 401/403 tests above."""

@@ -107,6 +107,98 @@ def test_a_report_from_a_rank_the_job_does_not_have_is_422(job_api):
     assert job_api.post("/v1/jobs/nope/reports", REPORT, scope="job").status_code == 404
 
 
+BATCHES = "/v1/jobs/grpo-7b/report-batches"
+
+
+def batch_of(*steps: int, rank: int = 0, **fields) -> dict:
+    return {"reports": [{**REPORT, "step": step, "rank": rank, **fields} for step in steps]}
+
+
+def stored_steps(api) -> list[tuple[int, int]]:
+    return [(r["step"], r["rank"]) for r in api.get("/v1/jobs/grpo-7b/reports", limit=1000).json()["reports"]]
+
+
+def test_a_batch_of_reports_is_stored_and_listed_and_a_resend_is_not_stored_twice(job_api):
+    api = job_api
+    calls = []
+    api.ctx.after_report = lambda job, step, step_time_s, earlier=(): calls.append((step, step_time_s, earlier))
+    first = api.post(BATCHES, batch_of(10, 11, 12), scope="job")
+    assert first.status_code == 200 and first.json() == {"stored": 3, "received": 3, "pending_changes": []}
+    assert stored_steps(api) == [(12, 0), (11, 0), (10, 0)]
+    (newest, *_) = api.get("/v1/jobs/grpo-7b/reports").json()["reports"]
+    assert newest["generation_s"] == 1.2 and newest["fragmentation"] == 0.143 and newest["tokens"] == 262144
+    assert calls == [(12, 2.5, [(10, 2.5), (11, 2.5)])]  # after_report once per batch, with its newest report
+    # A resend after a lost answer, grown by a new report, another rank's, and one sent twice: only new ones count.
+    again = {"reports": [*batch_of(11, 12, 13)["reports"], {**REPORT, "step": 13}, {**REPORT, "step": 12, "rank": 1}]}
+    assert api.post(BATCHES, again, scope="job").json() == {"stored": 2, "received": 5, "pending_changes": []}
+    assert stored_steps(api) == [(13, 0), (12, 0), (12, 1), (11, 0), (10, 0)]
+    assert calls[1] == (13, 2.5, [(12, 2.5)])  # the batch's new reports only
+    assert api.post(BATCHES, batch_of(10, 11), scope="job").json()["stored"] == 0 and len(calls) == 2
+    assert api.post("/v1/jobs/grpo-7b/reports", {**REPORT, "step": 13}, scope="job").json()["stored"] is False
+    assert api.post("/v1/jobs/nope/report-batches", batch_of(1), scope="job").status_code == 404
+
+
+@pytest.mark.parametrize("bad, loc", [
+    ({"step_time_s": 10_000.0}, ["body", "reports", 1, "step_time_s"]),  # longer than the job has existed
+    ({"samples": -1}, ["body", "reports", 1, "samples"]),
+    ({"rank": 4}, ["body", "reports", 1, "rank"]),  # the job has 4 ranks
+    ({"phases": {"generation": 100.0}}, ["body", "reports", 1, "phases", "generation"]),
+    ({"step": 11 + 10_001}, ["body", "reports", 1, "step"]),  # more steps ahead of report 0 than a job can be
+])
+def test_one_invalid_report_refuses_the_whole_batch_naming_its_index_and_field(job_api, bad, loc):
+    api = job_api
+    # A second bad report (one the schema allows): the first one is named. (One that breaks the schema is named
+    # before any that fails a check against the job: the body is parsed before the route runs.)
+    body = {"reports": [{**REPORT, "step": 10}, {**REPORT, "step": 11, **bad}, {**REPORT, "step": 12},
+                        {**REPORT, "step": 13, "step_time_s": 20_000.0}]}
+    r = api.post(BATCHES, body, scope="job")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc, r.text
+    assert stored_steps(api) == []  # all or nothing: not even report 0
+    assert api.get("/v1/jobs/grpo-7b").json()["last_report_ms"] is None
+
+
+def test_a_batch_s_steps_are_checked_against_its_earlier_reports_too(job_api):
+    api = job_api
+    far = api.post(BATCHES, batch_of(0, 10_001), scope="job")  # no reports stored yet: report 0 is the newest
+    assert far.status_code == 422 and far.json()["detail"][0]["loc"] == ["body", "reports", 1, "step"]
+    assert api.post(BATCHES, batch_of(0), scope="job").json()["stored"] == 1
+    # Step 20 000 is 20 000 ahead of the stored newest, but 10 000 ahead of the batch's report before it.
+    assert api.post(BATCHES, batch_of(10_000, 20_000), scope="job").json()["stored"] == 2
+
+
+def test_a_batch_holds_1_to_256_reports(sqlite_api):
+    api = sqlite_api
+    assert api.post("/v1/jobs", JOB, scope="job").status_code == 201
+    for size in (0, 257):
+        r = api.post(BATCHES, batch_of(*range(size)), scope="job")
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "reports"], r.text
+    assert stored_steps(api) == []
+    assert api.post(BATCHES, batch_of(*range(256)), scope="job").json() == {"stored": 256, "received": 256,
+                                                                            "pending_changes": []}
+
+
+def test_a_batch_needs_a_token_that_may_write_to_the_job_as_one_report_does(sqlite_api):
+    api = sqlite_api
+    assert api.post("/v1/jobs", JOB, scope="job").status_code == 201
+    other = api.post("/v1/tokens", {"name": "other job", "scope": "job"}, token=api.admin_token).json()["token"]
+    r = api.post(BATCHES, batch_of(1), token=other)
+    assert r.status_code == 403 and "another job token" in r.json()["detail"], r.text
+    assert api.post(BATCHES, batch_of(1), token=api.token("agent")).status_code == 403
+    assert api.post(BATCHES, batch_of(1)).status_code == 401
+    assert stored_steps(api) == []
+    assert api.post(BATCHES, batch_of(1), token=api.admin_token).json()["stored"] == 1
+
+
+def test_a_batch_s_answer_carries_the_pending_changes(job_api):
+    api = job_api
+    change = api.post("/v1/jobs/grpo-7b/changes", {"knob": "prefetch", "value": 2, "reason": "gen-bound"},
+                      token=api.admin_token).json()
+    pending = api.post(BATCHES, batch_of(10, 11), scope="job").json()["pending_changes"]
+    assert pending == [{"change_id": change["change_id"], "knob": "prefetch", "value": 2, "reason": "gen-bound"}]
+    api.post("/v1/jobs/grpo-7b/mode", {"mode": "off"}, token=api.admin_token, method="PUT")
+    assert api.post(BATCHES, batch_of(12), scope="job").json()["pending_changes"] == []
+
+
 def test_a_manual_change_reaches_the_job_and_is_acknowledged_per_rank(job_api):
     api = job_api
     queued = api.post("/v1/jobs/grpo-7b/changes", {"knob": "batch_size", "value": 16, "reason": "gen-bound"},

@@ -59,6 +59,30 @@ def test_steps_that_cannot_complete_a_window_read_nothing(engine, reads):
     assert rb.health()["evaluations"] == 3
 
 
+def batch(engine, rb, job, rank: int, steps: range, step_time: float = 0.0625) -> None:
+    """One rank's reports of ``steps`` in one batch, through ``after_report`` as the batch route calls it: once,
+    with the newest report, the others as ``earlier``."""
+    rows = [dict(step=n, rank=rank, step_time_s=step_time, generation_s=0.025, evaluation_s=0.01, update_s=0.01,
+                 samples=8) for n in steps]
+    assert job_store.add_reports(engine, job.id, rows) == len(rows)
+    rb.after_report(job_store.get_job(engine, "grpo"), steps[-1], step_time,
+                    earlier=[(n, step_time) for n in steps[:-1]])
+
+
+def test_a_batch_counts_every_step_toward_the_wait_and_plans_at_the_step_it_completes(engine, reads):
+    job = register(engine)
+    rb = Rebalancer(engine)
+    step(engine, rb, job, 0)  # plans; the next window is steps 1–19, as in the first test
+    batch(engine, rb, job, 0, range(1, 19))
+    batch(engine, rb, job, 1, range(1, 19))  # 18 steps: one short of the window, however they came
+    assert rb.health()["evaluations"] == 1 and len(reads) == 1
+    batch(engine, rb, job, 0, range(19, 26))  # the window's steps are in, but rank 1 has not reported step 19
+    assert rb.health()["evaluations"] == 1
+    # Rank 1's batch ends at step 30, which rank 0 has not reached; it completes steps 19–25: a window, planned.
+    batch(engine, rb, job, 1, range(19, 31))
+    assert rb.health()["evaluations"] == 2 and len(reads) == 2
+
+
 def test_an_ack_plans_at_the_next_report_and_a_window_after_the_change_is_judged_once(engine):
     job = register(engine)
     rb = Rebalancer(engine)

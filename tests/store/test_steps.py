@@ -3,7 +3,9 @@ the first probes, whether any job reported lately, decision and change counts, a
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import create_engine
+from sqlalchemy.exc import IntegrityError
 
 from trimtab.contract.readings import NodeInfo
 from trimtab.store import decisions as decision_store
@@ -62,6 +64,37 @@ def test_the_first_probes_of_each_job_stop_at_how_many_it_asks(store_engine):
     got = step_store.first_probes(store_engine, {a.id: 3, b.id: 5, none.id: 2})
     assert got == {a.id: [0.0, 1.0, 10.0], b.id: [7.0], none.id: []}
     assert step_store.first_probes(store_engine, {a.id: 1}) == {a.id: [0.0]}
+
+
+def test_a_batch_of_reports_is_stored_in_one_transaction_and_a_resend_is_not_stored_twice(store_engine):
+    a = job(store_engine, "a", 2)
+    rows = [dict(step=s, rank=r, step_time_s=0.01 * (s + 1), samples=4) for s in range(3) for r in (0, 1)]
+    assert job_store.add_reports(store_engine, a.id, rows) == 6
+    stored = job_store.list_reports(store_engine, a.id, 100, 0)
+    assert [(x["step"], x["rank"], x["step_time_s"]) for x in stored][:2] == [(2, 0, 0.03), (2, 1, 0.03)]
+    assert len(stored) == 6 and len({x["received_ms"] for x in stored}) == 1
+    # A resend grown by new reports, one of them twice: the indices of the new ones, each stored once.
+    again = rows[4:] + [dict(step=3, rank=0, step_time_s=0.04), dict(step=3, rank=0, step_time_s=9.0),
+                        dict(step=3, rank=1, step_time_s=0.04)]
+    assert job_store.added_reports(store_engine, a.id, again) == [2, 4]
+    assert job_store.add_reports(store_engine, a.id, again) == 0 and job_store.add_reports(store_engine, a.id, []) == 0
+    assert [x["step_time_s"] for x in job_store.list_reports(store_engine, a.id, 2, 0)] == [0.04, 0.04]  # the first
+    # One row the store refuses (no rank): nothing of the batch is stored, not even the rows before it.
+    with pytest.raises(IntegrityError):
+        job_store.add_reports(store_engine, a.id, [dict(step=4, rank=0, step_time_s=1.0),
+                                                   dict(step=5, rank=None, step_time_s=1.0)])
+    assert job_store.newest_step(store_engine, a.id) == 3
+
+
+def test_a_batch_may_complete_a_step_below_its_newest(store_engine):
+    a = job(store_engine, "a", 2)
+    job_store.add_reports(store_engine, a.id, [dict(step=s, rank=0, step_time_s=1.0) for s in range(5)])
+    assert not step_store.completes_a_step(store_engine, a.id, range(5), 2)  # rank 1 has reported nothing
+    job_store.add_reports(store_engine, a.id, [dict(step=s, rank=1, step_time_s=1.0) for s in range(3, 8)])
+    assert step_store.completes_a_step(store_engine, a.id, range(3, 8), 2)  # steps 3 and 4: not its newest, 7
+    assert not step_store.completes_a_step(store_engine, a.id, [5, 6, 7], 2)
+    assert step_store.completes_a_step(store_engine, a.id, [4], 2) and not step_store.completes_a_step(
+        store_engine, a.id, [4], 3)
 
 
 def test_whether_any_job_reported_lately(store_engine):

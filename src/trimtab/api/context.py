@@ -35,9 +35,10 @@ class ApiContext:
     component_status: Callable[[], dict[str, Any]] = lambda: {}
     # The rules jobs are judged by (per-job overrides are checked against them at registration).
     rules: RuleSet = field(default_factory=default_rules)
-    # Called with the job, the step and its step time after each newly stored step report: the rebalancer's
+    # Called with the job, the step and its step time after each newly stored step report, once per stored batch
+    # (its newest new report; its other new ones as ``earlier=[(step, step_time_s), …]``): the rebalancer's
     # evaluation (None: no rebalancer).
-    after_report: Optional[Callable[[StoredJob, int, float], None]] = None
+    after_report: Optional[Callable[..., None]] = None
     after_refusal: Optional[Callable[[StoredJob], None]] = None
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 

@@ -17,7 +17,8 @@ from trimtab.api.schemas import NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Mo
 from trimtab.contract.knobs import ACK, KNOB_DECLARATION, KNOB_NAME, KNOB_VALUE, MAX_JOB_NAME, MAX_NAME, \
     PENDING_CHANGE, REFUSAL
 from trimtab.contract.roles import MAX_GPUS_PER_NODE, MAX_PIDS, MAX_PLACEMENTS, SOURCES
-from trimtab.contract.step_report import GPU_PHASES_GROUP, GROUPS, MEMORY_GROUP, PHASES_GROUP, REPORT_FIELDS
+from trimtab.contract.step_report import GPU_PHASES_GROUP, GROUPS, MAX_REPORTS_PER_BATCH, MEMORY_GROUP, PHASES_GROUP, \
+    REPORT_FIELDS
 
 JobName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_JOB_NAME, pattern=SLUG)]
 KnobName = input_type(KNOB_NAME)
@@ -167,6 +168,22 @@ class ReportAcceptedOut(Model):
     stored: bool = Field(description="False when this (step, rank) was stored before (a resend).")
     pending_changes: list[PendingChangeOut] = Field(
         description="Changes to apply at the next step boundary (rank 0 broadcasts them), then acknowledge.")
+
+
+class ReportBatchIn(InputModel):
+    reports: list[ReportIn] = Field(  # type: ignore[valid-type]
+        min_length=1, max_length=MAX_REPORTS_PER_BATCH,
+        description=f"1 to {MAX_REPORTS_PER_BATCH} step reports, each as POST /v1/jobs/{{name}}/reports takes "
+                    f"it, of any ranks and in any order (the hook sends one rank's, oldest first).")
+
+
+class ReportBatchAcceptedOut(Model):
+    stored: int = Field(description="How many of the batch's reports were new; a (step, rank) stored before (a "
+                                    "resend) is not counted, nor stored twice.")
+    received: int = Field(description="How many reports the batch held (all of them valid: the batch was accepted).")
+    pending_changes: list[PendingChangeOut] = Field(
+        description="Changes to apply at the next step boundary (rank 0 broadcasts them), then acknowledge; as in "
+                    "the answer to one report.")
 
 
 def _report_out() -> type:

@@ -29,6 +29,7 @@ MAX_RANK = 4095
 MAX_SECONDS = 1e7            # a duration (116 days): anything longer is a broken clock
 MAX_SCALAR = 1e300           # a logged value: finite in every JSON reader
 MAX_LOGGED, MAX_LOGGED_KEY = 64, 128
+MAX_REPORTS_PER_BATCH = 256  # step reports in one POST …/report-batches (a rank's queued reports; 422 beyond)
 
 STEP = Kind(int, 0, MAX_STEP, "bigint")
 RANK = Kind(int, 0, MAX_RANK, "integer")

@@ -58,6 +58,29 @@ class Wait:
 
 
 @dataclass
+class Cadence:
+    """When a job is next worth planning: ``wait`` more complete steps and step seconds after ``planned_step``
+    (the rebalancer keeps one per job and counts the reports against it in memory, reading nothing)."""
+    updated_ms: int                 # the job's registration/knobs/mode version the plan saw
+    planned_step: int               # the newest step the plan saw
+    wait: Wait
+    newest_step: int = -1           # the newest step reported since
+    steps: int = 0                  # new steps reported since (each counted at its first report)
+    seconds: float = 0.0            # their step time (the first report's: a lower bound of the step's)
+    due: bool = False               # the wait is over (the step that ends it may still miss a rank)
+
+    def count(self, reports: Sequence[tuple[int, Optional[float]]]) -> bool:
+        """Counts new reports, (step, step_time_s) in step order (one, or a batch's); whether the wait is over."""
+        for step, step_time_s in reports:
+            if step > max(self.newest_step, self.planned_step):
+                self.newest_step = step
+                self.steps += 1
+                self.seconds += step_time_s or 0.0
+        self.due = self.due or self.wait.over(self.steps, self.seconds)
+        return self.due
+
+
+@dataclass
 class Plan:
     """What to do; at most one of ``change`` / ``advice_rule`` / ``close`` is set."""
     note: str                                          # why, for logs and /healthz

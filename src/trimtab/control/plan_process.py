@@ -59,7 +59,7 @@ class ChildPlan:
     last_error: Optional[str]
     last_evaluation_ms: Optional[int]
     note: Optional[str]
-    cadence: Any                    # the job's _Cadence after the plan
+    cadence: Any                    # the job's Cadence after the plan
     seen: Optional[tuple]
     cpu_s: float                    # the child's CPU time for the plan
 

@@ -28,20 +28,21 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from sqlalchemy import Engine
 
-from trimtab.control.controller import JobState, Plan, Wait, plan
+from trimtab.control.controller import JobState, Plan, plan
 from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
-from trimtab.control.plan import period, steps_needed
+from trimtab.control.plan import Cadence, period, steps_needed
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.window import first_probes, load_steps, steps_since
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredJob, now_ms
+from trimtab.store.steps import completes_a_step
 
 log = logging.getLogger("trimtab.control")
 # The most of its time the planning thread spends planning (CPU time, its own or the planning process's); it rests
@@ -65,26 +66,6 @@ class RebalancerStats:
     last_error: Optional[str] = None
     last_evaluation_ms: Optional[int] = None
     notes: dict[str, str] = field(default_factory=dict)  # job → what it is doing
-
-
-@dataclass
-class _Cadence:
-    """When a job is next worth planning: ``wait`` more complete steps and step seconds after ``newest_step``."""
-    updated_ms: int                 # the job's registration/knobs/mode version the plan saw
-    planned_step: int               # the newest step the plan saw
-    wait: Wait
-    newest_step: int = -1           # the newest step reported since
-    steps: int = 0                  # new steps reported since (each counted at its first report)
-    seconds: float = 0.0            # their step time (the first report's: a lower bound of the step's)
-    due: bool = False               # the wait is over (the step that ends it may still miss a rank)
-
-    def count(self, step: int, step_time_s: Optional[float]) -> bool:
-        if step > max(self.newest_step, self.planned_step):
-            self.newest_step = step
-            self.steps += 1
-            self.seconds += step_time_s or 0.0
-        self.due = self.due or self.wait.over(self.steps, self.seconds)
-        return self.due
 
 
 class _PlanQueue:
@@ -148,7 +129,7 @@ class Rebalancer:
         # job → (last report, last update) at its last evaluation: the loop re-evaluates a job only when a report,
         # an ack, a mode switch or a registration came in since (else it would reread the same window every second)
         self._seen: dict[str, tuple] = {}
-        self._cadence: dict[str, _Cadence] = {}  # job → when it is next worth planning
+        self._cadence: dict[str, Cadence] = {}  # job → when it is next worth planning
         self._queue = _PlanQueue()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -250,18 +231,21 @@ class Rebalancer:
         steps, seconds = steps_since(self.engine, job.id, cadence.planned_step)
         return cadence.wait.over(steps, seconds)
 
-    def after_report(self, job: StoredJob, step: int, step_time_s: Optional[float] = None) -> None:
-        """Called by the report route once a report is stored (``step_time_s``: the report's). Queues the job for a
-        plan only when its last plan said a window's worth of new steps could change something (or the job changed
-        since), and only at the report that completes its step (the last rank's: 63 of 64 would reread the same
-        window for nothing). Never plans on the caller's thread (unless the rebalancer was never started)."""
+    def after_report(self, job: StoredJob, step: int, step_time_s: Optional[float] = None,
+                     earlier: Sequence[tuple[int, float]] = ()) -> None:
+        """Called by the report route once a report is stored (``step_time_s``: the report's), and once per batch
+        by the batch route (``step``: its newest new report; ``earlier``: its other new ones, (step, step_time_s) in
+        step order). Queues the job for a plan only when its last plan said a window's worth of new steps could
+        change something (or the job changed since), and only at the report that completes a step (the last rank's:
+        63 of 64 would reread the same window for nothing). Never plans on the caller's thread (unless the
+        rebalancer was never started). Every step of a batch counts toward the wait, and any may complete a step."""
         if job.mode == "off":
             return
         cadence = self._cadence.get(job.name)
         if cadence is not None and cadence.updated_ms == job.updated_ms and step_time_s is not None \
-                and not cadence.count(step, step_time_s):
+                and not cadence.count([*earlier, (step, step_time_s)]):
             return
-        if job.ranks > 1 and job_store.ranks_reported(self.engine, job.id, step) < job.ranks:
+        if job.ranks > 1 and not completes_a_step(self.engine, job.id, [step, *(s for s, _ in earlier)], job.ranks):
             return
         self._request_plan(job)
 
@@ -339,7 +323,7 @@ class Rebalancer:
         stored_step = next((d.applied_step for d in state.decisions if d.id == result.measuring), None)
         self._execute(job, result, stored_applied_step=stored_step)
         newest = state.steps[-1].step if state.steps else -1
-        self._cadence[job.name] = _Cadence(job.updated_ms, newest, result.wait)
+        self._cadence[job.name] = Cadence(job.updated_ms, newest, result.wait)
         return result
 
     def _execute(self, job: StoredJob, p: Plan, stored_applied_step: Optional[int] = None) -> None:

@@ -216,12 +216,27 @@ def add_report(engine: Engine, job_id: int, report: Mapping[str, Any]) -> bool:
         return conn.execute(insert_ignoring(conn.dialect, job_reports, "id"), row).first() is not None
 
 
-def ranks_reported(engine: Engine, job_id: int, step: int) -> int:
-    """How many ranks have reported ``step`` (one indexed count: the unique (job, step, rank) index)."""
-    r = job_reports.c
-    with engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(job_reports)
-                            .where(r.job_id == job_id, r.step == step)).scalar_one()
+def add_reports(engine: Engine, job_id: int, reports: Sequence[Mapping[str, Any]]) -> int:
+    """Store several step reports at once (:func:`added_reports`); how many of them were new."""
+    return len(added_reports(engine, job_id, reports))
+
+
+def added_reports(engine: Engine, job_id: int, reports: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Store step reports (of any ranks) in one write transaction and one statement — one commit and one turn at
+    SQLite's write lock however many, where one POST per report paid each; the indices of those newly stored. A
+    (step, rank) stored before (a resend) or twice in ``reports`` is stored once (its first copy), as by add_report."""
+    received_ms = now_ms()
+    rows = [{**{name: report.get(name) for name in REPORT_COLUMNS}, "received_ms": received_ms, "job_id": job_id}
+            for report in reports]
+    if not rows:
+        return []
+    with write_transaction(engine) as conn:  # the rows back are the ones inserted
+        inserted = conn.execute(insert_ignoring(conn.dialect, job_reports, "step", "rank"), rows)
+        new = {(r.step, r.rank) for r in inserted}
+    first: dict[tuple[int, int], int] = {}
+    for i, row in enumerate(rows):
+        first.setdefault((row["step"], row["rank"]), i)
+    return sorted(i for key, i in first.items() if key in new)
 
 
 def newest_step(engine: Engine, job_id: int) -> Optional[int]:

@@ -8,9 +8,9 @@ the readers fold them without knowing the table.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from sqlalchemy import Engine, func, select, union_all
+from sqlalchemy import Engine, bindparam, func, select, union_all
 
 from trimtab.contract.step_report import COLUMNS
 from trimtab.store.models import job_reports, jobs
@@ -85,3 +85,18 @@ def steps_since(engine: Engine, job_id: int, after_step: int) -> tuple[int, floa
     with engine.connect() as conn:
         n, seconds = conn.execute(select(func.count(), func.coalesce(func.sum(per_step.c.t), 0.0))).one()
     return int(n), float(seconds)
+
+
+# A report's steps that every rank has reported, by the unique (job, step, rank) index; built once (the report path).
+_COMPLETE = (select(job_reports.c.step).where(job_reports.c.job_id == bindparam("job_id"),
+                                              job_reports.c.step.in_(bindparam("steps", expanding=True)))
+             .group_by(job_reports.c.step).having(func.count() >= bindparam("ranks")).limit(1))
+
+
+def completes_a_step(engine: Engine, job_id: int, steps: Sequence[int], ranks: int) -> bool:
+    """Whether all ``ranks`` ranks have reported one of ``steps`` (what a report or a batch of reports just
+    stored). A batch may complete a step below its newest: a rank's batch ends at its newest step, which the other
+    ranks, posting their own batches a little earlier, have usually not reported yet."""
+    with engine.connect() as conn:
+        params = {"job_id": job_id, "steps": sorted(set(steps)), "ranks": ranks}
+        return conn.execute(_COMPLETE, params).first() is not None

@@ -62,7 +62,9 @@ class Hook:
     probes (0: off) and ``probe_baseline_n`` probes in the baseline; ``memory_every_s`` between allocator reads;
     ``knob_sync_every`` steps between knob agreements (see ``dist.py``); ``local_gpu`` where CUDA is not in use
     in this process; ``oom_knob`` the knob ``oom_guard`` halves; ``cuda_events`` off to skip event records;
-    ``queue_max`` reports kept while the server is away; ``timeout_s`` per HTTP request (≤ 1 s keeps a dying
+    ``queue_max`` reports kept while the server is away; ``report_batch_max`` the most reports sent in one POST
+    (only reports that queued while the last POST was out go together; a job of few-ms steps cannot pay a POST per
+    step, see ``server_link.py``; 1: one POST per report); ``timeout_s`` per HTTP request (≤ 1 s keeps a dying
     server from holding the reporter); ``backoff_max_s`` between retries; ``transport`` an httpx transport (tests);
     ``appliers`` knob → the :class:`~trimtab.trainer.apply.KnobApplier` that owns it (a framework adapter): a
     change of such a knob is acknowledged only once that applier says it took effect, and refused when it cannot
@@ -77,7 +79,7 @@ class Hook:
                  knobs: Optional[Mapping[str, KnobSpecLike]] = None, mode: Optional[str] = None,
                  probe_every: int = 0, probe_baseline_n: int = 5, memory_every_s: float = 5.0,
                  knob_sync_every: int = 1, local_gpu: Optional[int] = None, oom_knob: str = "batch_size",
-                 cuda_events: bool = True, queue_max: int = 256, timeout_s: float = 1.0,
+                 cuda_events: bool = True, queue_max: int = 256, report_batch_max: int = 64, timeout_s: float = 1.0,
                  backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
                  appliers: Optional[Mapping[str, KnobApplier]] = None,
                  advise_only_reason: Optional[str] = None, roles: Sequence[RolePlacement] = ()):
@@ -113,7 +115,7 @@ class Hook:
                 server, job, token or os.environ.get("TRIMTAB_TOKEN"),
                 registration=self._declaration() if self.rank == 0 else None,
                 on_pending=self._changes.stage if self.rank == 0 else None, queue_max=queue_max,
-                timeout_s=timeout_s, backoff_max_s=backoff_max_s, transport=transport)
+                timeout_s=timeout_s, backoff_max_s=backoff_max_s, transport=transport, batch_max=report_batch_max)
         if self.world_size > 1 and not distributed():
             log.warning("trimtab: RANK/WORLD_SIZE say %d ranks but torch.distributed is not initialised: knob "
                         "changes reach rank 0 only (attach after init_process_group)", self.world_size)
@@ -282,5 +284,5 @@ def attach(job: str, server: Optional[str] = None, token: Optional[str] = None, 
     call ``step_end`` on every rank at every step (it may run a collective). Never blocks on the network:
     registration happens in the reporter thread. ``token`` defaults to ``$TRIMTAB_TOKEN``. Options: see
     :class:`Hook` (``probe_every``, ``memory_every_s``, ``knob_sync_every``, ``local_gpu``, ``queue_max``,
-    ``timeout_s``, …)."""
+    ``report_batch_max``, ``timeout_s``, …)."""
     return Hook(job, server, token, **options)

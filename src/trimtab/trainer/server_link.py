@@ -5,6 +5,13 @@ Fail-open by construction: the training thread only appends to a bounded in-memo
 waits, never raises on a network problem); the thread retries with exponential backoff, drops the oldest
 reports once the queue is full (counted), says once that the server is offline and once that it is back, and
 re-registers when the server answers 404 (it forgot the job: a fresh store, a restart from scratch).
+
+One report queued is one POST; several queued (steps shorter than a POST takes, a backlog after an outage) go in
+one POST of up to ``batch_max`` to the batch route. The reporter thread's CPU is mostly its HTTP requests (4.4–4.6
+ms per report beside the reference pipeline, BENCHMARKS.md): a job of 5–12 ms steps cannot pay that per step
+without a whole core and its training thread waiting for the GIL, and a reporter that falls behind drops reports.
+The server refuses a batch whole (422) when one report in it is invalid; its reports then go one by one, so only
+that one is lost. A server older than the batch route gets one POST per report.
 """
 
 from __future__ import annotations
@@ -18,11 +25,15 @@ from typing import Any, Callable, Optional
 import httpx
 
 from trimtab.contract.knobs import ChangeAck, ChangeRefusal
+from trimtab.contract.step_report import MAX_REPORTS_PER_BATCH
 
 log = logging.getLogger("trimtab.trainer")
 
-OK, RETRY, DROP, UNKNOWN_JOB = "ok", "retry", "drop", "unknown_job"
+OK, RETRY, DROP, UNKNOWN_JOB, NO_ROUTE = "ok", "retry", "drop", "unknown_job", "no_route"
 RETRY_STATUSES = {401, 403, 408, 425, 429}  # auth may be fixed by an admin; the others are transient
+# What FastAPI (Starlette) itself answers for a path or method no route serves: an older server without the batch
+# route. The API's own 404 for a job it does not know says "no job named …" (api/routes/jobs.py: find_job).
+NO_SUCH_ROUTE = {"not found", "method not allowed"}
 
 
 class Reporter:
@@ -31,14 +42,17 @@ class Reporter:
     ``registration``: the ``POST /v1/jobs`` body this reporter declares (rank 0 of a job), or None (other ranks
     only post; rank 0 registers). ``register_if_missing``: declare only if the server does not know the job yet
     (a log tailer must not overwrite the knobs a hook inside the job declared). ``on_pending`` receives each
-    successful report response's ``pending_changes`` list (rank 0 only).
+    successful report response's ``pending_changes`` list (rank 0 only). ``batch_max``: the most queued reports
+    sent in one POST (1 to MAX_REPORTS_PER_BATCH; 1: one POST per report, never a batch).
     """
 
     def __init__(self, server: str, job: str, token: Optional[str] = None, *,
                  registration: Optional[dict] = None, register_if_missing: bool = False,
                  on_pending: Optional[Callable[[list], None]] = None, queue_max: int = 256,
                  timeout_s: float = 1.0, backoff_max_s: float = 5.0,
-                 transport: Optional[httpx.BaseTransport] = None):
+                 transport: Optional[httpx.BaseTransport] = None, batch_max: int = 64):
+        if not 1 <= batch_max <= MAX_REPORTS_PER_BATCH:
+            raise ValueError(f"batch_max must be 1 to {MAX_REPORTS_PER_BATCH} reports, not {batch_max!r}")
         self.server, self.job = server.rstrip("/"), job
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._registration = registration
@@ -54,6 +68,8 @@ class Reporter:
         self._reports: deque = deque()
         self._acks: deque = deque()
         self._queue_max = queue_max
+        self._batch_max = batch_max  # 1 once the server turned out to have no batch route
+        self._singly = 0  # reports at the queue's front to send one by one (a batch the server refused whole)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flush_deadline = float("inf")
@@ -135,44 +151,91 @@ class Reporter:
         return bool(self._reports or self._acks or self._need_register)
 
     def _send_next(self, http: httpx.Client) -> Optional[str]:
+        """Sends what comes next: an ack or refusal (first, one at a time), else the queued reports — several in
+        one POST when more than one is queued, else the one."""
         with self._lock:
+            batch: list[dict] = []
             if self._acks:
                 kind, item = self._acks.popleft()
+            elif len(self._reports) > 1 and self._batch_max > 1 and not self._singly:
+                batch = [self._reports.popleft() for _ in range(min(self._batch_max, len(self._reports)))]
             elif self._reports:
                 kind, item = "reports", self._reports.popleft()
+                self._singly = max(0, self._singly - 1)
             else:
                 return None
+        return self._send_batch(http, batch) if batch else self._send_one(http, kind, item)
+
+    def _send_one(self, http: httpx.Client, kind: str, item: dict) -> str:
         outcome, body = self._post(http, f"/v1/jobs/{self.job}/{kind}", item,
                                    expect_pending=(kind == "reports"))
         if outcome == OK:
             self.sent += 1
-            if kind == "reports" and self._on_pending is not None and body["pending_changes"]:
-                self._on_pending(body["pending_changes"])
+            if kind == "reports":
+                self._hand_pending(body)
         elif outcome == UNKNOWN_JOB and kind != "reports":
             self._say("ack404", logging.WARNING, "trimtab: the server does not know change %s of job %s; "
                       "the %s is dropped", item["change_id"], self.job, kind[:-1])
         elif outcome == UNKNOWN_JOB:
             self._requeue(kind, item)
-            if self._registration is None:
-                return RETRY  # another rank registers the job; wait for it
-            self._need_register = True
-            # Re-register at once, unless we just did and the server still says 404: then do not hammer it.
-            return RETRY if time.monotonic() - self._registered_at_s < 1.0 else OK
+            return self._job_unknown()
         elif outcome == DROP:
             self.rejected += 1
         else:
             self._requeue(kind, item)
         return outcome
 
+    def _send_batch(self, http: httpx.Client, batch: list[dict]) -> str:
+        """Several queued reports in one POST: the same outcomes as one report's, for all of them at once, and two
+        of its own — a batch refused whole (one bad report in it: they go again one by one, so only that one is
+        refused) and a server without the batch route (one POST per report from then on)."""
+        outcome, body = self._post(http, f"/v1/jobs/{self.job}/report-batches", {"reports": batch},
+                                   expect_pending=True, batch=True)
+        if outcome == OK:
+            self.sent += len(batch)
+            self._hand_pending(body)
+            return OK
+        kept = self._requeue_reports(batch)
+        if outcome == UNKNOWN_JOB:
+            return self._job_unknown()
+        if outcome == DROP:
+            self._singly = kept
+            return OK  # no backoff: the server answered, and the reports go again at once, one per POST
+        if outcome == NO_ROUTE:
+            self._batch_max = 1
+            self._say("no-batches", logging.WARNING, "trimtab: server %s has no batch route (an older trimtab); "
+                      "one POST per report from now on", self.server)
+            return OK
+        return outcome
+
+    def _hand_pending(self, body: dict) -> None:
+        if self._on_pending is not None and body["pending_changes"]:
+            self._on_pending(body["pending_changes"])
+
+    def _job_unknown(self) -> str:
+        """The server answered 404 for the job (reports requeued): register it again, once rank 0 may."""
+        if self._registration is None:
+            return RETRY  # another rank registers the job; wait for it
+        self._need_register = True
+        # Re-register at once, unless we just did and the server still says 404: then do not hammer it.
+        return RETRY if time.monotonic() - self._registered_at_s < 1.0 else OK
+
     def _requeue(self, kind: str, item: dict) -> None:
+        if kind == "reports":
+            self._requeue_reports([item])
+            return
         with self._lock:
-            if kind != "reports":
-                self._acks.appendleft((kind, item))
-                return
-            if len(self._reports) >= self._queue_max:
-                self.dropped += 1  # the newer reports that arrived meanwhile are worth more
-                return
-            self._reports.appendleft(item)
+            self._acks.appendleft((kind, item))
+
+    def _requeue_reports(self, reports: list[dict]) -> int:
+        """Puts ``reports`` back at the queue's front, in order, as far as ``queue_max`` allows: the oldest of them
+        are dropped (counted) when newer reports filled the queue meanwhile (those are worth more). How many fit."""
+        with self._lock:
+            room = max(0, self._queue_max - len(self._reports))
+            kept = reports[len(reports) - room:] if room < len(reports) else reports
+            self.dropped += len(reports) - len(kept)
+            self._reports.extendleft(reversed(kept))
+            return len(kept)
 
     def _register(self, http: httpx.Client) -> str:
         with self._lock:
@@ -203,7 +266,10 @@ class Reporter:
             return OK
         return RETRY  # a refused declaration (422, 403) stays refused until someone fixes it; keep trying slowly
 
-    def _post(self, http: httpx.Client, path: str, item: dict, expect_pending: bool) -> tuple[str, Any]:
+    def _post(self, http: httpx.Client, path: str, item: dict, expect_pending: bool,
+              batch: bool = False) -> tuple[str, Any]:
+        """POSTs ``item``: (outcome, the answer's JSON when OK). ``batch``: a 404/405 from the framework itself
+        (no such route, not the API's "no job named …") is NO_ROUTE, and a refusal (DROP) is not said as a loss."""
         try:
             r = http.post(path, json=item)
         except httpx.HTTPError as exc:
@@ -216,15 +282,21 @@ class Reporter:
             except (ValueError, AttributeError) as exc:
                 return self._went_offline(f"garbage answer ({exc})"), None
             return self._came_online(), body
+        if batch and r.status_code in (404, 405) and _no_such_route(r):
+            self._came_online()
+            return NO_ROUTE, None
         if r.status_code == 404:
             self._came_online()
             return UNKNOWN_JOB, None
         if r.status_code >= 500 or r.status_code in RETRY_STATUSES:
             return self._went_offline(f"HTTP {r.status_code}: {r.text[:200]}"), None
         self._came_online()
-        self._say(f"refused{r.status_code}{path}", logging.WARNING,
-                  "trimtab: server refused %s with HTTP %s (%s); dropped (said once per status)",
-                  path, r.status_code, r.text[:300])
+        if batch:  # not a loss: its reports go again one by one, and a refused one is said then
+            log.debug("trimtab: server refused a batch with HTTP %s (%s)", r.status_code, r.text[:300])
+        else:
+            self._say(f"refused{r.status_code}{path}", logging.WARNING,
+                      "trimtab: server refused %s with HTTP %s (%s); dropped (said once per status)",
+                      path, r.status_code, r.text[:300])
         return DROP, None
 
     def _went_offline(self, why: str) -> str:
@@ -244,3 +316,13 @@ class Reporter:
         if key not in self._said:
             self._said.add(key)
             log.log(level, msg, *args, **kw)
+
+
+def _no_such_route(r: httpx.Response) -> bool:
+    """Whether a 404/405 is the framework's own (no route for this path or method: a server older than the route),
+    not the API's (a job it does not know)."""
+    try:
+        detail = r.json().get("detail")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(detail, str) and detail.strip().lower() in NO_SUCH_ROUTE

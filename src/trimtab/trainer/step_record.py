@@ -26,7 +26,8 @@ class _Report:
         return self.tokens / self.step_time_s if self.tokens is not None and self.step_time_s > 0 else None
 
     def to_wire(self) -> dict[str, Any]:
-        """The JSON body of ``POST /v1/jobs/{name}/reports``; absent values are omitted, never sent as 0."""
+        """The JSON body of ``POST /v1/jobs/{name}/reports`` (one of ``reports`` in a batch's); absent values are
+        omitted, never sent as 0."""
         report = {f.name: getattr(self, f.name) for f in top_level()}
         return to_wire({**report, PHASES_GROUP: self.phases_s, GPU_PHASES_GROUP: self.gpu_phases_s,
                         MEMORY_GROUP: self.memory or {}})

@@ -3,7 +3,7 @@ response), acknowledgements of the step each rank applied a change at, and manua
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from fastapi import APIRouter, Depends, HTTPException
 
@@ -12,9 +12,10 @@ from trimtab.api.deps import (NOT_FOUND, READ, WRITE, Page, TokenCheck, get_ctx,
                               scope_checked_by_route)
 from trimtab.api.errors import invalid
 from trimtab.api.job_schemas import (AckIn, AckOut, ChangeIn, ChangeOut, ChangesOut, PendingChangeOut,
-                                     RefusalIn, ReportAcceptedOut, ReportIn, ReportOut, ReportsOut)
+                                     RefusalIn, ReportAcceptedOut, ReportBatchAcceptedOut, ReportBatchIn, ReportIn,
+                                     ReportOut, ReportsOut)
 from trimtab.api.routes.jobs import find_job, job_for_write, job_name_path
-from trimtab.contract.step_report import to_columns
+from trimtab.contract.step_report import MAX_REPORTS_PER_BATCH, to_columns
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredChange, StoredJob, now_ms
 from trimtab.store.tokens import StoredToken
@@ -24,9 +25,13 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 def _rank_of(ctx: ApiContext, name: str, token: StoredToken, rank: int) -> StoredJob:
     """The job a rank writes to, if ``token`` may write to it and the job has that rank."""
-    job = job_for_write(ctx, name, token)
+    return _with_rank(job_for_write(ctx, name, token), rank)
+
+
+def _with_rank(job: StoredJob, rank: int, at: tuple = ("body",)) -> StoredJob:
+    """``job``, if it has ``rank``; else a 422 naming the rank under ``at`` (a batch: its report's place in it)."""
     if rank >= job.ranks:
-        raise invalid(("body", "rank"), f"rank {rank} out of range: job {job.name!r} has {job.ranks} ranks")
+        raise invalid((*at, "rank"), f"rank {rank} out of range: job {job.name!r} has {job.ranks} ranks")
     return job
 
 
@@ -38,35 +43,37 @@ def change_out(change: StoredChange) -> ChangeOut:
                            for a in change.acks], refused_reason=change.refused_reason)
 
 
-def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
+def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn, newest: Optional[int],
+                    at: tuple = ("body",)) -> None:
     """422 for a report that cannot describe a real step (and would fire rules on garbage): a step longer than
     the job has existed (since its first registration, give or take the clocks' skew: a 10⁷ s step), a phase far
     longer than the step (a prefetched phase overlaps a few steps, not a million), phases adding up far beyond it,
-    or a step number far ahead of the job's newest (it would stay "newest" in every later window). A step that is
-    possible but far off the job's own is stored and left out of the rebalancer's windows (src/trimtab/grading/window.py)."""
+    or a step number far ahead of ``newest``, the job's newest step (it would stay "newest" in every later window).
+    A step that is possible but far off the job's own is stored and left out of the rebalancer's windows
+    (src/trimtab/grading/window.py). ``at``: where the report is in the body (a batch's: its index there), for
+    the 422's location."""
     ctl = ctx.rules.controller
     age_s = max(0.0, (now_ms() - job.created_ms) / 1000.0)
     if body.step_time_s > age_s + ctl.report_clock_skew_s:
-        raise invalid(("body", "step_time_s"), f"step_time_s {body.step_time_s:g} s is longer than the job has "
-                                               f"existed ({age_s:.0f} s since its first registration, "
-                                               f"+{ctl.report_clock_skew_s:g} s for clock skew)")
+        raise invalid((*at, "step_time_s"), f"step_time_s {body.step_time_s:g} s is longer than the job has "
+                                            f"existed ({age_s:.0f} s since its first registration, "
+                                            f"+{ctl.report_clock_skew_s:g} s for clock skew)")
     phases = {k: v for k, v in body.phases.model_dump().items() if v is not None}
     gpu = {k: v for k, v in (body.gpu_phases.model_dump() if body.gpu_phases else {}).items() if v is not None}
     slack_s = ctl.report_phase_slack_s
     for group, timed in (("phases", phases), ("gpu_phases", gpu)):
         for phase, seconds in timed.items():
             if seconds > body.step_time_s * ctl.report_phase_max_x_step + slack_s:
-                raise invalid(("body", group, phase), f"{phase} {seconds:g} s is more than "
-                                                      f"{ctl.report_phase_max_x_step:g}× the step (step_time_s "
-                                                      f"{body.step_time_s:g} s)")
+                raise invalid((*at, group, phase), f"{phase} {seconds:g} s is more than "
+                                                   f"{ctl.report_phase_max_x_step:g}× the step (step_time_s "
+                                                   f"{body.step_time_s:g} s)")
     if sum(phases.values()) > body.step_time_s * ctl.report_phases_sum_max_x_step + slack_s:
-        raise invalid(("body", "phases"), f"phases add up to {sum(phases.values()):g} s, more than "
-                                          f"{ctl.report_phases_sum_max_x_step:g}× the step (step_time_s "
-                                          f"{body.step_time_s:g} s)")
-    newest = job_store.newest_step(ctx.engine, job.id)
+        raise invalid((*at, "phases"), f"phases add up to {sum(phases.values()):g} s, more than "
+                                       f"{ctl.report_phases_sum_max_x_step:g}× the step (step_time_s "
+                                       f"{body.step_time_s:g} s)")
     if newest is not None and body.step > newest + ctl.report_max_steps_ahead:
-        raise invalid(("body", "step"), f"step {body.step} is more than {ctl.report_max_steps_ahead} steps ahead "
-                                        f"of the job's newest report (step {newest})")
+        raise invalid((*at, "step"), f"step {body.step} is more than {ctl.report_max_steps_ahead} steps ahead "
+                                     f"of the job's newest report (step {newest})")
 
 
 @router.post("/{name}/reports", response_model=ReportAcceptedOut, responses={**WRITE, **NOT_FOUND},
@@ -82,13 +89,56 @@ def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn) -> None:
 def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
                 check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ReportAcceptedOut:
     job = _rank_of(ctx, name, check(), body.rank)  # the token first: one thread hop per report, not two
-    _check_possible(ctx, job, body)
+    _check_possible(ctx, job, body, job_store.newest_step(ctx.engine, job.id))
     stored = job_store.add_report(ctx.engine, job.id, to_columns(body.model_dump()))
     if stored and ctx.after_report is not None:
         ctx.after_report(job, body.step, body.step_time_s)  # queues a plan (never runs one here)
+    return ReportAcceptedOut(stored=stored, pending_changes=_pending(ctx, job))
+
+
+def _pending(ctx: ApiContext, job: StoredJob) -> list[PendingChangeOut]:
+    """The job's pending knob changes, as every report's answer carries them (none in mode off)."""
     pending = [] if job.mode == "off" else job_store.pending_changes(ctx.engine, job.id)
-    return ReportAcceptedOut(stored=stored, pending_changes=[
-        PendingChangeOut(change_id=c.id, knob=c.knob, value=c.value, reason=c.reason) for c in pending])
+    return [PendingChangeOut(change_id=c.id, knob=c.knob, value=c.value, reason=c.reason) for c in pending]
+
+
+@router.post("/{name}/report-batches", response_model=ReportBatchAcceptedOut, responses={**WRITE, **NOT_FOUND},
+             summary="Post several step reports at once",
+             description=f"1 to {MAX_REPORTS_PER_BATCH} step reports in one request (more: 422 naming `reports`), "
+                         "each what POST /v1/jobs/{name}/reports takes. The hook sends this when several of a "
+                         "rank's reports are queued (steps shorter than a report's round trip, or a backlog after "
+                         "an outage): one request instead of one per step. Each report is checked as a single one "
+                         "is, in the batch's order (a step number against the job's newest report and the batch's "
+                         "earlier ones). All or nothing: one invalid report refuses the whole batch with a 422 whose "
+                         '`loc` names the first invalid report and its field (`["body", "reports", <index>, '
+                         "<field>, …]`; the first that breaks the schema, else the first that fails a check against "
+                         "the job), and nothing of the batch is stored. A valid batch is stored in one "
+                         "transaction; a resent (step, rank) is not stored twice: `stored` counts the reports new "
+                         "to the store, `received` all of them. The response carries the job's pending knob "
+                         "changes, as a single report's does; the rebalancer plans on its own thread. 404 for an "
+                         "unknown job. Scope: job — as for reports, only the job token that registered the job, or "
+                         "an admin.")
+def post_report_batch(body: ReportBatchIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+                      check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ReportBatchAcceptedOut:
+    job = job_for_write(ctx, name, check())  # the token first, on this thread (as for one report)
+    newest = job_store.newest_step(ctx.engine, job.id)
+    for i, report in enumerate(body.reports):  # every report before anything is stored: all or nothing
+        _check_possible(ctx, _with_rank(job, report.rank, ("body", "reports", i)), report, newest,
+                        ("body", "reports", i))
+        newest = report.step if newest is None else max(newest, report.step)
+    added = job_store.added_reports(ctx.engine, job.id, [to_columns(r.model_dump()) for r in body.reports])
+    if added and ctx.after_report is not None:
+        _after_batch(ctx, job, [body.reports[i] for i in added])
+    return ReportBatchAcceptedOut(stored=len(added), received=len(body.reports), pending_changes=_pending(ctx, job))
+
+
+def _after_batch(ctx: ApiContext, job: StoredJob, added: Sequence[ReportIn]) -> None:
+    """One ``after_report`` per batch, with its newest new report: it only queues a plan (never runs one here),
+    counting each of the batch's new steps toward the job's wait (``earlier``) and asking whether any of them
+    completed its step, so one call decides what one per report would, with one store read at most."""
+    by_step = sorted(added, key=lambda r: r.step)
+    newest = by_step[-1]
+    ctx.after_report(job, newest.step, newest.step_time_s, earlier=[(r.step, r.step_time_s) for r in by_step[:-1]])
 
 
 @router.get("/{name}/reports", response_model=ReportsOut, responses={**READ, **NOT_FOUND},
