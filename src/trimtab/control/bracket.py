@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Optional
 from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
-from trimtab.control.plan import before_window, last_applied_step, period
+from trimtab.control.plan import before_window, last_applied, period
+from trimtab.control.settle import settled_from
 from trimtab.control.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
@@ -89,7 +90,7 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     surer lower than noise makes it. Released ``drift_retries`` times per move: the next rollback of the same move
     holds, so a move that is truly a little worse is not tried over and over."""
     ctl = rules.controller
-    last = last_applied_step(state)
+    last = last_applied(state)
     after = Sample.from_evidence(_evidence(d).get("after_sample"))
     known = Sample.from_evidence(_evidence(d).get("before_sample"))
     ratio = (_evidence(d).get("verdict") or {}).get("ratio")
@@ -101,7 +102,7 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     if len(same) > ctl.drift_retries:
         return False
     every = period(state.job, rules)
-    since = before_window([s for s in state.steps if s.step >= last + ctl.settle_steps], rules, every)
+    since = before_window([s for s in state.steps if s.step >= settled_from(last, rules)], rules, every)
     again = state.persistence.sample(since, every)
     return again is not None and again.n >= known.n and again.mean_log <= min(after.mean_log, known.mean_log) \
         and changed_level(known, again, ctl, drift_sure_pct(d, ctl))

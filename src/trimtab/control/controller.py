@@ -37,7 +37,8 @@ from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
-from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied_step,
+from trimtab.control.settle import settled_from
+from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied, last_applied_step,
                                   longest_period, period, window_evidence, window_wait)
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
@@ -307,8 +308,8 @@ def _plan(state: JobState, rules: RuleSet,
     pending = [c for c in state.changes if c.status == PENDING]
     if pending:
         return Plan(note=f"change {pending[0].id} ({pending[0].source}) is in flight", wait=next_window)
-    last = last_applied_step(state)
-    start = (last + ctl.settle_steps + ctl.cooldown_steps) if last is not None else 0
+    last = last_applied(state)
+    start = (settled_from(last, rules) + ctl.cooldown_steps) if last is not None else 0
     candidates = [s for s in state.steps if s.step >= start]
     win = window(candidates, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every,
                  ctl.window_enough_steps)

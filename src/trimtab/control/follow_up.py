@@ -19,6 +19,7 @@ from typing import Optional
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import Persistence, persistence
+from trimtab.control.settle import settled_from
 from trimtab.control.plan import (JobState, Plan, Wait, before_window, leading, period, wait_to_cover,
                                   window_evidence, window_wait)
 from trimtab.grading.rules import RuleSet
@@ -33,10 +34,9 @@ from trimtab.store.jobs import StoredChange, number
 def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
     """The steps before a change at the setting it changed: after the previous change's settle steps, the newest
     covering ``verdict_before_s`` (in whole periods of the old sync interval)."""
-    ctl = rules.controller
-    earlier = [c.applied_step for c in state.changes if c.status == APPLIED and c.applied_step is not None
+    earlier = [c for c in state.changes if c.status == APPLIED and c.applied_step is not None
                and c.applied_step < change.applied_step]
-    start = max(earlier) + ctl.settle_steps if earlier else 0
+    start = settled_from(max(earlier, key=lambda c: c.applied_step), rules) if earlier else 0
     every = _old_period(state, rules, change)
     candidates = [s for s in state.steps if start <= s.step < change.applied_step]
     return _since_level_shift(before_window(candidates, rules, every), every, rules, state.persistence)
@@ -177,9 +177,10 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         return Plan(note=f"waiting for the job to apply change {change.id} ({change.knob} → {change.value})",
                     wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
     every = period(state.job, rules)
-    after_steps = [s for s in state.steps if s.step >= change.applied_step + ctl.settle_steps]
+    first = settled_from(change, rules)
+    after_steps = [s for s in state.steps if s.step >= first]
     after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every, ctl.window_enough_steps)
-    measuring = Plan(note=f"measuring throughput after change {change.id} (from step {change.applied_step + ctl.settle_steps})",
+    measuring = Plan(note=f"measuring throughput after change {change.id} (from step {first})",
                      applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None,
                      wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s, every,
                                         ctl.window_enough_steps))

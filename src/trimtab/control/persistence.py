@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from trimtab.contract.statuses import APPLIED
 from trimtab.control.verdict import Sample, fit_line, lone_outlier, unsettled
+from trimtab.control.settle import settled_from
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep, as_period, chunk_rates
 
@@ -52,7 +53,7 @@ def _stretches(state: "JobState", rules: RuleSet) -> list[tuple[int, int, int]]:
             at = as_period(c.previous_value)
     periods.append(at)
     periods.reverse()  # periods[i]: before applied[i] (i < len), periods[-1]: after the last change
-    starts = [0] + [c.applied_step + ctl.settle_steps for c in applied]
+    starts = [0] + [settled_from(c, rules) for c in applied]
     ends = [c.applied_step for c in applied] + [math.inf]
     return [(s, e, p) for s, e, p in zip(starts, ends, periods) if e > s]
 

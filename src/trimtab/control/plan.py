@@ -181,5 +181,11 @@ def window_evidence(steps: Sequence[JobStep]) -> dict[str, Any]:
 
 
 def last_applied_step(state: JobState) -> Optional[int]:
-    steps = [c.applied_step for c in state.changes if c.status == APPLIED and c.applied_step is not None]
-    return max(steps) if steps else None
+    last = last_applied(state)
+    return None if last is None else last.applied_step
+
+
+def last_applied(state: JobState) -> Optional[StoredChange]:
+    """The change that took effect last (None: none yet)."""
+    applied = [c for c in state.changes if c.status == APPLIED and c.applied_step is not None]
+    return max(applied, key=lambda c: c.applied_step) if applied else None

@@ -130,6 +130,8 @@ class ControllerSettings:
     gpu_min_samples: int = 3
     probe_baseline_steps: int = 5
     period_knob: str = "sync_every"
+    queue_knob: str = "prefetch"
+    queue_raise_settle_steps: float = 0.0
     report_phase_slack_s: float = 0.05
     report_phase_max_x_step: float = 20.0
     report_phases_sum_max_x_step: float = 40.0
@@ -321,12 +323,10 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         if d.get("follow_above") is not None and _number(d["follow_above"], where("follow_above")) >= act:
             raise RulesError(f"{where('follow_above')}: follow_above ({d['follow_above']}) must be below act_above "
                              f"({act}): it is the line a rule follows a gain down to, under the one it acts at")
-        for key in ("advice", "unit"):
-            if not isinstance(d.get(key, ""), str):
-                raise RulesError(f"{where(key)}: must be text")
-        for key in ("safety", "placement_advice"):
-            if not isinstance(d.get(key, False), bool):
-                raise RulesError(f"{where(key)}: must be true or false")
+        for key, kind, must in (("advice", str, "text"), ("unit", str, "text"), ("safety", bool, "true or false"),
+                                ("placement_advice", bool, "true or false")):
+            if not isinstance(d.get(key, kind()), kind):
+                raise RulesError(f"{where(key)}: must be {must}")
         rules.append(Rule(name=name, priority=int(_number(d["priority"], where("priority"), integer=True)),
                           scope=d["scope"], signal=d["signal"], unit=d.get("unit", ""), healthy_below=healthy,
                           act_above=act, actions=tuple(actions), advice=d["advice"], safety=d.get("safety", False),
