@@ -10,8 +10,9 @@ raise's depth in batches and each step drains a share of a batch, so the drain l
 raised, whatever a step's duration: ``queue_raise_settle_steps`` more settle steps per unit. A cut leaves no bank.
 
 Off in the shipped rules (0) until it is measured on the H200 (``bench/queue_settle.toml`` turns it on for a run):
-on the CPU workloads, whose jobs bank nothing, 4 a unit only delays every prefetch move and its verdict, and cost 5
-of 360 goals on seeds 1–30 (the noisy job's 30 % slowdown met later).
+on the CPU workloads, whose jobs bank nothing, 4 a unit only delays every prefetch move and its verdict: 5 of 360
+goals lost on seeds 1–30 and 3 on the held-out 61–90 (the noisy job's slowdown met later, the regime host's after
+windows landing in the next regime more often).
 """
 
 from __future__ import annotations
