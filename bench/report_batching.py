@@ -3,9 +3,9 @@ pipeline (steps of 0.1–1 s, where a POST always returns before the next step e
 pure-Python work that holds the GIL, the case where the hook's reporter thread competes with the training thread
 and, one POST per step, falls behind.
 
-One `trimtab up` for the run. For each ``--step-ms``, blocks of ``--block`` steps alternate between: no hook (the
-baseline), a hook with ``report_batch_max=1`` (one POST per report) and one with the default 64 (reports that
-queued while a POST was out go in one), so drift hits all three alike; each arm's backlog is posted before the
+One `trimtab up` for the run. For each ``--step-ms``, blocks of ``--block`` steps alternate between no hook (the
+baseline) and the hooks of ``ARMS`` (one POST per report; batched; batched and paced, the default), so drift hits
+them alike; each arm's backlog is posted before the
 next arm starts (off the clock). Prints per arm: the mean step against the baseline's, the reporter thread's CPU
 per step, the daemon's CPU per report stored (beyond what it used during the baseline's blocks: on a small machine the
 server's work competes with the job for the same cores), and reports sent / dropped (a block longer than the hook's
@@ -27,6 +27,14 @@ import httpx
 from hook_overhead import thread_cpu_s
 
 
+# How the hook reports, arm by arm: one POST per report as fast as the server answers (the hook before batching),
+# the reports that queued while a POST was out in one (batching alone), and the default: batched, POSTs at least
+# report_min_interval_s (50 ms) apart, so reports of steps shorter than that go together.
+ARMS = {"one POST each": {"report_batch_max": 1, "report_min_interval_s": 0.0},
+        "batched": {"report_batch_max": 64, "report_min_interval_s": 0.0},
+        "paced (default)": {}}
+
+
 def busy_step(seconds: float) -> None:
     """A step of pure-Python work holding the GIL (a tokenizer, a reward function, a data loader's collate)."""
     end = time.perf_counter() + seconds
@@ -42,6 +50,20 @@ def process_cpu_s(pid: int) -> float:
 
     proc = psutil.Process(pid)
     return sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
+
+
+def pin(daemon_pid: int) -> None:
+    """This process on CPU 0, the daemon and its children on the rest (needs two CPUs or more)."""
+    import os
+
+    import psutil
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs or more")
+    os.sched_setaffinity(0, cpus[:1])
+    for p in [psutil.Process(daemon_pid), *psutil.Process(daemon_pid).children(recursive=True)]:
+        p.cpu_affinity(cpus[1:])
 
 
 def drained(hook, limit_s: float = 5.0) -> None:
@@ -68,23 +90,29 @@ def main() -> int:
     ap.add_argument("--step-ms", default="2,5,10", help="step lengths to try, comma-separated")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--block", type=int, default=250, help="steps per arm per round")
+    ap.add_argument("--pin", action="store_true",
+                    help="the job on CPU 0, the daemon on the others (as on a GPU node, where it has cores of its "
+                         "own): the hook's cost apart from the daemon's competition for the job's core")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from trimtab.trainer import attach
     from trimtab.workload import story
 
     daemon = story.start_daemon(args=["--interval", "1"])
+    if args.pin:
+        pin(daemon.proc.pid)
     results = []
     try:
         for step_ms in [float(s) for s in args.step_ms.split(",")]:
             tag = f"{step_ms:g}".replace(".", "p")
-            hooks = {bm: attach(job=f"batching-{tag}-ms-max-{bm}", server=daemon.url, token=daemon.token,
-                                knobs={"batch_size": (8, 1, 64)}, report_batch_max=bm) for bm in (1, 64)}
-            times: dict[str, list[float]] = {"none": [], "1": [], "64": []}
+            hooks = {arm: attach(job=f"batching-{tag}-ms-{i}", server=daemon.url, token=daemon.token,
+                                 knobs={"batch_size": (8, 1, 64)}, **options)
+                     for i, (arm, options) in enumerate(ARMS.items())}
+            times: dict[str, list[float]] = {"none": [], **{arm: [] for arm in ARMS}}
             server_cpu_s = dict.fromkeys(times, 0.0)
             for _ in range(args.rounds):
                 for arm in times:
-                    hook = hooks.get(int(arm)) if arm != "none" else None
+                    hook = hooks.get(arm)
                     cpu0_s = process_cpu_s(daemon.proc.pid)
                     for _ in range(args.block):
                         t0 = time.perf_counter()
@@ -97,26 +125,24 @@ def main() -> int:
             time.sleep(1.0)  # the reporters post what is still queued
             n = args.rounds * args.block
             row = {"step_ms": step_ms, "steps_per_arm": n}
-            for bm, hook in hooks.items():
+            for arm, hook in hooks.items():
                 cpu_s = thread_cpu_s(f"trimtab-reporter-{hook.job}")
                 reporter = hook._reporter
                 hook.close()
                 stored = stored_reports(daemon, hook.job)
-                row[str(bm)] = {
-                    "mean_step_vs_no_hook": statistics.fmean(times[str(bm)]) / statistics.fmean(times["none"]),
+                row[arm] = {
+                    "mean_step_vs_no_hook": statistics.fmean(times[arm]) / statistics.fmean(times["none"]),
                     "reporter_cpu_ms_per_step": None if cpu_s is None else 1e3 * cpu_s / n,
-                    "server_cpu_ms_per_report": 1e3 * (server_cpu_s[str(bm)] - server_cpu_s["none"]) / max(1, stored),
+                    "server_cpu_ms_per_report": 1e3 * (server_cpu_s[arm] - server_cpu_s["none"]) / max(1, stored),
                     "sent": reporter.sent, "dropped": reporter.dropped, "refused": reporter.rejected,
                     "stored": stored}
-            results.append(row)
-            for bm in ("1", "64"):
-                r = row[bm]
+                r = row[arm]
                 cpu = "n/a" if r["reporter_cpu_ms_per_step"] is None else f"{r['reporter_cpu_ms_per_step']:.3f} ms"
-                print(f"steps of {step_ms:g} ms, report_batch_max {bm:>2}: mean step "
-                      f"{100 * (r['mean_step_vs_no_hook'] - 1):+.1f} % against no hook; reporter CPU {cpu} a step, the "
-                      f"server's {r['server_cpu_ms_per_report']:.2f} ms a report; "
-                      f"{r['sent']} of {row['steps_per_arm']} reports sent, {r['dropped']} dropped, "
-                      f"{r['refused']} refused, {r['stored']} stored", flush=True)
+                print(f"steps of {step_ms:g} ms, {arm:<15}: mean step {100 * (r['mean_step_vs_no_hook'] - 1):+.1f} % "
+                      f"against no hook; reporter CPU {cpu} a step, the server's "
+                      f"{r['server_cpu_ms_per_report']:.2f} ms a report stored; {r['sent']} of {n} reports sent, "
+                      f"{r['dropped']} dropped, {r['refused']} refused, {r['stored']} stored", flush=True)
+            results.append(row)
     finally:
         daemon.close(False)
     if args.json:

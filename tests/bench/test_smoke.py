@@ -66,7 +66,7 @@ SMOKE = {
                            "--tail", "1", "--budget-s", "3", "--landed-blocks", "1", "--landed-steps", "1",
                            "--control-blocks", "1", "--paired-blocks", "1", "--paired-steps", "1"),
                           ("landed: final setting", "paired: the auto job", "measured right before the auto run")),
-    "report_batching.py": Smoke(("--step-ms", "5", "--rounds", "1", "--block", "20"), "report_batch_max 64"),
+    "report_batching.py": Smoke(("--step-ms", "5", "--rounds", "1", "--block", "20"), "paced (default)"),
     "report_latency.py": Smoke(("--smoke",), "planning / idle"),
     "server_load.py": Smoke(("--db", "sqlite", "--nodes", "1,2", "--seconds", "1"), "largest N with 0 drops"),
     "store_ingest.py": Smoke(("--ticks", "20", "--repeats", "1", "--pg-url", ""), "sqlite"),

@@ -263,6 +263,32 @@ def test_queued_reports_go_in_one_post_of_up_to_batch_max_and_a_lone_one_goes_al
     assert reporter.sent == 10 and reporter.rejected == reporter.dropped == 0 and len(got) == 5
 
 
+def _posts_for_steps_of(step_s: float, min_interval_s: float, n: int = 40) -> tuple[int, set]:
+    """How many report POSTs ``n`` reports ``step_s`` apart took (the server answers at once)."""
+    server = FakeServer()
+    reporter = Reporter("http://trimtab.invalid", "fake", "tok", registration={"name": "fake", "ranks": 1},
+                        transport=httpx.MockTransport(server), min_interval_s=min_interval_s)
+    try:
+        for step in range(n):
+            reporter.submit({"step": step, "rank": 0, "step_time_s": step_s})
+            time.sleep(step_s)
+        eventually(lambda: server.delivered == set(range(n)))
+    finally:
+        reporter.close()
+    return len(server.posted("/reports")) + len(server.posted("/report-batches")), server.delivered
+
+
+def test_posts_are_paced_so_the_reports_of_steps_shorter_than_the_interval_go_together():
+    # 40 steps of 5 ms: unpaced, a POST per report or nearly (the fake server answers at once); paced at 50 ms, a
+    # POST at most every 50 ms for 0.2 s of steps (5 or so), every report still delivered.
+    unpaced, _ = _posts_for_steps_of(0.005, 0.0)
+    paced, delivered = _posts_for_steps_of(0.005, 0.05)
+    assert unpaced >= 20 and paced <= 10 and delivered == set(range(40)), (unpaced, paced)
+    # Steps longer than the interval: one POST per report, as before.
+    slow, _ = _posts_for_steps_of(0.08, 0.05, n=6)
+    assert slow == 6
+
+
 def test_batch_max_1_posts_every_report_alone():
     server = FakeServer()
     reporter = held_reporter(server, batch_max=1)

@@ -64,7 +64,9 @@ class Hook:
     in this process; ``oom_knob`` the knob ``oom_guard`` halves; ``cuda_events`` off to skip event records;
     ``queue_max`` reports kept while the server is away; ``report_batch_max`` the most reports sent in one POST
     (only reports that queued while the last POST was out go together; a job of few-ms steps cannot pay a POST per
-    step, see ``server_link.py``; 1: one POST per report); ``timeout_s`` per HTTP request (≤ 1 s keeps a dying
+    step, see ``server_link.py``; 1: one POST per report); ``report_min_interval_s`` the least time between two
+    POSTs' starts (50 ms: steps shorter than that report in batches; 0: as fast as the server answers);
+    ``timeout_s`` per HTTP request (≤ 1 s keeps a dying
     server from holding the reporter); ``backoff_max_s`` between retries; ``transport`` an httpx transport (tests);
     ``appliers`` knob → the :class:`~trimtab.trainer.apply.KnobApplier` that owns it (a framework adapter): a
     change of such a knob is acknowledged only once that applier says it took effect, and refused when it cannot
@@ -79,7 +81,8 @@ class Hook:
                  knobs: Optional[Mapping[str, KnobSpecLike]] = None, mode: Optional[str] = None,
                  probe_every: int = 0, probe_baseline_n: int = 5, memory_every_s: float = 5.0,
                  knob_sync_every: int = 1, local_gpu: Optional[int] = None, oom_knob: str = "batch_size",
-                 cuda_events: bool = True, queue_max: int = 256, report_batch_max: int = 64, timeout_s: float = 1.0,
+                 cuda_events: bool = True, queue_max: int = 256, report_batch_max: int = 64,
+                 report_min_interval_s: float = 0.05, timeout_s: float = 1.0,
                  backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
                  appliers: Optional[Mapping[str, KnobApplier]] = None,
                  advise_only_reason: Optional[str] = None, roles: Sequence[RolePlacement] = ()):
@@ -115,7 +118,8 @@ class Hook:
                 server, job, token or os.environ.get("TRIMTAB_TOKEN"),
                 registration=self._declaration() if self.rank == 0 else None,
                 on_pending=self._changes.stage if self.rank == 0 else None, queue_max=queue_max,
-                timeout_s=timeout_s, backoff_max_s=backoff_max_s, transport=transport, batch_max=report_batch_max)
+                timeout_s=timeout_s, backoff_max_s=backoff_max_s, transport=transport, batch_max=report_batch_max,
+                min_interval_s=report_min_interval_s)
         if self.world_size > 1 and not distributed():
             log.warning("trimtab: RANK/WORLD_SIZE say %d ranks but torch.distributed is not initialised: knob "
                         "changes reach rank 0 only (attach after init_process_group)", self.world_size)

@@ -6,10 +6,12 @@ waits, never raises on a network problem); the thread retries with exponential b
 reports once the queue is full (counted), says once that the server is offline and once that it is back, and
 re-registers when the server answers 404 (it forgot the job: a fresh store, a restart from scratch).
 
-One report queued is one POST; several queued (steps shorter than a POST takes, a backlog after an outage) go in
-one POST of up to ``batch_max`` to the batch route. The reporter thread's CPU is mostly its HTTP requests (4.4–4.6
-ms per report beside the reference pipeline, BENCHMARKS.md): a job of 5–12 ms steps cannot pay that per step
-without a whole core and its training thread waiting for the GIL, and a reporter that falls behind drops reports.
+One report queued is one POST; several queued (steps shorter than a POST takes, or than ``min_interval_s``, 50
+ms, between POSTs; a backlog after an outage) go in one POST of up to ``batch_max`` to the batch route. The
+reporter thread's CPU is mostly its HTTP requests (4.4–4.6 ms per report beside the reference pipeline,
+BENCHMARKS.md): a job of 5–12 ms steps cannot pay that per step without a whole core and its training thread
+waiting for the GIL, and a reporter that falls behind drops reports (one POST each dropped 15–62 % of the reports
+of 2–10 ms steps; batched and paced, none, at a fifth of the reporter's CPU: bench/report_batching.py).
 The server refuses a batch whole (422) when one report in it is invalid; its reports then go one by one, so only
 that one is lost. A server older than the batch route gets one POST per report.
 """
@@ -43,14 +45,17 @@ class Reporter:
     only post; rank 0 registers). ``register_if_missing``: declare only if the server does not know the job yet
     (a log tailer must not overwrite the knobs a hook inside the job declared). ``on_pending`` receives each
     successful report response's ``pending_changes`` list (rank 0 only). ``batch_max``: the most queued reports
-    sent in one POST (1 to MAX_REPORTS_PER_BATCH; 1: one POST per report, never a batch).
+    sent in one POST (1 to MAX_REPORTS_PER_BATCH; 1: one POST per report, never a batch). ``min_interval_s``: the
+    least time from one POST's start to the next one's (0: none) — a job whose steps are longer posts each report
+    as it comes; a faster one's reports queue meanwhile and go together.
     """
 
     def __init__(self, server: str, job: str, token: Optional[str] = None, *,
                  registration: Optional[dict] = None, register_if_missing: bool = False,
                  on_pending: Optional[Callable[[list], None]] = None, queue_max: int = 256,
                  timeout_s: float = 1.0, backoff_max_s: float = 5.0,
-                 transport: Optional[httpx.BaseTransport] = None, batch_max: int = 64):
+                 transport: Optional[httpx.BaseTransport] = None, batch_max: int = 64,
+                 min_interval_s: float = 0.05):
         if not 1 <= batch_max <= MAX_REPORTS_PER_BATCH:
             raise ValueError(f"batch_max must be 1 to {MAX_REPORTS_PER_BATCH} reports, not {batch_max!r}")
         self.server, self.job = server.rstrip("/"), job
@@ -69,6 +74,8 @@ class Reporter:
         self._acks: deque = deque()
         self._queue_max = queue_max
         self._batch_max = batch_max  # 1 once the server turned out to have no batch route
+        self._min_interval_s = max(0.0, float(min_interval_s))
+        self._reports_went = False  # the last send was reports (the next POST waits for min_interval_s)
         self._singly = 0  # reports at the queue's front to send one by one (a batch the server refused whole)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -136,6 +143,7 @@ class Reporter:
                     time.sleep(min(backoff_s, left_s))
                 elif backoff_s > 0 and self._stop.wait(backoff_s):
                     continue  # close() came during the wait: the flushing rules above decide
+                began_s, self._reports_went = time.monotonic(), False
                 try:
                     outcome = self._register(http) if self._need_register else self._send_next(http)
                 except Exception:  # a bug here must not end the thread: the job would go silent for good
@@ -146,6 +154,10 @@ class Reporter:
                     self._wake.clear()
                     continue
                 backoff_s = min(self._backoff_max_s, max(0.1, backoff_s * 2)) if outcome == RETRY else 0.0
+                if outcome == OK and self._reports_went and not self._stop.is_set():
+                    # Paced after reports (a registration or an ack goes on at once): what a job of few-ms steps
+                    # reports meanwhile queues and goes in the next POST
+                    self._stop.wait(max(0.0, self._min_interval_s - (time.monotonic() - began_s)))
 
     def _has_work(self) -> bool:
         return bool(self._reports or self._acks or self._need_register)
@@ -155,6 +167,7 @@ class Reporter:
         one POST when more than one is queued, else the one."""
         with self._lock:
             batch: list[dict] = []
+            self._reports_went = not self._acks and bool(self._reports)
             if self._acks:
                 kind, item = self._acks.popleft()
             elif len(self._reports) > 1 and self._batch_max > 1 and not self._singly:
