@@ -24,7 +24,9 @@ import time
 
 import httpx
 
+import psutil
 from hook_overhead import thread_cpu_s
+from report_latency import cpu_s as process_cpu_s  # a process's CPU time and its live children's
 
 
 # How the hook reports, arm by arm: one POST per report as fast as the server answers (the hook before batching),
@@ -41,15 +43,6 @@ def busy_step(seconds: float) -> None:
     x = 0
     while time.perf_counter() < end:
         x += 1
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process and its children have used so far (the daemon's: API, store,
-    rebalancer, agent)."""
-    import psutil
-
-    proc = psutil.Process(pid)
-    return sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
 
 
 def pin(daemon_pid: int) -> None:
@@ -99,6 +92,7 @@ def main() -> int:
     from trimtab.workload import story
 
     daemon = story.start_daemon(args=["--interval", "1"])
+    daemon_proc = psutil.Process(daemon.proc.pid)  # the daemon's CPU: API, store, rebalancer, agent
     if args.pin:
         pin(daemon.proc.pid)
     results = []
@@ -113,7 +107,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for arm in times:
                     hook = hooks.get(arm)
-                    cpu0_s = process_cpu_s(daemon.proc.pid)
+                    cpu0_s = process_cpu_s(daemon_proc)
                     for _ in range(args.block):
                         t0 = time.perf_counter()
                         busy_step(step_ms / 1000.0)
@@ -121,7 +115,7 @@ def main() -> int:
                             hook.step_end(samples=8)
                         times[arm].append(time.perf_counter() - t0)
                     drained(hook)
-                    server_cpu_s[arm] += process_cpu_s(daemon.proc.pid) - cpu0_s
+                    server_cpu_s[arm] += process_cpu_s(daemon_proc) - cpu0_s
             time.sleep(1.0)  # the reporters post what is still queued
             n = args.rounds * args.block
             row = {"step_ms": step_ms, "steps_per_arm": n}

@@ -235,6 +235,15 @@ def submit_held(server: FakeServer, reporter: Reporter, steps) -> None:
     server.gate.set()
 
 
+def lone_then_group(server: FakeServer, reporter: Reporter, lone: int, group) -> None:
+    """Holds the reporter inside its next request, queues report ``lone`` alone and waits until it is in flight,
+    then queues ``group`` while it is held and lets it go: a lone report, then a group queued behind a POST."""
+    server.gate = threading.Event()
+    reporter.submit({"step": lone, "rank": 0, "step_time_s": 0.01})
+    eventually(lambda: single_steps(server)[-1:] == [lone])  # held inside its POST
+    submit_held(server, reporter, group)
+
+
 def batch_steps(server: FakeServer) -> list[list[int]]:
     return [[r["step"] for r in b["reports"]] for b in server.posted("/report-batches")]
 
@@ -251,10 +260,7 @@ def test_queued_reports_go_in_one_post_of_up_to_batch_max_and_a_lone_one_goes_al
     try:
         submit_held(server, reporter, range(7))
         eventually(lambda: server.delivered == set(range(7)))
-        server.gate = threading.Event()  # hold the thread inside its next request: a lone report's
-        reporter.submit({"step": 7, "rank": 0, "step_time_s": 0.01})
-        eventually(lambda: single_steps(server)[-1:] == [7])  # held inside its POST
-        submit_held(server, reporter, range(8, 10))
+        lone_then_group(server, reporter, 7, range(8, 10))
         eventually(lambda: server.delivered == set(range(10)))
     finally:
         reporter.close()
@@ -310,10 +316,7 @@ def test_a_batch_refused_whole_goes_again_one_by_one_and_only_the_bad_report_is_
     try:
         submit_held(server, reporter, range(5))
         eventually(lambda: reporter.rejected == 1 and server.delivered == {0, 1, 3, 4})
-        server.gate = threading.Event()  # batching resumes once the refused batch's reports are through
-        reporter.submit({"step": 5, "rank": 0, "step_time_s": 0.01})
-        eventually(lambda: single_steps(server)[-1:] == [5])
-        submit_held(server, reporter, range(6, 9))
+        lone_then_group(server, reporter, 5, range(6, 9))  # batching resumes once the refused batch is through
         eventually(lambda: server.delivered == {0, 1, 3, 4, 5, 6, 7, 8})
     finally:
         reporter.close()
@@ -331,10 +334,7 @@ def test_a_server_without_the_batch_route_gets_every_report_one_per_post(mode, c
     try:
         submit_held(server, reporter, range(4))
         eventually(lambda: server.delivered == set(range(4)))
-        server.gate = threading.Event()
-        reporter.submit({"step": 4, "rank": 0, "step_time_s": 0.01})
-        eventually(lambda: single_steps(server)[-1:] == [4])  # held inside its POST
-        submit_held(server, reporter, range(5, 8))
+        lone_then_group(server, reporter, 4, range(5, 8))
         eventually(lambda: server.delivered == set(range(8)))
     finally:
         reporter.close()
