@@ -1,29 +1,33 @@
 """The settle after a prefetch raise (src/trimtab/control/settle.py): the steps that drain what the worker ran
-ahead into the deeper queue are not the setting's, neither as a verdict's after window nor as the next move's
-baseline. The H200 pattern (runs 17–20): prefetch 0 → 2 kept, the 7 steps after it ~15 % fast, then a sync trial
-measured against them and sent back although sync 4 is the faster setting."""
+ahead into the deeper queue are not the setting's baseline for a move of another knob. The H200 pattern (runs
+17–20): prefetch 0 → 2 kept, the 7 steps after it ~15 % fast, then a sync trial measured against them and sent
+back although sync 4 is the faster setting. The raise's own verdict and moves of the queue knob do not wait."""
 
 from __future__ import annotations
 
 from tests.support.plans import RULES, acts, change, decision, job, state, steps
 from trimtab.control.controller import plan
-from trimtab.control.settle import settle_steps_after, settled_from
+from trimtab.control.settle import drained_from, settled_from
 
-BANK = RULES.with_overrides({"controller": {"queue_raise_settle_steps": 4}})  # as the next H200 session tries it
+BANK = RULES.with_overrides({"controller": {"queue_raise_settle_steps": 4}})  # as shipped, said here
 NO_BANK = RULES.with_overrides({"controller": {"queue_raise_settle_steps": 0}})
 PREFETCH_RAISE = change(id=1, knob="prefetch", value=2, previous=0, applied_step=30)
 
 
-def test_a_raise_of_the_queue_knob_settles_per_unit_raised_and_nothing_else_does():
-    assert settle_steps_after(PREFETCH_RAISE, BANK) == 1 + 8  # settle_steps, and 4 a unit for 0 → 2
-    assert settled_from(PREFETCH_RAISE, BANK) == 39
-    assert settle_steps_after(change(knob="prefetch", value=3, previous=2), BANK) == 1 + 4
-    assert settle_steps_after(change(knob="prefetch", value=2, previous=4), BANK) == 1  # a cut banks nothing
-    assert settle_steps_after(change(knob="sync_every", value=4, previous=1), BANK) == 1
-    assert settle_steps_after(change(knob="batch_size", value=64, previous=16), BANK) == 1
-    assert settle_steps_after(PREFETCH_RAISE, NO_BANK) == 1
+def test_a_raise_of_the_queue_knob_holds_back_moves_of_other_knobs_per_unit_raised_and_nothing_else_does():
+    assert RULES.controller.queue_raise_settle_steps == 4  # the shipped rules (H200 runs 21–23, BENCHMARKS.md)
+    assert settled_from(PREFETCH_RAISE, BANK) == 31  # the raise's own setting: settle_steps (1) only
+    assert drained_from(PREFETCH_RAISE, BANK, "sync_every") == 31 + 8  # 4 a unit for 0 → 2
+    assert drained_from(PREFETCH_RAISE, BANK, "batch_size") == 39
+    assert drained_from(PREFETCH_RAISE, BANK, "prefetch") == 31  # the queue knob's next move does not wait
+    assert drained_from(change(knob="prefetch", value=3, previous=2, applied_step=30), BANK, "sync_every") == 35
+    assert drained_from(change(knob="prefetch", value=2, previous=4, applied_step=30), BANK, "sync_every") == 31
+    assert drained_from(change(knob="sync_every", value=4, previous=1, applied_step=30), BANK, "batch_size") == 31
+    assert drained_from(change(knob="batch_size", value=64, previous=16, applied_step=30), BANK, "prefetch") == 31
+    assert drained_from(PREFETCH_RAISE, NO_BANK, "sync_every") == 31
     queue_is_batch = BANK.with_overrides({"controller": {"queue_knob": "batch_size"}})
-    assert settle_steps_after(change(knob="batch_size", value=64, previous=16), queue_is_batch) == 1 + 4 * 48
+    grown = change(knob="batch_size", value=64, previous=16, applied_step=30)
+    assert drained_from(grown, queue_is_batch, "prefetch") == 31 + 4 * 48
 
 
 def _paced(first: int, n: int, step_s: float, comm_share: float) -> list:
@@ -51,7 +55,9 @@ def test_the_next_move_waits_until_the_bank_is_drained():
     without = plan(state(history, the_job, changes=[PREFETCH_RAISE], decisions=[KEPT_RAISE]), NO_BANK)
     acts(without, "communication_bound", "sync_every", 1, 2)  # a sync trial on the drain, as on the H200
     held = plan(state(history, the_job, changes=[PREFETCH_RAISE], decisions=[KEPT_RAISE]), BANK)
-    assert held.change is None and held.note == "collecting a window (steps from 39)", held.note
+    assert held.change is None and held.note == ("communication_bound fires; sync_every waits for change 1 "
+                                                 "(prefetch → 2) to drain: a window from step 39"), held.note
+    assert held.wait.steps == 1 and held.wait.enough_steps == 20 - 0, held.wait
     moved = plan(state(_after_raise(n_fast=8, n_normal=7), the_job, changes=[PREFETCH_RAISE],
                        decisions=[KEPT_RAISE]), BANK)
     acts(moved, "communication_bound", "sync_every", 1, 2)  # once the setting's own steps make a window
@@ -79,3 +85,15 @@ def test_a_move_after_the_raise_is_judged_against_the_setting_not_against_the_dr
     late = _sync_trial(applied_step=46, rules=BANK)
     assert late.outcome == "kept" and late.evidence["gain_pct"] > 2, late.note
     assert late.evidence["before_window"]["steps"][0] >= 39, late.evidence["before_window"]
+
+
+def test_the_raise_itself_is_judged_from_its_settle_step_the_drain_counted_as_its_gain():
+    """The raise's own verdict does not wait for the drain (a job whose only moving knob is the queue decides as
+    without the settle): its after window starts at the plain settle step."""
+    history = _paced(10, 20, 1.0, 0.33) + _after_raise(n_fast=7, n_normal=8)[10:]
+    pending = decision(id=1, change_id=1, knob="prefetch", old=0, new=2, rule="generation_bound", before=None)
+    for rules in (BANK, NO_BANK):
+        judged = plan(state(history, job(batch=64, prefetch=2, sync=1), changes=[PREFETCH_RAISE],
+                            decisions=[pending]), rules)
+        assert judged.outcome == "kept", judged.note
+        assert judged.evidence["after_window"]["steps"][0] == 31, judged.evidence["after_window"]

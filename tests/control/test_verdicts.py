@@ -86,12 +86,7 @@ def h200_prefetch(after_steps: int, seed: int = 23):
     the_job = job(batch=64, prefetch=4, sync=4)
     return plan(state(history, the_job, changes=[change(knob="prefetch", value=4, previous=2, applied_step=40),
                                                  change(id=2, knob="sync_every", value=4, previous=1, applied_step=23)],
-                      decisions=[decision(knob="prefetch", old=2, new=4, before=None)]), NO_BANK)
-
-
-# These synthetic steps hold no bank drained after the prefetch raise: the queue's settle is off, so the tests below
-# measure the after window's bound alone (the settle after a raise: tests/control/test_settle.py).
-NO_BANK = RULES.with_overrides({"controller": {"queue_raise_settle_steps": 0}})
+                      decisions=[decision(knob="prefetch", old=2, new=4, before=None)]), RULES)
 
 
 def test_the_after_window_bound_counts_sync_periods_not_only_seconds():

@@ -20,7 +20,7 @@ from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BA
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
 from trimtab.control.plan import before_window, last_applied, period
-from trimtab.control.settle import settled_from
+from trimtab.control.settle import drained_from
 from trimtab.control.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
@@ -102,7 +102,7 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     if len(same) > ctl.drift_retries:
         return False
     every = period(state.job, rules)
-    since = before_window([s for s in state.steps if s.step >= settled_from(last, rules)], rules, every)
+    since = before_window([s for s in state.steps if s.step >= drained_from(last, rules, d.knob)], rules, every)
     again = state.persistence.sample(since, every)
     return again is not None and again.n >= known.n and again.mean_log <= min(after.mean_log, known.mean_log) \
         and changed_level(known, again, ctl, drift_sure_pct(d, ctl))

@@ -37,7 +37,7 @@ from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
-from trimtab.control.settle import settled_from
+from trimtab.control.settle import drained_from, settled_from
 from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied, last_applied_step,
                                   longest_period, period, window_evidence, window_wait)
 from trimtab.grading.rules import Action, Rule, RuleSet
@@ -267,6 +267,12 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
     return out
 
 
+def _collecting(steps: list[JobStep], ctl) -> Wait:
+    """How long until ``steps`` (the newest since a start) make a window."""
+    return Wait(steps=1, seconds=max(0.0, ctl.window_min_s - sum(s.step_time_s for s in steps)),
+                enough_steps=max(1, ctl.window_enough_steps - len(steps)))
+
+
 def _advised_recently(state: JobState, rules: RuleSet, rule: str, knob: Optional[str], new: Optional[float]) -> bool:
     return any(d.rule == rule and d.outcome == ADVISED and d.knob == knob
                and (new is None or (d.new_value is not None and float(d.new_value) == new))
@@ -314,10 +320,7 @@ def _plan(state: JobState, rules: RuleSet,
     win = window(candidates, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every,
                  ctl.window_enough_steps)
     if win is None:
-        missing_s = ctl.window_min_s - sum(s.step_time_s for s in candidates)
-        return Plan(note=f"collecting a window (steps from {start})",
-                    wait=Wait(steps=1, seconds=max(0.0, missing_s),
-                              enough_steps=max(1, ctl.window_enough_steps - len(candidates))))
+        return Plan(note=f"collecting a window (steps from {start})", wait=_collecting(candidates, ctl))
     # how the job's periods persist: read only by a plan that judges a window (a few ms over thousands of steps)
     state = replace(state, persistence=persistence(state, rules))
     readings = readings_for(state, rules, win)
@@ -349,8 +352,18 @@ def _plan(state: JobState, rules: RuleSet,
                 advice = f"{advice} Proposed device_map: {proposal.get('device_map')} — {proposal.get('expected_effect', '')}"
         if choice is not None and not rule.safety:
             # A change is judged against the steps before it: while they have not settled (a warm-up, a restart,
-            # a mode switch) the verdict would credit the settling to the change. Safety changes do not wait.
-            drift = unsettled(before_window(candidates, rules, every), every, ctl)
+            # a mode switch) the verdict would credit the settling to the change. Safety changes do not wait. A
+            # move of another knob after a prefetch raise is judged against the steps after the raise's drain
+            # (settle.py): until they make a window, it waits.
+            knob = choice[0].knob
+            drained = drained_from(last, rules, knob) if last is not None else start
+            base = [s for s in candidates if s.step >= drained]
+            if drained > start and window(base, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every,
+                                          ctl.window_enough_steps) is None:
+                return Plan(note=f"{rule.name} fires; {knob} waits for change {last.id} ({last.knob} → "
+                                 f"{last.value:g}) to drain: a window from step {drained}",
+                            readings=list(readings.values()), wait=_collecting(base, ctl))
+            drift = unsettled(before_window(base, rules, every), every, ctl)
             if drift is not None:
                 return Plan(note=f"{rule.name} fires; waiting for the throughput to settle before a change (the "
                                  f"before window's throughput moved {drift.change_pct:+.1f} % across it, "

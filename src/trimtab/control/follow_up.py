@@ -19,7 +19,7 @@ from typing import Optional
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import Persistence, persistence
-from trimtab.control.settle import settled_from
+from trimtab.control.settle import drained_from, settled_from
 from trimtab.control.plan import (JobState, Plan, Wait, before_window, leading, period, wait_to_cover,
                                   window_evidence, window_wait)
 from trimtab.grading.rules import RuleSet
@@ -32,11 +32,11 @@ from trimtab.store.jobs import StoredChange, number
 
 
 def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
-    """The steps before a change at the setting it changed: after the previous change's settle steps, the newest
-    covering ``verdict_before_s`` (in whole periods of the old sync interval)."""
+    """The steps before a change at the setting it changed: after the previous change's settle steps (and its
+    drain, settle.py), the newest covering ``verdict_before_s`` (in whole periods of the old sync interval)."""
     earlier = [c for c in state.changes if c.status == APPLIED and c.applied_step is not None
                and c.applied_step < change.applied_step]
-    start = settled_from(max(earlier, key=lambda c: c.applied_step), rules) if earlier else 0
+    start = drained_from(max(earlier, key=lambda c: c.applied_step), rules, change.knob) if earlier else 0
     every = _old_period(state, rules, change)
     candidates = [s for s in state.steps if start <= s.step < change.applied_step]
     return _since_level_shift(before_window(candidates, rules, every), every, rules, state.persistence)

@@ -131,7 +131,7 @@ class ControllerSettings:
     probe_baseline_steps: int = 5
     period_knob: str = "sync_every"
     queue_knob: str = "prefetch"
-    queue_raise_settle_steps: float = 0.0
+    queue_raise_settle_steps: float = 4.0
     report_phase_slack_s: float = 0.05
     report_phase_max_x_step: float = 20.0
     report_phases_sum_max_x_step: float = 40.0
