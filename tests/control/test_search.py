@@ -185,3 +185,32 @@ def test_follow_above_is_data_and_must_lie_under_the_act_line():
     with pytest.raises(RulesError, match="follow_above .* must be below act_above"):
         load_rules(overrides={"rules": {"communication_bound": {"follow_above": 20.0}}})
     assert math.isfinite(RULES["communication_bound"].act_above)
+
+
+def test_a_move_sent_back_to_be_re_measured_is_decided_again_by_the_follow_through_that_made_it():
+    # The CPU pipeline (this session, 2 runs of 4): batch 16 → 64 gained, the follow-through's prefetch 0 → 2 read
+    # +28–30 % (100 % sure) but its before window was still climbing: back to 0 "to be re-measured" — and at 64/0/1
+    # generation was under the act line, so nothing asked again: the job stood at 62–72 % of the best static.
+    ev = {"reading": {}, "knobs": {"batch_size": 16, "prefetch": 0, "sync_every": 1},
+          "verdict": {"result": "gain", "ratio": 1.4, "confidence_pct": 100.0}}
+    gained = decision(id=3, change_id=3, knob="batch_size", old=16, new=64, outcome="kept", evidence=ev)
+
+    def sent_back(id: int):
+        return decision(id=id, change_id=id, knob="prefetch", old=0, new=2, outcome="rolled_back",
+                        evidence={"reading": {}, "remeasure": True,
+                                  "verdict": {"result": "gain", "ratio": 1.28, "confidence_pct": 100.0}})
+
+    history = steps(0, 80, step_time=0.1, gen=0.04, ev=0.02, comm=None)
+    moves = [applied(3, "batch_size", 64, 16, 0), applied(4, "prefetch", 2, 0, 20), applied(5, "prefetch", 0, 2, 40)]
+    p = plan(state(history, job(batch=64, batch_max=64), changes=moves, decisions=[sent_back(4), gained]), RULES)
+    acts(p, "generation_bound", "prefetch", 0, 2)
+    # once: sent back to be re-measured a second time, the follow-through ends
+    twice = moves + [applied(6, "prefetch", 2, 0, 50), applied(7, "prefetch", 0, 2, 60)]
+    p = plan(state(history, job(batch=64, batch_max=64), changes=twice,
+                   decisions=[sent_back(6), sent_back(4), gained]), RULES)
+    nothing(p)
+    # another rule's move closed in between ends it, as before
+    other_rule = decision(id=4, change_id=4, knob="sync_every", old=1, new=2, outcome="rolled_back",
+                          rule="communication_bound", evidence={"reading": {}})
+    p = plan(state(history, job(batch=64, batch_max=64), changes=moves, decisions=[other_rule, gained]), RULES)
+    nothing(p)

@@ -327,6 +327,10 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
     return forward, f"bracket search {where}: {forward:g}"
 
 
+def _same_move(a: StoredDecision, b: StoredDecision) -> bool:
+    return a.knob == b.knob and a.old_value == b.old_value and a.new_value == b.new_value
+
+
 def follows_through(state: "JobState", rule: Rule, reading: Reading) -> Optional[StoredDecision]:
     """The rule's last change when it may take one more step below its act line: the newest closed change of the
     job was this rule's, measured a gain, and the rule's signal is still above ``follow_above`` over the window and
@@ -335,8 +339,15 @@ def follows_through(state: "JobState", rule: Rule, reading: Reading) -> Optional
         return None
     if any(h is not None and h <= rule.follow_above for h in reading.detail.get("halves", [])):
         return None
-    last = next((d for d in state.decisions if d.change_id is not None and d.outcome not in (PENDING, ADVISED)),
-                None)
+    closed = [d for d in state.decisions if d.change_id is not None and d.outcome not in (PENDING, ADVISED)]
+    last = closed[0] if closed else None
+    if last is not None and remeasured(last) and last.rule == rule.name \
+            and sum(remeasured(d) and _same_move(d, last) for d in closed) == 1:
+        # A move this follow-through made, sent back because its before window had not settled, is decided again
+        # on a settled baseline (once: a second re-measure of it ends the follow-through). Else the rule, below
+        # its act line at the old setting, would never ask again: the CPU pipeline stood at 64/0/1, 62–72 % of
+        # the best static, after prefetch 0 → 2 read +28–30 % (100 % sure) on a before window still climbing.
+        last = next((d for d in closed[1:] if not remeasured(d)), None)
     if last is None or last.rule != rule.name or last.outcome != KEPT or result_of(last) != GAIN:
         return None
     if last.knob not in state.job.knobs or float(state.job.knobs[last.knob]["value"]) != float(last.new_value):
