@@ -295,6 +295,22 @@ def test_posts_are_paced_so_the_reports_of_steps_shorter_than_the_interval_go_to
     assert slow == 6
 
 
+def test_a_full_batch_ends_the_pacing_wait_so_a_job_reporting_faster_than_a_batch_an_interval_drops_nothing():
+    # 8 reports a batch, an interval of a whole second, a queue of 16: 64 reports 3 ms apart would fill the queue
+    # within one interval (and drop the oldest) if the reporter waited it out with a full batch in.
+    server = FakeServer()
+    reporter = Reporter("http://trimtab.invalid", "fake", "tok", registration={"name": "fake", "ranks": 1},
+                        transport=httpx.MockTransport(server), min_interval_s=1.0, batch_max=8, queue_max=16)
+    try:
+        for step in range(64):
+            reporter.submit({"step": step, "rank": 0, "step_time_s": 0.003})
+            time.sleep(0.003)
+        eventually(lambda: server.delivered == set(range(64)))
+    finally:
+        reporter.close()
+    assert reporter.dropped == 0 and len(server.posted("/report-batches")) >= 7, server.posted("/report-batches")
+
+
 def test_batch_max_1_posts_every_report_alone():
     server = FakeServer()
     reporter = held_reporter(server, batch_max=1)

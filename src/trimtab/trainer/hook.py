@@ -65,7 +65,8 @@ class Hook:
     ``queue_max`` reports kept while the server is away; ``report_batch_max`` the most reports sent in one POST
     (only reports that queued while the last POST was out go together; a job of few-ms steps cannot pay a POST per
     step, see ``server_link.py``; 1: one POST per report); ``report_min_interval_s`` the least time between two
-    POSTs' starts (50 ms: steps shorter than that report in batches; 0: as fast as the server answers);
+    POSTs' starts (250 ms: steps shorter than that report in batches, a full batch at once; 0: as fast as the
+    server answers);
     ``timeout_s`` per HTTP request (≤ 1 s keeps a dying
     server from holding the reporter); ``backoff_max_s`` between retries; ``transport`` an httpx transport (tests);
     ``appliers`` knob → the :class:`~trimtab.trainer.apply.KnobApplier` that owns it (a framework adapter): a
@@ -82,7 +83,7 @@ class Hook:
                  probe_every: int = 0, probe_baseline_n: int = 5, memory_every_s: float = 5.0,
                  knob_sync_every: int = 1, local_gpu: Optional[int] = None, oom_knob: str = "batch_size",
                  cuda_events: bool = True, queue_max: int = 256, report_batch_max: int = 64,
-                 report_min_interval_s: float = 0.05, timeout_s: float = 1.0,
+                 report_min_interval_s: float = 0.25, timeout_s: float = 1.0,
                  backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
                  appliers: Optional[Mapping[str, KnobApplier]] = None,
                  advise_only_reason: Optional[str] = None, roles: Sequence[RolePlacement] = ()):

@@ -6,14 +6,15 @@ waits, never raises on a network problem); the thread retries with exponential b
 reports once the queue is full (counted), says once that the server is offline and once that it is back, and
 re-registers when the server answers 404 (it forgot the job: a fresh store, a restart from scratch).
 
-One report queued is one POST; several queued (steps shorter than a POST takes, or than ``min_interval_s``, 50
-ms, between POSTs; a backlog after an outage) go in one POST of up to ``batch_max`` to the batch route. The
-reporter thread's CPU is mostly its HTTP requests (4.4–4.6 ms per report beside the reference pipeline,
-BENCHMARKS.md): a job of 5–12 ms steps cannot pay that per step without a whole core and its training thread
-waiting for the GIL, and a reporter that falls behind drops reports (one POST each dropped 15–62 % of the reports
-of 2–10 ms steps; batched and paced, none, at a fifth of the reporter's CPU: bench/report_batching.py).
-The server refuses a batch whole (422) when one report in it is invalid; its reports then go one by one, so only
-that one is lost. A server older than the batch route gets one POST per report.
+One report queued is one POST; several queued (steps shorter than a POST takes, or than ``min_interval_s``, 250 ms,
+between POSTs — a full batch of ``batch_max`` goes at once; a backlog after an outage) go in one POST of up to
+``batch_max`` to the batch route. The reporter thread's CPU is mostly its HTTP requests (1.8–2.6 ms of CPU a POST, a
+little more for more reports; 4.4–4.6 ms per report beside the reference pipeline, BENCHMARKS.md): a job of 5–12 ms
+steps cannot pay that per step without a whole core and its training thread waiting for the GIL, and a reporter that
+falls behind drops reports (one POST each dropped 15–62 % of the reports of 2–10 ms steps; batched and paced, none:
+bench/report_batching.py). Paced, the reporter costs a job of short steps about one POST per interval: 3.5 % of a
+core at 50 ms, under 1 % at 250 ms. The server refuses a batch whole (422) when one report in it is invalid; its
+reports then go one by one, so only that one is lost. A server older than the batch route gets one POST per report.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Reporter:
                  on_pending: Optional[Callable[[list], None]] = None, queue_max: int = 256,
                  timeout_s: float = 1.0, backoff_max_s: float = 5.0,
                  transport: Optional[httpx.BaseTransport] = None, batch_max: int = 64,
-                 min_interval_s: float = 0.05):
+                 min_interval_s: float = 0.25):
         if not 1 <= batch_max <= MAX_REPORTS_PER_BATCH:
             raise ValueError(f"batch_max must be 1 to {MAX_REPORTS_PER_BATCH} reports, not {batch_max!r}")
         self.server, self.job = server.rstrip("/"), job
@@ -94,7 +95,11 @@ class Reporter:
                 self._reports.popleft()
                 self.dropped += 1
             self._reports.append(report)
-        self._wake.set()
+            queued = len(self._reports)
+        if queued == 1 or queued >= self._batch_max:
+            # The reporter idles until a first report comes, and a paced one waits out its interval unless a full
+            # batch is in: a wake per step would hand the GIL to the reporter thread at every step of a fast job.
+            self._wake.set()
 
     def ack(self, change_id: int, applied_at_step: int, rank: int) -> None:
         with self._lock:
@@ -154,10 +159,20 @@ class Reporter:
                     self._wake.clear()
                     continue
                 backoff_s = min(self._backoff_max_s, max(0.1, backoff_s * 2)) if outcome == RETRY else 0.0
-                if outcome == OK and self._reports_went and not self._stop.is_set():
-                    # Paced after reports (a registration or an ack goes on at once): what a job of few-ms steps
-                    # reports meanwhile queues and goes in the next POST
-                    self._stop.wait(max(0.0, self._min_interval_s - (time.monotonic() - began_s)))
+                if outcome == OK and self._reports_went:
+                    self._pace(began_s + self._min_interval_s)
+
+    def _pace(self, until_s: float) -> None:
+        """After a POST of reports, wait until ``until_s``: what a job of short steps reports meanwhile queues and
+        goes in the next POST. A registration, an ack, a full batch (a job reporting faster than ``batch_max`` an
+        interval must not fill the queue and drop) or close() ends the wait."""
+        while not self._stop.is_set() and not self._acks and not self._need_register \
+                and len(self._reports) < self._batch_max:
+            left_s = until_s - time.monotonic()
+            if left_s <= 0:
+                return
+            self._wake.wait(left_s)
+            self._wake.clear()
 
     def _has_work(self) -> bool:
         return bool(self._reports or self._acks or self._need_register)
