@@ -40,7 +40,7 @@ from trimtab.control.persistence import persistence
 from trimtab.control.settle import drained_from, settled_from
 from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied, last_applied_step,
                                   longest_period, period, window_evidence, window_wait)
-from trimtab.grading.rules import Action, Rule, RuleSet
+from trimtab.grading.rules import Action, ControllerSettings, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.control.verdict import Sample, unsettled
 from trimtab.grading.window import JobStep, screen, throughput, window
@@ -267,7 +267,7 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
     return out
 
 
-def _collecting(steps: list[JobStep], ctl) -> Wait:
+def _collecting(steps: list[JobStep], ctl: ControllerSettings) -> Wait:
     """How long until ``steps`` (the newest since a start) make a window."""
     return Wait(steps=1, seconds=max(0.0, ctl.window_min_s - sum(s.step_time_s for s in steps)),
                 enough_steps=max(1, ctl.window_enough_steps - len(steps)))
