@@ -44,8 +44,8 @@ def test_a_sync_move_after_a_prefetch_raise_waits_out_the_drain_and_costs_a_job_
     """The settle after a prefetch raise (control/settle.py) on two knobs in series. A job whose raise leaves a
     bank that drains (the H200's pattern, modelled: 8 steps 15 % fast after 0 → 2): without the settle the sync
     trial is measured against the drain; with it the job reaches its best static's level with no false gain. A
-    job without a bank: the wait only delays the sync move (the goal's 60 steps are missed either way: two knobs
-    in series need ~64–80 steps here)."""
+    job without a bank: the wait only delays the sync move (the goal's 60 steps are missed either way: at its
+    best, 2/8, the job is still generation-bound and the rule tries prefetch 4, worse, before it stays)."""
     rules = sqlite_api.ctx.rules
     off = rules.with_overrides({"controller": {"queue_raise_settle_steps": 0}})
     banked, banked_off = _scored(sqlite_api, "queue_bank", rules, "bank-on"), _scored(sqlite_api, "queue_bank", off,
