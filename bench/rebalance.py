@@ -5,10 +5,10 @@ defaults, all measured in this one run, on this one machine.
 Steps: start `trimtab up` (real NVML agent where a driver exists, else a simulated node) on a loopback port; build
 the pipeline once; measure the best static setting of the grid (``--best``, from BENCHMARKS.md); then attach the
 hook in mode ``auto`` at the defaults and run until the rebalancer has had nothing to change for ``--tail`` steps in
-a row, or ``--max-steps`` / ``--budget-s``; then measure the best static setting again. Best = the mean of the two
-static measurements (they bracket the auto run, so clock or thermal drift hits both sides alike). The defaults are
-the auto run's own first steps at (1, 0, 1) plus ``--default-steps`` separate ones (0: none — on the H200 a
-batch-1 step takes 45 s). Prints every step, every decision, and:
+a row, or ``--max-steps`` / ``--budget-s`` (never before ``--min-steps``); then measure the best static setting
+again. Best = the mean of the two static measurements (they bracket the auto run, so clock or thermal drift hits
+both sides alike). The defaults are the auto run's own first steps at (1, 0, 1) plus ``--default-steps`` separate
+ones (0: none — on the H200 a batch-1 step takes 45 s). Prints every step, every decision, and:
 
     reached   = throughput of the last --tail steps / best static        (goal ≥ 0.95)
                 (also against the best static measured right after it: on a host whose speed drifts within a
@@ -27,8 +27,9 @@ batch-1 step takes 45 s). Prints every step, every decision, and:
                 static measured right before the auto run (the neighbour in time of its first steps)
     × default = reached throughput / defaults                            (goal ≥ 2)
 
-    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4 --max-steps 220 --budget-s 300 \
-        --tail 24 --paired-blocks 3 --paired-steps 8 --deadline-s 540             # on the H200 (BENCHMARKS.md)
+    python3 bench/rebalance.py --config h200 --device-map cuda:0 --best 64,2,4 --best-steps 16 --max-steps 220 \
+        --budget-s 240 --min-steps 70 --tail 24 --paired-blocks 40 --paired-steps 12 --deadline-s 450
+                                                                                  # on the H200 (BENCHMARKS.md)
     python bench/rebalance.py --config tiny --device-map cpu --best 64,2,1          # here (CPU)
 """
 
@@ -147,6 +148,9 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=60)
     ap.add_argument("--tail", type=int, default=10, help="steps measured after the rebalancer settles")
     ap.add_argument("--budget-s", type=float, default=420.0, help="bound on the auto run")
+    ap.add_argument("--min-steps", type=int, default=0,
+                    help="steps the auto run takes whatever --budget-s says: the same run on a slower host (the "
+                         "H200 took 11-24 steps in 240 s on some days, 60-90 on others)")
     ap.add_argument("--daemon-args", default="--interval 1", help="extra `trimtab up` arguments")
     ap.add_argument("--landed-blocks", type=int, default=0,
                     help="after the run, the final setting and the best static alternately, this many blocks each")
@@ -192,7 +196,7 @@ def main() -> int:
             hook = attach(job=job, server=daemon.url, token=daemon.token, device_map=devices.as_hook_map(),
                           knobs=story.declaration(defaults, config), mode="auto")
             t0 = time.perf_counter()
-            run = story.run_auto(pipe, hook, args.max_steps, args.budget_s, args.tail,
+            run = story.run_auto(pipe, hook, args.max_steps, args.budget_s, args.tail, min_steps=args.min_steps,
                                  show=lambda r: print(f"  auto {r.line()}", flush=True),
                                  settled=story.rebalancer_idle(daemon, job))
             auto_s = time.perf_counter() - t0

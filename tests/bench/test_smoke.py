@@ -62,6 +62,8 @@ SMOKE = {
     "pipeline_grid.py": Smoke(("--config", "smoke", "--batch-sizes", "1,4", "--prefetch", "0", "--sync-every", "1",
                                "--steps", "1", "--warmup", "0"), "the default"),
     "plan_cost.py": Smoke(("--rates", "21", "--seconds", "2"), "ratio"),
+    "pooled_pairs.py": Smoke(("1=90,110", "2=100,100,100", "--draws", "200", "--drop-first", "1"),
+                             "4 pairs of 2 runs: mean 102.5 %"),
     "rebalance.py": Smoke(("--config", "smoke", "--best", "4,0,1", "--max-steps", "2", "--best-steps", "1",
                            "--tail", "1", "--budget-s", "3", "--landed-blocks", "1", "--landed-steps", "1",
                            "--control-blocks", "1", "--paired-blocks", "1", "--paired-steps", "1"),

@@ -239,3 +239,19 @@ def test_an_auto_run_ends_settled_only_on_a_fresh_answer():
         run = story.run_auto(pipeline, hook, max_steps=6, budget_s=60, tail_steps=2, settled=settled, poll_s=60.0)
     hook.close()
     assert len(asked) == 2 and len(run.records) == 6 and run.stopped_because == "6 steps"
+
+
+def test_a_time_budget_ends_no_auto_run_before_its_minimum_steps():
+    """A budget in seconds is a different run on a slower host: on the H200 a 240 s budget held 60–90 auto steps on
+    some days and 11–24 on others (runs 24–26), and the controller's climb went on in the paired blocks after it.
+    ``min_steps`` holds the run to a step count first; the budget still ends it after that."""
+    from trimtab.workload import story
+
+    hook = attach(job="pipeline-test", knobs={"batch_size": (4, 1, 16), "prefetch": (0, 0, 4),
+                                              "sync_every": (1, 1, 4)})
+    with Pipeline(SMALL, "cpu", hook=hook) as pipeline:
+        held = story.run_auto(pipeline, hook, max_steps=8, budget_s=0.0, tail_steps=100, min_steps=4)
+        plain = story.run_auto(pipeline, hook, max_steps=8, budget_s=0.0, tail_steps=100)
+    hook.close()
+    assert len(held.records) == 4 and held.stopped_because == "time budget 0 s (after at least 4 steps)"
+    assert len(plain.records) == 1 and plain.stopped_because == "time budget 0 s"

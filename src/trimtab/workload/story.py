@@ -111,14 +111,17 @@ class AutoRun:
 
 def run_auto(pipeline: Pipeline, hook, max_steps: int, budget_s: float, tail_steps: int,
              show: Optional[Callable[[StepRecord], None]] = None, settled: Optional[Callable[[], bool]] = None,
-             poll_s: float = 1.0) -> AutoRun:
-    """Run under the hook (mode auto) from the pipeline's current knobs until ``max_steps`` or ``budget_s``, or
-    until ``settled()`` (the rebalancer has nothing in flight and no rule fires) held for ``tail_steps`` steps in a
-    row — those last steps are then the settled throughput. ``settled`` is asked at most every ``poll_s`` seconds
-    (its answer stands for the steps in between; the run ends only on a fresh one: on 0.1 s steps a second-old
-    "settled" ended `trimtab demo`'s run with a change just queued), and the asking and ``show`` are off the job's clock
-    (``Pipeline.off_the_clock``): the benchmark's own bookkeeping is not the job's step time — on 50 ms steps a
-    ``GET /healthz`` after each one read as a 40 % slower job, and its reports told the rebalancer so."""
+             poll_s: float = 1.0, min_steps: int = 0) -> AutoRun:
+    """Run under the hook (mode auto) from the pipeline's current knobs until ``max_steps`` or ``budget_s``, or until
+    ``settled()`` (the rebalancer has nothing in flight and no rule fires) held for ``tail_steps`` steps in a row —
+    those last steps are then the settled throughput. ``budget_s`` ends no run before ``min_steps`` steps: a budget
+    in seconds is a different run on a slower host (H200 runs 24–26: batch-1 steps of 48–56 s, not 38, left 11–24
+    steps in 240 s instead of 60–90, and the controller's climb went on in the blocks after the run).
+    ``settled`` is asked at most every ``poll_s`` seconds (its answer stands for the steps in between; the run ends
+    only on a fresh one: on 0.1 s steps a second-old "settled" ended `trimtab demo`'s run with a change just
+    queued), and the asking and ``show`` are off the job's clock (``Pipeline.off_the_clock``): the benchmark's own
+    bookkeeping is not the job's step time — on 50 ms steps a ``GET /healthz`` after each one read as a 40 % slower
+    job, and its reports told the rebalancer so."""
     pipeline.hook = hook
     pipeline.knobs = hook.knobs
     pipeline.restart_workers()
@@ -143,8 +146,9 @@ def run_auto(pipeline: Pipeline, hook, max_steps: int, budget_s: float, tail_ste
                 out.stopped_because = f"settled: {tail_steps} steps in a row with nothing to change"
                 break
             quiet = 0
-        if time.monotonic() - started > budget_s:
-            out.stopped_because = f"time budget {budget_s:.0f} s"
+        if time.monotonic() - started > budget_s and len(out.records) >= min_steps:
+            out.stopped_because = f"time budget {budget_s:.0f} s" + (f" (after at least {min_steps} steps)"
+                                                                     if min_steps else "")
             break
     else:
         out.stopped_because = f"{max_steps} steps"
