@@ -109,6 +109,8 @@ def test_in_standalone_mode_the_hook_gets_every_phase_and_the_knobs_it_declared(
     # generation and evaluation run in the workers and arrive as seconds; update and communication as blocks.
     for phase in ("generation", "evaluation", "update", "communication"):
         assert report.phases_s[phase] > 0, phase
+    assert report.queue_high_water == records[-1].queue_max_depth <= 1  # prefetch 1: at most one batch waits
+    assert report.to_wire()["queue_high_water"] == report.queue_high_water
 
 
 def test_a_change_posted_to_the_live_api_resizes_the_running_pipeline_and_is_acknowledged(sqlite_api):
@@ -134,6 +136,9 @@ def test_a_change_posted_to_the_live_api_resizes_the_running_pipeline_and_is_ack
     assert change["status"] == "applied" and change["applied_step"] == first_8
     reports = eventually(lambda: (got := reports_of(api, "ppo-pipeline")) and len(got) == len(records) and got)
     assert all(rep["generation_s"] > 0 and rep["update_s"] > 0 and rep["samples"] == 16 for rep in reports)
+    # the queue's high-water mark, stored as the pipeline counted it (control/queue_use.py reads it)
+    assert [rep["queue_high_water"] for rep in sorted(reports, key=lambda r: r["step"])] == \
+        [rec.queue_max_depth for rec in records]
 
 
 def test_a_generation_oom_is_survived_with_a_smaller_batch(monkeypatch):

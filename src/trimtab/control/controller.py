@@ -37,6 +37,7 @@ from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
+from trimtab.control.queue_use import queue_unused
 from trimtab.control.settle import drained_from, settled_from
 from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied, last_applied_step,
                                   longest_period, period, window_evidence, window_wait)
@@ -100,10 +101,11 @@ def _strong(rule: Rule, reading: Reading) -> bool:
 
 
 def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Reading], now: Optional[Sample] = None,
-            follow: Optional[StoredDecision] = None) -> tuple[Optional[tuple[Action, float]], list[str], list]:
+            follow: Optional[StoredDecision] = None,
+            win: Sequence[JobStep] = ()) -> tuple[Optional[tuple[Action, float]], list[str], list]:
     """The first action of the rule that may act, with its new value; the actions skipped and why; how the step
     was chosen (strong evidence, bracket search, memory prediction). ``follow``: the rule follows this gain
-    through, so only the action that made it may act."""
+    through, so only the action that made it may act. ``win``: the window the rules read (a queue's use)."""
     skipped: list[str] = []
     # A rule lists actions for several kinds of job (one batch size, or a framework's per-call micro-batches);
     # the knobs a job did not declare are worth naming only when it declared none of them.
@@ -146,7 +148,8 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         # a geometric ladder (×/÷) whose rule still fires (strongly, where the rule says what strongly is) looks one
         # rung past a step that gained nothing; an additive one (prefetch +2) does not
         ladder = action.op in ("mul", "div") and readings[rule.name].fires and (rule.strong_above is None or strong)
-        why = blocked(state, rules, action, new, now, firing=ladder)
+        why = (blocked(state, rules, action, new, now, firing=ladder)
+               or queue_unused(rules, action.knob, current, new, win))
         if why is None and action.needs_memory_headroom and new > current:
             new, why = _memory_step(state, rules, readings, action, spec, new, policy)
         if why is not None:
@@ -336,7 +339,7 @@ def _plan(state: JobState, rules: RuleSet,
         if not reading.fires and follow is None:
             continue
         evidence = {**base_evidence, "reading": reading.evidence()}
-        choice, skipped, policy = _choose(rule, state, rules, readings, now, follow)
+        choice, skipped, policy = _choose(rule, state, rules, readings, now, follow, win)
         if skipped:
             evidence["skipped"] = skipped
         for note in policy:

@@ -132,6 +132,7 @@ class ControllerSettings:
     period_knob: str = "sync_every"
     queue_knob: str = "prefetch"
     queue_raise_settle_steps: float = 4.0
+    queue_raise_needs_fill: bool = True
     report_phase_slack_s: float = 0.05
     report_phase_max_x_step: float = 20.0
     report_phases_sum_max_x_step: float = 40.0
@@ -257,10 +258,10 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
     ctl = {}
     for f in fields(ControllerSettings):
         where = f"{source}{_line_of(text, 'controller', f.name)}: controller.{f.name}"
-        if f.type == "str":
+        if f.type in ("str", "bool"):  # a name (the period and queue knobs), or a switch
             value = ctl_in.get(f.name, f.default)
-            if not isinstance(value, str):
-                raise RulesError(f"{where}: expected text, got {value!r}")
+            if not isinstance(value, str if f.type == "str" else bool):
+                raise RulesError(f"{where}: expected {'text' if f.type == 'str' else 'true or false'}, got {value!r}")
             ctl[f.name] = value
             continue
         value = _number(ctl_in.get(f.name, f.default), where, integer=f.type == "int")

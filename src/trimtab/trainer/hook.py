@@ -182,7 +182,8 @@ class Hook:
         the framework timed it (default: wall time since the last boundary). ``memory``: allocator figures the
         framework measured where the hook cannot (its workers' GPUs), merged over the hook's own. ``rollout_s``:
         (slowest, mean) sample generation time, the rollout's long tail. ``framework``: what the framework logged
-        for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``."""
+        for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``, and a
+        prefetching job's ``queue_high_water`` (the most batches that waited unclaimed at once in the step)."""
         now_s = time.perf_counter()
         if step is not None:
             self._step = int(step)

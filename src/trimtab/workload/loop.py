@@ -216,6 +216,7 @@ class Pipeline:
         tokens = samples * self.config.sequence_tokens
         self._boundary_s = time.perf_counter()
         step_s = self._boundary_s - start
+        high_water = self.queue.reset_max_depth()  # a deeper queue than this ever held would stay empty
         if self.hook is not None:
             phases_s = {phase: busy.get(phase, 0.0) for phase in WORKER_PHASES}
             if self.config.report_wait:
@@ -224,7 +225,7 @@ class Pipeline:
             # falls into the next step): by default the hook would start the first step at its first phase()
             # entry, the update, and report that step as its update alone.
             self.hook.step_end(samples=samples, tokens=tokens, step=self.step_index, phases_s=phases_s,
-                               step_time_s=step_s)
+                               step_time_s=step_s, framework={"queue_high_water": high_water})
         # How many actor updates behind the policy being trained each sample's generating policy was.
         staleness = sum(self.staleness(b) * b.size for b in batches) / samples
         record = StepRecord(
@@ -234,7 +235,7 @@ class Pipeline:
             kl=stats["kl"], clip_fraction=stats["clip_fraction"], batch_size=knobs.batch_size,
             prefetch=knobs.prefetch, sync_every=knobs.sync_every, synced=synced,
             generation_batch_sizes=[b.size for b in batches], staleness_mean=staleness,
-            queue_max_depth=self.queue.reset_max_depth(), regenerated=sum(b.size for b in batches if b.regenerated))
+            queue_max_depth=high_water, regenerated=sum(b.size for b in batches if b.regenerated))
         self.step_index += 1
         return record
 

@@ -1,0 +1,86 @@
+"""A deeper queue only where the queue was ever full (src/trimtab/control/queue_use.py). On the H200 reference
+pipeline at batch 64 the worker never had more than one batch waiting, at prefetch 2 or 4 (runs 24–26): generation
+was the bottleneck, the deeper queue stayed empty, and its trials (read −21 to +11 %) only cost steps. A job that
+reports its queue's high-water mark below the depth is not sent deeper; a job that does not report it decides as
+before."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import pytest
+
+from tests.support.loop_job import JOB, KNOBS, report
+from tests.support.plans import RULES, acts, job, state, steps
+from trimtab.control.controller import plan
+from trimtab.control.queue_use import queue_unused
+
+
+def _generation_bound(high_water: Optional[list], n: int = 40) -> list:
+    """``n`` steps of a job at batch 64 (its max) and prefetch 2, generation 95 % of each 0.8 s (± 3 %) step, each
+    step's queue high-water mark from ``high_water`` (cycled; None: not reported)."""
+    out = []
+    for i in range(n):
+        t = 0.8 * (1.03 if i % 2 else 0.97)
+        s = steps(i, 1, step_time=t, gen=0.95 * t, ev=0.02 * t, comm=0.01 * t)[0]
+        mark = None if high_water is None else high_water[i % len(high_water)]
+        out.append(replace(s, reported={} if mark is None else {"queue_high_water": mark}))
+    return out
+
+
+AT_BEST = job(batch=64, prefetch=2, sync=4)
+
+
+def test_a_queue_that_never_filled_is_not_made_deeper_and_the_plan_says_why():
+    p = plan(state(_generation_bound([1, 0]), AT_BEST), RULES)
+    assert p.change is None and p.advice_rule == "generation_bound", p.note
+    skipped = " | ".join(p.evidence["skipped"])
+    assert "prefetch +2: the queue never held more than 1 of the 2 batches its depth allows" in skipped, skipped
+    assert "batch_size ×4: batch_size is at its max (64)" in skipped, skipped
+
+
+def test_a_queue_that_filled_to_its_depth_once_in_the_window_may_be_made_deeper():
+    acts(plan(state(_generation_bound([1, 1, 2, 1]), AT_BEST), RULES), "generation_bound", "prefetch", 2, 4)
+
+
+def test_a_job_that_does_not_report_its_queue_or_not_on_every_step_decides_as_before():
+    acts(plan(state(_generation_bound(None), AT_BEST), RULES), "generation_bound", "prefetch", 2, 4)
+    acts(plan(state(_generation_bound([1, None]), AT_BEST), RULES), "generation_bound", "prefetch", 2, 4)
+
+
+def test_switched_off_by_the_rules_the_queue_is_made_deeper_as_before():
+    off = RULES.with_overrides({"controller": {"queue_raise_needs_fill": False}})
+    assert RULES.controller.queue_raise_needs_fill is True  # as shipped
+    acts(plan(state(_generation_bound([1, 0]), AT_BEST), off), "generation_bound", "prefetch", 2, 4)
+
+
+def test_only_a_raise_of_the_queue_knob_is_held_and_a_queue_of_depth_0_is_always_full():
+    window = _generation_bound([0], n=8)
+    assert queue_unused(RULES, "prefetch", 2, 4, window) is not None
+    assert queue_unused(RULES, "prefetch", 2, 1, window) is None   # a lower
+    assert queue_unused(RULES, "sync_every", 2, 4, window) is None  # another knob
+    assert queue_unused(RULES, "prefetch", 0, 2, window) is None   # no queue yet: nothing to read off it
+    assert queue_unused(RULES, "prefetch", 2, 4, []) is None
+
+
+@pytest.mark.parametrize("high_water, decided", [(1, ("advised", None)), (2, ("pending", 4))])
+def test_through_the_api_the_mark_a_job_reports_is_what_the_rebalancer_reads(loop_api, rebalancer, high_water,
+                                                                             decided):
+    """The mark goes the way a job sends it (a step report's top-level field), is stored and folded, and the
+    rebalancer on its own thread reads it: below the depth, an advice naming the queue; at the depth, prefetch 2 → 4."""
+    api = loop_api
+    at_best = {**JOB, "knobs": {**KNOBS, "batch_size": {"value": 64, "min": 1, "max": 64},
+                                "prefetch": {"value": 2, "min": 0, "max": 8}}}
+    assert api.post("/v1/jobs", at_best, scope="job").status_code == 201
+    for i in range(12):
+        t = 1.0 * (1.03 if i % 2 else 0.97)
+        body = {**report(i, step_time=t, gen=0.95 * t), "queue_high_water": high_water}
+        assert api.post("/v1/jobs/ppo/reports", body, scope="job").status_code == 200
+    assert rebalancer.wait_planned()
+    d = next(d for d in api.get("/v1/decisions", job="ppo").json()["decisions"] if d["rule"] == "generation_bound")
+    assert (d["outcome"], d["new_value"]) == decided, d
+    if high_water < 2:
+        assert any("the queue never held more than 1 of the 2 batches" in s for s in d["evidence"]["skipped"]), d
+    stored = api.get("/v1/jobs/ppo/reports", limit=1).json()["reports"][0]
+    assert stored["queue_high_water"] == high_water
