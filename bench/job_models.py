@@ -29,6 +29,7 @@ class Workload:
     steps: int = STEPS                            # how long the run is (the tail is steps GOAL_STEPS … steps − 1)
     moved_at: Optional[int] = None                # the step where the job itself moves (a slowdown): a value
                                                   # measured worse before it may be tried again after it
+    report: Optional[Callable[[], dict]] = None   # more top-level fields of the report of the step just modelled
 
 
 def _noisy(rng: random.Random, t: float, noise: float) -> float:
@@ -246,7 +247,65 @@ def queue_then_sync(bank: bool = False) -> Workload:
     return Workload(name, knobs, step, grid, steps=160)
 
 
+class _BoundedQueue:
+    """A generation worker ahead of the trainer through a queue of depth ``prefetch``, batch by batch: the worker
+    starts a batch whenever it is free and fewer batches are made or in the making than the depth allows (one more
+    while the trainer waits, as ``PrefetchQueue`` counts); the trainer takes one a step and trains ``train_s``
+    (± 5 %). Each unit of depth past 2 slows generation 3 % (a deeper queue holds more of the rollout's memory; on
+    the H200 64/4/4 read 86.5 and 102.9 % of 64/2/4)."""
+
+    def __init__(self, generation_s: Callable[[random.Random], float], train_s: float):
+        self.generation_s, self.train_s = generation_s, train_s
+        self.last, self.now, self.free, self.made, self.mark = -1, 0.0, 0.0, [], 0
+
+    def _start(self, begin: float, depth: int, rng: random.Random) -> None:
+        g = self.generation_s(rng) * (1 + 0.03 * max(0, depth - 2))
+        self.free = begin + g
+        self.made.append((self.free, g))
+
+    def step(self, k: dict, i: int, rng: random.Random) -> tuple[float, dict, int]:
+        depth = int(k["prefetch"])
+        if i <= self.last:  # a new run or static measurement
+            self.now, self.free, self.made = 0.0, 0.0, []
+        self.last, now = i, self.now
+        waiting_before = sum(1 for done, _ in self.made if done <= now)
+        if not self.made:
+            self._start(max(self.free, now), depth, rng)
+        taken = max(now, self.made[0][0])
+        while len(self.made) < depth + 1 and max(self.free, now) < taken:  # ahead while the trainer waits
+            self._start(max(self.free, now), depth, rng)
+        _, g = self.made.pop(0)
+        end = taken + _noisy(rng, self.train_s, 0.05)
+        while len(self.made) < depth and max(self.free, taken) < end:  # … and while it trains
+            self._start(max(self.free, taken), depth, rng)
+        self.now = end
+        # the high-water mark: finished batches nobody had claimed at the boundary it began at, or as it ends
+        self.mark = max(waiting_before, sum(1 for done, _ in self.made if done <= end))
+        wait = taken - now
+        return end - now, {"generation": g, "update": end - taken, "wait": wait}, 16
+
+
+def bounded_queue(bursty: bool = False) -> Workload:
+    """Prefetch through a bounded queue, simulated (``_BoundedQueue``), reporting the queue's high-water mark as
+    the reference pipeline does. Generation-bound: 0.5 s (± 5 %) of generation against 0.35 s of training — past
+    prefetch 1 the queue never holds a finished batch, a deeper one only costs (best 1–2, 4 is 6 % slower).
+    ``bursty``: generation with a long tail (lognormal, median 0.25 s, mean 0.34 s, σ 0.8: one batch in ten over
+    0.7 s) against 0.3 s of training — the queue fills now and then, after a run of fast batches, and a deeper one
+    absorbs little (2, 3 and 4 within 1 % of each other, 8 slower): the case the check must not hold back.
+    Built after the rule it exercises (``control/queue_use.py``), to measure it; the rule has no threshold to fit."""
+    if bursty:
+        q = _BoundedQueue(lambda rng: 0.25 * math.exp(rng.gauss(0.0, 0.8)), 0.3)
+    else:
+        q = _BoundedQueue(lambda rng: _noisy(rng, 0.5, 0.05), 0.35)
+    name = "bounded queue, " + ("bursty generation (fills now and then)" if bursty else
+                                "generation-bound (never fills)")
+    return Workload(name, {"prefetch": {"value": 0, "min": 0, "max": 8}}, q.step,
+                    [{"prefetch": p} for p in (0, 1, 2, 4, 8)], steps=160,
+                    report=lambda: {"queue_high_water": q.mark})
+
+
 WORKLOADS = {"comm": comm_bound, "eval": eval_bound, "non_monotone": non_monotone, "memory": memory_growing,
              "noisy": noisy, "fast": fast_steps, "warm_up": warm_up, "known_loser": known_loser,
              "ladder": sync_ladder, "drift": drifting_host, "regimes": regime_host, "stalls": stalls,
-             "queue_sync": queue_then_sync, "queue_bank": lambda: queue_then_sync(bank=True)}
+             "queue_sync": queue_then_sync, "queue_bank": lambda: queue_then_sync(bank=True),
+             "queue_steady": bounded_queue, "queue_bursty": lambda: bounded_queue(bursty=True)}

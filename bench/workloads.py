@@ -20,7 +20,9 @@ but the fast one) and two more counts: gains kept that the static settings do no
 a change) and values measured worse with confidence tried again without the job having moved; then two habits of the
 lent H200's host (a host that slows by itself, a host whose speed shifts in regimes), a job that stalls, and two
 jobs with two knobs in series (prefetch, then sync; one whose prefetch raise leaves a bank that drains, as on the
-H200). The jobs are in ``bench/job_models.py``. A smoke run (no goal, a few seconds): ``python bench/workloads.py
+H200), and two bounded queues simulated batch by batch that report their high-water mark (one never fills past
+prefetch 1, one fills now and then between bursts of slow generation). The jobs are in ``bench/job_models.py``.
+A smoke run (no goal, a few seconds): ``python bench/workloads.py
 --seeds 1 --max-steps 40``.
 """
 
@@ -74,7 +76,8 @@ def run(http: httpx.Client, token: str, w: Workload, seed: int, job: str = "w",
                       "num_ooms": ooms}
         history.append((dict(setting), samples, t))
         for rank in range(w.ranks):
-            body = {"step": i, "rank": rank, "step_time_s": t, "phases": phases, "samples": samples // w.ranks}
+            body = {"step": i, "rank": rank, "step_time_s": t, "phases": phases, "samples": samples // w.ranks,
+                    **(w.report() if w.report is not None else {})}
             if memory is not None:
                 body["memory"] = memory
             r = http.post(f"/v1/jobs/{job}/reports", json=body, headers=auth)

@@ -12,7 +12,7 @@ from typing import Optional
 import pytest
 
 from tests.support.loop_job import JOB, KNOBS, report
-from tests.support.plans import RULES, acts, job, state, steps
+from tests.support.plans import RULES, acts, change, job, state, steps
 from trimtab.control.controller import plan
 from trimtab.control.queue_use import queue_unused
 
@@ -40,7 +40,7 @@ def test_a_queue_that_never_filled_is_not_made_deeper_and_the_plan_says_why():
     assert "batch_size ×4: batch_size is at its max (64)" in skipped, skipped
 
 
-def test_a_queue_that_filled_to_its_depth_once_in_the_window_may_be_made_deeper():
+def test_a_queue_that_filled_to_its_depth_once_at_it_may_be_made_deeper():
     acts(plan(state(_generation_bound([1, 1, 2, 1]), AT_BEST), RULES), "generation_bound", "prefetch", 2, 4)
 
 
@@ -56,12 +56,23 @@ def test_switched_off_by_the_rules_the_queue_is_made_deeper_as_before():
 
 
 def test_only_a_raise_of_the_queue_knob_is_held_and_a_queue_of_depth_0_is_always_full():
-    window = _generation_bound([0], n=8)
-    assert queue_unused(RULES, "prefetch", 2, 4, window) is not None
-    assert queue_unused(RULES, "prefetch", 2, 1, window) is None   # a lower
-    assert queue_unused(RULES, "sync_every", 2, 4, window) is None  # another knob
-    assert queue_unused(RULES, "prefetch", 0, 2, window) is None   # no queue yet: nothing to read off it
-    assert queue_unused(RULES, "prefetch", 2, 4, []) is None
+    never = state(_generation_bound([0], n=8), AT_BEST)
+    assert queue_unused(never, RULES, "prefetch", 2, 4) is not None
+    assert queue_unused(never, RULES, "prefetch", 2, 1) is None   # a lower
+    assert queue_unused(never, RULES, "sync_every", 2, 4) is None  # another knob
+    assert queue_unused(never, RULES, "prefetch", 0, 2) is None   # no queue yet: nothing to read off it
+    assert queue_unused(state([], AT_BEST), RULES, "prefetch", 2, 4) is None
+
+
+def test_the_steps_read_are_those_at_the_depth_since_it_was_set_not_only_the_window():
+    """A bursty job fills its queue now and then: once at this depth is enough to let it deeper. Steps at the depth
+    before (prefetch 0 → 2 applied at 20, its settle step 21) do not count."""
+    filled_before_the_raise = _generation_bound([2] * 21 + [1] * 19)
+    raised = change(id=1, knob="prefetch", value=2, previous=0, applied_step=20)
+    assert "steps 21–39" in queue_unused(state(filled_before_the_raise, AT_BEST, changes=[raised]), RULES,
+                                         "prefetch", 2, 4)
+    filled_once_early = _generation_bound([1] * 22 + [2] + [1] * 17)  # step 22: long before the newest window
+    assert queue_unused(state(filled_once_early, AT_BEST, changes=[raised]), RULES, "prefetch", 2, 4) is None
 
 
 @pytest.mark.parametrize("high_water, decided", [(1, ("advised", None)), (2, ("pending", 4))])

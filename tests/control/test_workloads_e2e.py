@@ -55,3 +55,18 @@ def test_a_sync_move_after_a_prefetch_raise_waits_out_the_drain_and_costs_a_job_
     plain = _scored(sqlite_api, "queue_sync", rules, "plain")
     assert plain.reached >= 0.95 and plain.within is not None and plain.within <= 80, plain.line()
     assert plain.false_gains == [] and plain.kept_worse == [] and plain.ooms == 0, plain.line()
+
+
+def test_a_queue_that_never_fills_is_not_made_deeper_and_one_that_fills_now_and_then_still_may_be(sqlite_api):
+    """The queue-fill check (control/queue_use.py) on simulated bounded queues that report their high-water mark:
+    generation-bound (0.5 s of generation, 0.35 s of training: past prefetch 1 no finished batch ever waits), the
+    raise 0 → 2 and nothing deeper — without the check the rule tries 2 → 4 (6 % slower) and 2 → 3 and sends both
+    back; bursty generation (the queue fills now and then) is let deeper either way."""
+    rules = sqlite_api.ctx.rules
+    off = rules.with_overrides({"controller": {"queue_raise_needs_fill": False}})
+    held, tried = _scored(sqlite_api, "queue_steady", rules, "steady-on"), _scored(sqlite_api, "queue_steady", off,
+                                                                                   "steady-off")
+    assert (held.changes, held.rollbacks) == (1, 0) and held.within <= 5, held.line()
+    assert tried.rollbacks >= 1 and tried.within > held.within, tried.line()
+    bursty = _scored(sqlite_api, "queue_bursty", rules, "bursty-on")
+    assert bursty.changes >= 2 and bursty.reached >= 0.95, bursty.line()  # 0 → 2, then deeper was tried

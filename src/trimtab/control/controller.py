@@ -101,11 +101,10 @@ def _strong(rule: Rule, reading: Reading) -> bool:
 
 
 def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Reading], now: Optional[Sample] = None,
-            follow: Optional[StoredDecision] = None,
-            win: Sequence[JobStep] = ()) -> tuple[Optional[tuple[Action, float]], list[str], list]:
+            follow: Optional[StoredDecision] = None) -> tuple[Optional[tuple[Action, float]], list[str], list]:
     """The first action of the rule that may act, with its new value; the actions skipped and why; how the step
     was chosen (strong evidence, bracket search, memory prediction). ``follow``: the rule follows this gain
-    through, so only the action that made it may act. ``win``: the window the rules read (a queue's use)."""
+    through, so only the action that made it may act."""
     skipped: list[str] = []
     # A rule lists actions for several kinds of job (one batch size, or a framework's per-call micro-batches);
     # the knobs a job did not declare are worth naming only when it declared none of them.
@@ -149,7 +148,7 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         # rung past a step that gained nothing; an additive one (prefetch +2) does not
         ladder = action.op in ("mul", "div") and readings[rule.name].fires and (rule.strong_above is None or strong)
         why = (blocked(state, rules, action, new, now, firing=ladder)
-               or queue_unused(rules, action.knob, current, new, win))
+               or queue_unused(state, rules, action.knob, current, new))
         if why is None and action.needs_memory_headroom and new > current:
             new, why = _memory_step(state, rules, readings, action, spec, new, policy)
         if why is not None:
@@ -339,7 +338,7 @@ def _plan(state: JobState, rules: RuleSet,
         if not reading.fires and follow is None:
             continue
         evidence = {**base_evidence, "reading": reading.evidence()}
-        choice, skipped, policy = _choose(rule, state, rules, readings, now, follow, win)
+        choice, skipped, policy = _choose(rule, state, rules, readings, now, follow)
         if skipped:
             evidence["skipped"] = skipped
         for note in policy:
