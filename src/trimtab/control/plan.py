@@ -185,7 +185,8 @@ def last_applied_step(state: JobState) -> Optional[int]:
     return None if last is None else last.applied_step
 
 
-def last_applied(state: JobState) -> Optional[StoredChange]:
-    """The change that took effect last (None: none yet)."""
-    applied = [c for c in state.changes if c.status == APPLIED and c.applied_step is not None]
+def last_applied(state: JobState, knob: Optional[str] = None) -> Optional[StoredChange]:
+    """The change that took effect last, of ``knob`` where one is named (None: none yet)."""
+    applied = [c for c in state.changes if c.status == APPLIED and c.applied_step is not None
+               and (knob is None or c.knob == knob)]
     return max(applied, key=lambda c: c.applied_step) if applied else None

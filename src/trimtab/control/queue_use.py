@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from trimtab.contract.statuses import APPLIED
+from trimtab.control.plan import last_applied
 from trimtab.control.settle import settled_from
 from trimtab.grading.rules import RuleSet
 
@@ -33,8 +33,8 @@ def queue_unused(state: "JobState", rules: RuleSet, knob: str, current: float, n
     ctl = rules.controller
     if not ctl.queue_raise_needs_fill or knob != ctl.queue_knob or new <= current:
         return None
-    set_at = [c for c in state.changes if c.knob == knob and c.status == APPLIED and c.applied_step is not None]
-    since = settled_from(max(set_at, key=lambda c: c.applied_step), rules) if set_at else 0
+    set_at = last_applied(state, knob)
+    since = settled_from(set_at, rules) if set_at is not None else 0
     at_depth = [s for s in state.steps if s.step >= since]
     marks = [s.reported.get(HIGH_WATER) for s in at_depth]
     if not marks or any(m is None for m in marks):
