@@ -36,7 +36,7 @@ def test_a_queue_that_never_filled_is_not_made_deeper_and_the_plan_says_why():
     p = plan(state(_generation_bound([1, 0]), AT_BEST), RULES)
     assert p.change is None and p.advice_rule == "generation_bound", p.note
     skipped = " | ".join(p.evidence["skipped"])
-    assert "prefetch +2: the queue never held more than 1 of the 2 batches its depth allows" in skipped, skipped
+    assert "prefetch +2: the queue never held more than 1 of the 2 its depth allows" in skipped, skipped
     assert "batch_size ×4: batch_size is at its max (64)" in skipped, skipped
 
 
@@ -92,6 +92,6 @@ def test_through_the_api_the_mark_a_job_reports_is_what_the_rebalancer_reads(loo
     d = next(d for d in api.get("/v1/decisions", job="ppo").json()["decisions"] if d["rule"] == "generation_bound")
     assert (d["outcome"], d["new_value"]) == decided, d
     if high_water < 2:
-        assert any("the queue never held more than 1 of the 2 batches" in s for s in d["evidence"]["skipped"]), d
+        assert any("the queue never held more than 1 of the 2 its depth" in s for s in d["evidence"]["skipped"]), d
     stored = api.get("/v1/jobs/ppo/reports", limit=1).json()["reports"][0]
     assert stored["queue_high_water"] == high_water

@@ -8,7 +8,8 @@ Shown: each side reports each parameter version as its own rank/component (train
 with phases that add up; a ``prefetch`` (staleness_threshold) and a ``sync_every`` (trigger_parameter_sync_step)
 change reach the process that owns the attribute, take effect where verl reads them (visible in verl's own metrics
 of the following steps) and are acknowledged only then; a pair verl's MessageQueue cannot hold is refused with the
-reason; with verl's dynamic scheduling on, trimtab declares nothing, says why in ``trimtab check`` and reports."""
+reason; a rollouter that never reached its staleness bound (it reports how far it got ahead) is not given a higher
+one; with verl's dynamic scheduling on, trimtab declares nothing, says why in ``trimtab check`` and reports."""
 
 from __future__ import annotations
 
@@ -94,6 +95,10 @@ def test_a_fully_async_run_reports_trainer_and_rollouter_each_version_with_phase
     for r in rollout.values():  # the rollouter's window per version: generating, or paused on its staleness bound
         assert r["step_time_s"] > 0
         assert (r["generation_s"] or 0) + (r["wait_s"] or 0) == pytest.approx(r["step_time_s"], rel=1e-6)
+    # 8 prompts in flight at once against a bound of 8: in each version until the data's end it reaches its bound
+    # (a whole version ahead, the staleness_threshold of 1) and waits there — a higher one would let it run further
+    paused = [r for r in rollout.values() if r["wait_s"]]
+    assert len(paused) >= 2 and all(r["queue_high_water"] >= 1 for r in paused), rollout
     assert sum(r["samples"] or 0 for r in rollout.values()) <= run.rollouter.total_generated_samples
     res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
     print(res.output)  # the README's async subsection shows this output
@@ -187,6 +192,73 @@ def test_prefetch_and_sync_every_reach_their_owner_take_effect_where_verl_reads_
     assert 3 not in staleness.values()
     knobs = api.get(f"/v1/jobs/{job}").json()["knobs"]
     assert (knobs["prefetch"]["value"], knobs["sync_every"]["value"]) == (0, 2)
+
+
+def test_how_far_the_rollouter_got_ahead_keeps_reached_its_bound_apart_from_did_not():
+    """``versions_ahead`` (the mark, a whole number) against the knob's value, where staleness_threshold may be a
+    fraction (verl's default is 0.1): ≥ the value exactly when verl's count reached its bound."""
+    from trimtab.trainer.adapters.verl_async import versions_ahead
+
+    version = 4  # 2 samples a step × sync every 2
+    for staleness in (0.1, 0.5, 1, 2, 2.5):
+        bound = int(version * (staleness + 1))  # verl's max_required_samples
+        for peak in range(0, bound + 3):
+            mark = versions_ahead(peak, bound, version, staleness)
+            assert (mark >= staleness) == (peak >= bound), (staleness, peak, mark)
+            assert mark >= 0
+    assert versions_ahead(6, 8, 4, 1) == 0   # half a version ahead: short of 1
+    assert versions_ahead(12, 12, 4, 2) == 2  # two versions ahead, at its bound
+
+
+@pytest.mark.parametrize("needs_fill", [True, False])
+def test_a_rollouter_that_never_reached_its_staleness_bound_is_not_given_a_higher_one(served, tmp_path, needs_fill):
+    """The rollouter reports how far it got ahead in each parameter version (``queue_high_water``, read from verl's own
+    ``staleness_samples`` just before ``reset_staleness()`` resets it: ``versions_ahead``). Here it generates one
+    prompt at a time (verl's ``concurrent_samples_per_replica=1``), slower than the trainer takes them: it never
+    reaches its bound of 2 × (1 + 1) × 2 = 8 samples, so a higher staleness_threshold would change nothing, while the
+    trainer waits on it every cycle (what the rules answer with a higher prefetch). In auto mode the rebalancer
+    skips that raise naming the queue, and nothing reaches verl; with ``queue_raise_needs_fill = false`` the raise is
+    queued as before (what the check prevents). The rules' window is 1 s here (4 s as shipped) to keep the run short.
+    Stubbed as in the harness: generation (a sleep per prompt), the actor update, the NCCL weight sync."""
+    from trimtab.grading.rules import load_rules
+
+    api, start = served
+    start(load_rules().with_overrides({"controller": {"window_min_s": 1.0, "queue_raise_needs_fill": needs_fill}}))
+    job = f"verl-rollout-bound-{needs_fill}".lower()
+    planned: dict[str, list] = {}
+
+    async def watch(trainer, rollouter):
+        def until_planned():
+            try:
+                planned["decisions"] = eventually(lambda: [
+                    d for d in api.get("/v1/decisions", job=job).json().get("decisions", [])
+                    if d["rule"] in ("generation_bound", "rollout_wait_bound")], timeout_s=60)
+            finally:  # the data ends here: verl's feed loop stops at its next sample, the run drains and ends
+                rollouter.total_rollout_steps = rollouter.global_steps
+
+        await asyncio.to_thread(until_planned)
+
+    run = run_fully_async(tmp_path, job=job, samples=4000, staleness=1, trigger=2, gen_s=0.05, during=watch,
+                          overrides=[*attached(api, tmp_path, job, "+trimtab.mode=auto"),
+                                     "async_training.concurrent_samples_per_replica=1"])
+    rollout = eventually(lambda: len(by_rank(api, job, 1)) >= 3 and by_rank(api, job, 1), timeout_s=20)
+    # never paused on its bound (no wait in any window) and never a whole version ahead: the mark is 0 throughout
+    assert all(r["wait_s"] == 0 for r in rollout.values()), rollout
+    assert {r["queue_high_water"] for r in rollout.values()} == {0}, rollout
+    trainer = by_rank(api, job, 0)
+    # the trainer waits on rollout: about half of each cycle (~0.13 s of ~0.25 s), its update 0.06 s
+    assert sum(r["wait_s"] for r in trainer.values()) > 0.4 * sum(r["step_time_s"] for r in trainer.values())
+    changes = api.get(f"/v1/jobs/{job}/changes").json()["changes"]
+    if needs_fill:
+        first = planned["decisions"][0]
+        print(first["rule"], first["evidence"]["skipped"])
+        assert first["change_id"] is None and first["outcome"] == "advised", first
+        assert any("prefetch +2: the queue never held more than 0 of the 1" in s for s in first["evidence"]["skipped"]), \
+            first
+        assert [c for c in changes if c["knob"] == "prefetch"] == [], changes
+        assert run.rollouter.staleness_threshold == 1
+    else:
+        assert any(c["knob"] == "prefetch" and c["value"] > 1 for c in changes), changes
 
 
 def test_with_verls_dynamic_scheduling_on_trimtab_reports_declares_nothing_and_says_why_in_check(served, tmp_path):

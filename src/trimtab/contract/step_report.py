@@ -132,8 +132,10 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
                                               "tail), seconds."),
     ReportField("rollout_mean_s", SECONDS, "Mean generation time per sample in the step, seconds."),
     ReportField("queue_high_water", COUNT, "The most generated batches that waited unclaimed at once in the step "
-                                           "(the prefetch queue's high-water mark): below the queue's depth on "
-                                           "every step, a deeper queue would stay empty.", framework=True),
+                                           "(the prefetch queue's high-water mark), in the prefetch knob's unit "
+                                           "(verl's fully-async rollouter: parameter versions it ran ahead, "
+                                           "staleness_threshold's unit): below the queue's depth on every step, a "
+                                           "deeper queue would stay empty.", framework=True),
     ReportField("prompts", COUNT, "RL: prompts the step trained on (each has several completions).", fold=SUM,
                 framework=True),
     ReportField("completions", COUNT, "RL: completions the step trained on (generated in this step or reused from "

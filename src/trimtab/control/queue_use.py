@@ -10,7 +10,10 @@ the bottleneck. On the H200 reference pipeline at batch 64 the mark was 1 in eve
 tried prefetch 2 → 4 (read −21 to +11 %) and paid for the trial in steps. Every step at the depth, not only the
 window the rules read: a job whose generation comes in bursts fills its queue now and then, and a calm window of
 it says less. A job that does not report the mark on every such step is not held back (no evidence either way);
-``queue_raise_needs_fill = false`` switches this off.
+``queue_raise_needs_fill = false`` switches this off. The mark is in the queue knob's own unit: batches for the
+reference pipeline, parameter versions ahead for verl's fully-async rollouter (its staleness bound,
+:func:`trimtab.trainer.adapters.verl_async.versions_ahead`), where the same test keeps a rollouter that never
+reached its bound — generating one sample at a time slower than the trainer takes them — from a higher one.
 """
 
 from __future__ import annotations
@@ -42,6 +45,6 @@ def queue_unused(state: "JobState", rules: RuleSet, knob: str, current: float, n
     high = max(marks)
     if high >= current:
         return None
-    return (f"the queue never held more than {high:g} of the {current:g} batches its depth allows (steps "
+    return (f"the queue never held more than {high:g} of the {current:g} its depth allows (steps "
             f"{at_depth[0].step}–{at_depth[-1].step}): generation never got that far ahead, a deeper queue would "
             f"stay empty")

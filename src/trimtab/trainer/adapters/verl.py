@@ -47,7 +47,7 @@ def step_to_report(step, *, rank: int, hostname: Optional[str] = None, pid: Opti
     slowest, mean = step.rollout_s or (None, None)
     return StepReport(step=step.step, rank=rank, step_time_s=step.step_time_s, phases_s=dict(step.phases_s),
                       samples=step.samples, tokens=step.tokens, hostname=hostname, pid=pid, memory=step.memory,
-                      rollout_slowest_s=slowest, rollout_mean_s=mean)
+                      rollout_slowest_s=slowest, rollout_mean_s=mean, queue_high_water=step.queue_high_water)
 
 
 class VerlTailer:

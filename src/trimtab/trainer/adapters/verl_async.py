@@ -11,7 +11,9 @@ verl 0.9.1 ships two trainers whose ``fit`` is ``async def`` and overrides the `
   reports, so no second registration overwrites them), the rollouter as rank 1 (component ``rollout``), so a step
   is judged when both sides reported it. A step is one parameter version (what verl logs:
   the trainer's ``Tracking.log`` of its sync cycle, summed over ``trigger_parameter_sync_step`` micro-steps; the
-  rollouter's window between two ``reset_staleness()`` calls, generating vs. paused on its staleness bound).
+  rollouter's window between two ``reset_staleness()`` calls, generating vs. paused on its staleness bound, and
+  how far it got ahead as ``queue_high_water``: :func:`versions_ahead`, so that a ``prefetch`` raise is skipped
+  where the rollouter never reached its bound, :mod:`trimtab.control.queue_use`).
 * ``verl/experimental/one_step_off_policy/``: ``OneStepOffRayTrainer.fit`` runs in one process; it attaches like the
   legacy trainer (same session, its own phase mapping in :mod:`~trimtab.trainer.adapters.verl_metrics`), reporting
   only: its generation is fixed one step ahead, so it has neither knob.
@@ -41,6 +43,7 @@ its policy reads both values every step (``DynamicScheduleContext``): trimtab de
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -94,6 +97,23 @@ class AsyncLimits:
                     f"rollouter run {need} samples ahead, but verl's MessageQueue holds {self.queue_samples} (fixed at "
                     f"start-up): it would drop the oldest samples")
         return None
+
+
+def versions_ahead(peak_samples: int, bound_samples: int, version_samples: int, staleness: float) -> int:
+    """How far the rollouter got ahead of the trainer in one parameter version's window, in the ``prefetch`` knob's
+    own unit (``staleness_threshold``: versions), as the whole number a step report's ``queue_high_water`` carries.
+
+    verl counts every sample it submits since the last sync, plus those still in flight or queued at it
+    (``staleness_samples``, only growing inside a window), and pauses at ``max_required_samples`` =
+    ``required × (staleness_threshold + 1) × trigger``: ``peak_samples`` / ``version_samples`` − 1 versions ahead.
+    The rounding keeps the one comparison the rebalancer makes (mark ≥ the knob's value: the bound was reached,
+    a higher one may let the rollouter do more) true to what verl did: at the bound, at least ⌈staleness⌉; short of
+    it, rounded down (below any staleness it did not reach: the rollouter never waited on its bound, so a higher
+    one would change nothing)."""
+    ahead = max(0.0, peak_samples / max(1, version_samples) - 1.0)
+    if peak_samples >= bound_samples:
+        return max(math.ceil(ahead), math.ceil(staleness))
+    return math.floor(ahead)
 
 
 def _dynamic(config: Any) -> bool:
@@ -202,8 +222,19 @@ class RolloutSession:
         self._taken: Optional[int] = None         # samples the trainer had taken from the queue at the last sync
         log.warning("trimtab: attached to verl's FullyAsyncRollouter as job %r rank 1 (rollout)", options["job"])
 
-    def on_reset(self, timing: dict) -> None:
-        """verl's ``reset_staleness()`` result: the window that ended with this parameter sync."""
+    def window(self) -> Optional[int]:
+        """Read just before verl's ``reset_staleness()``: how far this version's window got ahead
+        (:func:`versions_ahead`), or None where verl has not sized its bound yet."""
+        r = self.rollouter
+        if r.max_required_samples is None:
+            return None
+        version = self.limits.required_samples * int(r.config.async_training.trigger_parameter_sync_step)
+        return versions_ahead(int(r.staleness_samples), int(r.max_required_samples), version,
+                              float(r.staleness_threshold))
+
+    def on_reset(self, timing: dict, ahead: Optional[int] = None) -> None:
+        """verl's ``reset_staleness()`` result: the window that ended with this parameter sync (``ahead``: read
+        before it, :meth:`window`)."""
         from trimtab.trainer.adapters.verl_metrics import VerlStep, number
 
         self.syncs += 1
@@ -212,7 +243,7 @@ class RolloutSession:
         samples = number(timing.get("fully_async/rollouter/step_generated_samples"))
         self.channel.report(VerlStep(step=self.syncs, step_time_s=version_s,
                                      phases_s={"generation": active_s, "wait": version_s - active_s, "other": 0.0},
-                                     samples=None if samples is None else int(samples)))
+                                     samples=None if samples is None else int(samples), queue_high_water=ahead))
 
     async def apply(self) -> None:
         """Right after verl reset its staleness count at a sync, holding no lock (``set_max_required_samples`` takes
@@ -308,11 +339,17 @@ def _wrap_reset(original: Callable) -> Callable:
 
     @functools.wraps(original)
     async def reset_staleness(self, *args, **kwargs):
-        timing = await original(self, *args, **kwargs)
         session = getattr(self, SESSION_ATTR, None)
+        ahead = None
         if session is not None:
             try:
-                session.on_reset(timing)
+                ahead = session.window()  # the count verl is about to reset: the window's furthest
+            except Exception:
+                log.warning("trimtab: could not read verl's staleness count", exc_info=True)
+        timing = await original(self, *args, **kwargs)
+        if session is not None:
+            try:
+                session.on_reset(timing, ahead)
                 await session.apply()
             except Exception:
                 log.warning("trimtab: could not report or apply at verl's parameter sync", exc_info=True)

@@ -82,6 +82,7 @@ class VerlStep:
     memory: Optional[dict[str, int]] = None          # {"allocated_bytes", "reserved_bytes"}: the workers' peaks
     rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None  # (slowest sample, mean sample)
     unmapped_timers: tuple[str, ...] = ()            # timers this mapping does not know (they land in "other")
+    queue_high_water: Optional[int] = None           # how far generation got ahead, in the prefetch knob's unit
 
 
 def timers(data: Mapping[str, Any]) -> dict[str, float]:
