@@ -19,7 +19,8 @@ from typing import Optional
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import Persistence, persistence
-from trimtab.control.settle import drained_from, settled_from
+from trimtab.control.queue_use import own_verdict_from
+from trimtab.control.settle import drained_from
 from trimtab.control.plan import (JobState, Plan, Wait, before_window, leading, period, wait_to_cover,
                                   window_evidence, window_wait)
 from trimtab.grading.rules import RuleSet
@@ -177,7 +178,7 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         return Plan(note=f"waiting for the job to apply change {change.id} ({change.knob} → {change.value})",
                     wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
     every = period(state.job, rules)
-    first = settled_from(change, rules)
+    first = own_verdict_from(change, rules, state.steps)
     after_steps = [s for s in state.steps if s.step >= first]
     after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every, ctl.window_enough_steps)
     measuring = Plan(note=f"measuring throughput after change {change.id} (from step {first})",

@@ -17,7 +17,9 @@ there bought nothing on the CPU workloads, which bank nothing, and cost them 5 a
 landing in another regime: false gains 5 → 9 and 6 → 12). A job whose only moving knob is the queue decides exactly
 as without the settle. On the H200 (runs 21–23, the settle then also on the raise's own verdict) every sync trial
 after the raise waited for the setting's own steps and was kept: 103.9, 98.0, 109.1 % of the best static paired,
-against 88.4–102.5 % in runs 17–20 without it. ``bench/queue_settle_off.toml`` turns it off.
+against 88.4–102.5 % in runs 17–20 without it. ``bench/queue_settle_off.toml`` turns it off. One exception, for
+jobs that report their queue's mark: a raise made while the queue was full is judged after its drain too
+(:func:`trimtab.control.queue_use.own_verdict_from`) — there the after window would start on the full bank.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ def drained_from(change: StoredChange, rules: RuleSet, knob: str) -> int:
     ctl = rules.controller
     if change.knob != ctl.queue_knob or knob == ctl.queue_knob:
         return settled_from(change, rules)
-    return settled_from(change, rules) + math.ceil(_raised_by(change) * ctl.queue_raise_settle_steps)
+    return drain_end(change, rules)
+
+
+def drain_end(change: StoredChange, rules: RuleSet) -> int:
+    """``settled_from``, plus the drain of a raise of the queue knob (``queue_raise_settle_steps`` a unit)."""
+    return settled_from(change, rules) + math.ceil(_raised_by(change) * rules.controller.queue_raise_settle_steps)
 
 
 def _raised_by(change: StoredChange) -> float:
