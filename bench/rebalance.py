@@ -249,9 +249,11 @@ def main() -> int:
     for r in records:
         k = story.knob_tuple(r)
         if not settings or settings[-1][0] != k:
-            settings.append([k, r.step, 0])
+            settings.append([k, r.step, 0, 0])
         settings[-1][2] += 1
-    print("knob path: " + " → ".join(f"{k[0]}/{k[1]}/{k[2]} ({n} steps)" for k, _, n in settings))
+        settings[-1][3] = max(settings[-1][3], r.queue_max_depth)
+    # with the queue's mark at each setting: where it stays below the depth, a deeper queue is not tried
+    print("knob path: " + " → ".join(f"{k[0]}/{k[1]}/{k[2]} ({n} steps, queue ≤ {q})" for k, _, n, q in settings))
     summary = {
         "config": config.name, "device_map": str(devices), "best_static": args.best,
         "best_static_samples_per_s": round(best_tp, 3), "best_static_before": round(best_before, 3),
