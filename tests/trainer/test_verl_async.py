@@ -210,29 +210,34 @@ def test_how_far_the_rollouter_got_ahead_keeps_reached_its_bound_apart_from_did_
     assert versions_ahead(12, 12, 4, 2) == 2  # two versions ahead, at its bound
 
 
-@pytest.mark.parametrize("needs_fill", [True, False])
-def test_a_rollouter_that_never_reached_its_staleness_bound_is_not_given_a_higher_one(served, tmp_path, needs_fill):
+def test_a_rollouter_that_never_reached_its_staleness_bound_is_not_given_a_higher_one(served, tmp_path):
     """The rollouter reports how far it got ahead in each parameter version (``queue_high_water``, read from verl's own
     ``staleness_samples`` just before ``reset_staleness()`` resets it: ``versions_ahead``). Here it generates one
     prompt at a time (verl's ``concurrent_samples_per_replica=1``), slower than the trainer takes them: it never
     reaches its bound of 2 × (1 + 1) × 2 = 8 samples, so a higher staleness_threshold would change nothing, while the
     trainer waits on it every cycle (what the rules answer with a higher prefetch). In auto mode the rebalancer
-    skips that raise naming the queue, and nothing reaches verl; with ``queue_raise_needs_fill = false`` the raise is
-    queued as before (what the check prevents). The rules' window is 1 s here (4 s as shipped) to keep the run short.
-    Stubbed as in the harness: generation (a sleep per prompt), the actor update, the NCCL weight sync."""
+    skips that raise naming the queue, and nothing reaches verl; the same stored steps planned with
+    ``queue_raise_needs_fill = false`` raise it (what the check prevents). The rules' window is 1 s here (4 s as
+    shipped) to keep the run short. Stubbed as in the harness: generation (a sleep per prompt), the actor update,
+    the NCCL weight sync."""
+    from trimtab.control.controller import plan
     from trimtab.grading.rules import load_rules
+    from trimtab.store.jobs import get_job
 
     api, start = served
-    start(load_rules().with_overrides({"controller": {"window_min_s": 1.0, "queue_raise_needs_fill": needs_fill}}))
-    job = f"verl-rollout-bound-{needs_fill}".lower()
-    planned: dict[str, list] = {}
+    rules = load_rules().with_overrides({"controller": {"window_min_s": 1.0}})
+    rebalancer = start(rules)
+    job = "verl-rollout-bound"
+    seen: dict[str, object] = {}
 
     async def watch(trainer, rollouter):
         def until_planned():
             try:
-                planned["decisions"] = eventually(lambda: [
+                seen["decisions"] = eventually(lambda: [
                     d for d in api.get("/v1/decisions", job=job).json().get("decisions", [])
                     if d["rule"] in ("generation_bound", "rollout_wait_bound")], timeout_s=60)
+                off = rules.with_overrides({"controller": {"queue_raise_needs_fill": False}})
+                seen["without_the_check"] = plan(rebalancer.load_state(get_job(api.ctx.engine, job), off), off)
             finally:  # the data ends here: verl's feed loop stops at its next sample, the run drains and ends
                 rollouter.total_rollout_steps = rollouter.global_steps
 
@@ -248,17 +253,15 @@ def test_a_rollouter_that_never_reached_its_staleness_bound_is_not_given_a_highe
     trainer = by_rank(api, job, 0)
     # the trainer waits on rollout: about half of each cycle (~0.13 s of ~0.25 s), its update 0.06 s
     assert sum(r["wait_s"] for r in trainer.values()) > 0.4 * sum(r["step_time_s"] for r in trainer.values())
-    changes = api.get(f"/v1/jobs/{job}/changes").json()["changes"]
-    if needs_fill:
-        first = planned["decisions"][0]
-        skipped = first["evidence"]["skipped"]
-        print(first["rule"], skipped)
-        assert first["change_id"] is None and first["outcome"] == "advised", first
-        assert any("prefetch +2: the queue never held more than 0 of the 1" in s for s in skipped), first
-        assert [c for c in changes if c["knob"] == "prefetch"] == [], changes
-        assert run.rollouter.staleness_threshold == 1
-    else:
-        assert any(c["knob"] == "prefetch" and c["value"] > 1 for c in changes), changes
+    first = seen["decisions"][0]
+    skipped = first["evidence"]["skipped"]
+    print(first["rule"], skipped)
+    assert first["change_id"] is None and first["outcome"] == "advised", first
+    assert any("prefetch +2: the queue never held more than 0 of the 1" in s for s in skipped), first
+    assert [c for c in api.get(f"/v1/jobs/{job}/changes").json()["changes"] if c["knob"] == "prefetch"] == []
+    assert run.rollouter.staleness_threshold == 1
+    raised = seen["without_the_check"].change
+    assert raised is not None and (raised.knob, raised.old_value) == ("prefetch", 1) and raised.new_value > 1, raised
 
 
 def test_with_verls_dynamic_scheduling_on_trimtab_reports_declares_nothing_and_says_why_in_check(served, tmp_path):
