@@ -197,7 +197,7 @@ def test_prefetch_and_sync_every_reach_their_owner_take_effect_where_verl_reads_
 def test_how_far_the_rollouter_got_ahead_keeps_reached_its_bound_apart_from_did_not():
     """``versions_ahead`` (the mark, a whole number) against the knob's value, where staleness_threshold may be a
     fraction (verl's default is 0.1): ≥ the value exactly when verl's count reached its bound."""
-    from trimtab.trainer.adapters.verl_async import versions_ahead
+    from trimtab.trainer.adapters.verl_staleness import versions_ahead
 
     version = 4  # 2 samples a step × sync every 2
     for staleness in (0.1, 0.5, 1, 2, 2.5):

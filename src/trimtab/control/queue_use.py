@@ -12,7 +12,7 @@ window the rules read: a job whose generation comes in bursts fills its queue no
 it says less. A job that does not report the mark on every such step is not held back (no evidence either way);
 ``queue_raise_needs_fill = false`` switches this off. The mark is in the queue knob's own unit: batches for the
 reference pipeline, parameter versions ahead for verl's fully-async rollouter (its staleness bound,
-:func:`trimtab.trainer.adapters.verl_async.versions_ahead`), where the same test keeps a rollouter that never
+:func:`trimtab.trainer.adapters.verl_staleness.versions_ahead`), where the same test keeps a rollouter that never
 reached its bound — generating one sample at a time slower than the trainer takes them — from a higher one.
 """
 

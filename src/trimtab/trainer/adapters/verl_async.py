@@ -12,8 +12,8 @@ verl 0.9.1 ships two trainers whose ``fit`` is ``async def`` and overrides the `
   is judged when both sides reported it. A step is one parameter version (what verl logs:
   the trainer's ``Tracking.log`` of its sync cycle, summed over ``trigger_parameter_sync_step`` micro-steps; the
   rollouter's window between two ``reset_staleness()`` calls, generating vs. paused on its staleness bound, and
-  how far it got ahead as ``queue_high_water``: :func:`versions_ahead`, so that a ``prefetch`` raise is skipped
-  where the rollouter never reached its bound, :mod:`trimtab.control.queue_use`).
+  how far it got ahead as ``queue_high_water`` (:func:`.verl_staleness.versions_ahead`), so that a ``prefetch``
+  raise is skipped where the rollouter never reached its bound, :mod:`trimtab.control.queue_use`).
 * ``verl/experimental/one_step_off_policy/``: ``OneStepOffRayTrainer.fit`` runs in one process; it attaches like the
   legacy trainer (same session, its own phase mapping in :mod:`~trimtab.trainer.adapters.verl_metrics`), reporting
   only: its generation is fixed one step ahead, so it has neither knob.
@@ -26,11 +26,11 @@ The two knobs, by their trimtab names so that ``src/trimtab/grading/rules.toml``
   ``max_required_samples`` / ``max_concurrent_samples`` / ``max_queue_size`` under the rollouter's lock.
 * ``sync_every`` = ``async_training.trigger_parameter_sync_step``: owned by the trainer
   (``self.trigger_parameter_sync_step``, read by ``_fit_update_local_step``); applied at the start of a sync cycle
-  (``local_trigger_step == 1``) so a cycle never mixes two values, and acknowledged once verl's next ``fit_step``
-  ran with it. The rollouter derives ``max_required_samples`` from it too (from its config): it re-derives at the
-  same sync point, so both processes move together. verl's checkpoint resume does not see it: it recomputes its
-  step and sample counters as version × the configured value (``load_checkpoint`` of both), so a resumed run's
-  counters are off by what the live value changed (README, verl).
+  (``local_trigger_step == 1``) so a cycle never mixes two values, and acknowledged once verl's next ``fit_step`` ran
+  with it. The rollouter derives ``max_required_samples`` from it too (from its config): told by the trainer in band
+  (a Ray call to its actor), it re-derives at the same sync point, so both processes move together. verl's checkpoint
+  resume does not see it: it recomputes its step and sample counters as version × the configured value
+  (``load_checkpoint`` of both), so a resumed run's counters are off by what the live value changed (README, verl).
 
 One invariant verl fixes at start-up bounds both: the ``MessageQueue`` is created with
 ``max_queue_size = required_samples × (staleness_threshold + 1) × trigger_parameter_sync_step`` (a ``deque`` of
@@ -43,77 +43,20 @@ its policy reads both values every step (``DynamicScheduleContext``): trimtab de
 from __future__ import annotations
 
 import logging
-import math
 import socket
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from trimtab.trainer.adapters.verl_async_channel import _Channel
+from trimtab.trainer.adapters.verl_staleness import PREFETCH, SYNC_EVERY, AsyncLimits, versions_ahead
 
 log = logging.getLogger("trimtab.trainer")
 
-PREFETCH, SYNC_EVERY = "prefetch", "sync_every"
 TRAINER_RANK, ROLLOUT_RANK = 0, 1
 DYNAMIC_SCHEDULING = "async_training.use_dynamic_resource_scheduling"
 DYNAMIC_REASON = ("verl's DynamicResourceController (async_training.use_dynamic_resource_scheduling) moves trainer "
                   "GPUs to rollout and reads staleness_threshold and trigger_parameter_sync_step every step: "
                   "trimtab reports and leaves them to it")
 SESSION_ATTR = "_trimtab_async_session"
-
-
-@dataclass(frozen=True)
-class AsyncLimits:
-    """What verl fixed at start-up that the two knobs must respect."""
-
-    required_samples: int     # ppo_mini_batch_size × require_batches: samples per trainer micro-step
-    queue_samples: int        # the MessageQueue's maxlen: start-up max_required_samples
-
-    @classmethod
-    def of(cls, config: Any) -> "AsyncLimits":
-        from trimtab.trainer.adapters.verl_knobs import select
-
-        required = int(select(config, "actor_rollout_ref.actor.ppo_mini_batch_size")) \
-            * int(select(config, "async_training.require_batches", 1))
-        staleness = float(select(config, "async_training.staleness_threshold", 1))
-        trigger = int(select(config, "async_training.trigger_parameter_sync_step"))
-        return cls(required, int(required * (staleness + 1) * trigger))  # as set_max_required_samples() computes it
-
-    def knobs(self, staleness: float, trigger: int) -> dict[str, tuple]:
-        """(start, min, max) per knob: each alone within what the queue holds with the other at its minimum."""
-        most = self.queue_samples // self.required_samples
-        prefetch = (staleness, 0 if float(staleness).is_integer() else 0.0,
-                    (most - 1) if float(staleness).is_integer() else float(most - 1))
-        return {PREFETCH: prefetch, SYNC_EVERY: (int(trigger), 1, max(int(trigger), most))}
-
-    def refusal(self, staleness: float, trigger: Any) -> Optional[str]:
-        """Why verl cannot run with this pair, or None."""
-        if not staleness >= 0:
-            return f"staleness_threshold {staleness} < 0 (verl asserts staleness_threshold >= 0)"
-        if not float(trigger).is_integer() or trigger < 1:
-            return f"trigger_parameter_sync_step {trigger} is not an integer >= 1 (verl asserts it)"
-        need = int(self.required_samples * (staleness + 1) * int(trigger))
-        if need > self.queue_samples:
-            return (f"staleness_threshold {staleness} with trigger_parameter_sync_step {int(trigger)} lets the "
-                    f"rollouter run {need} samples ahead, but verl's MessageQueue holds {self.queue_samples} (fixed at "
-                    f"start-up): it would drop the oldest samples")
-        return None
-
-
-def versions_ahead(peak_samples: int, bound_samples: int, version_samples: int, staleness: float) -> int:
-    """How far the rollouter got ahead of the trainer in one parameter version's window, in the ``prefetch`` knob's
-    own unit (``staleness_threshold``: versions), as the whole number a step report's ``queue_high_water`` carries.
-
-    verl counts every sample it submits since the last sync, plus those still in flight or queued at it
-    (``staleness_samples``, only growing inside a window), and pauses at ``max_required_samples`` =
-    ``required × (staleness_threshold + 1) × trigger``: ``peak_samples`` / ``version_samples`` − 1 versions ahead.
-    The rounding keeps the one comparison the rebalancer makes (mark ≥ the knob's value: the bound was reached,
-    a higher one may let the rollouter do more) true to what verl did: at the bound, at least ⌈staleness⌉; short of
-    it, rounded down (below any staleness it did not reach: the rollouter never waited on its bound, so a higher
-    one would change nothing)."""
-    ahead = max(0.0, peak_samples / max(1, version_samples) - 1.0)
-    if peak_samples >= bound_samples:
-        return max(math.ceil(ahead), math.ceil(staleness))
-    return math.floor(ahead)
 
 
 def _dynamic(config: Any) -> bool:
@@ -191,6 +134,10 @@ class TrainerSession:
             log.warning("trimtab: refused sync_every → %s: %s", value, why)
             self.channel.reporter.refuse(cid, TRAINER_RANK, why)
             return None
+        # The rollouter re-derives its bound from the same value: told here, in band (a Ray call to its actor). From
+        # the server it could miss it: this side's ack may land before the rollouter's next reply lists the change
+        # as pending, and a shorter cycle was then never followed (seen in CI: its bound stayed at the longer one).
+        await asyncio.wrap_future(trainer.rollouter.__ray_call__.remote(_follow_sync, int(value)).future())
         needed = int(self.limits.required_samples * (staleness + 1) * int(value))
         if int(value) > trainer.trigger_parameter_sync_step and (stats["static/max_required_samples"] or 0) < needed:
             # A longer cycle needs more samples per version than the rollouter's bound lets it make: it re-derives
@@ -215,12 +162,18 @@ class RolloutSession:
     def __init__(self, rollouter: Any, options: dict):
         self.rollouter, self.limits = rollouter, AsyncLimits.of(rollouter.config)
         self.dynamic = _dynamic(rollouter.config)
-        owned = () if self.dynamic or not options["knobs"] else (PREFETCH, SYNC_EVERY)
+        owned = () if self.dynamic or not options["knobs"] else (PREFETCH,)  # sync_every: told by the trainer
         self.channel = _Channel(options, ROLLOUT_RANK, owned, None)
         self.syncs = 0
         self._sync_target: Optional[int] = None   # a sync_every the trainer takes; re-derived here when safe
         self._taken: Optional[int] = None         # samples the trainer had taken from the queue at the last sync
         log.warning("trimtab: attached to verl's FullyAsyncRollouter as job %r rank 1 (rollout)", options["job"])
+
+    def follow_sync(self, value: int) -> None:
+        """The trainer's ``sync_every`` (told in band, :func:`_follow_sync`), re-derived at the next sync where
+        safe (:meth:`apply`); one verl cannot run with is left alone (the trainer refuses it too)."""
+        if self.limits.refusal(float(self.rollouter.staleness_threshold), value) is None:
+            self._sync_target = int(value)
 
     def window(self) -> Optional[int]:
         """Read just before verl's ``reset_staleness()``: how far this version's window got ahead
@@ -255,10 +208,7 @@ class RolloutSession:
         trigger = int(r.config.async_training.trigger_parameter_sync_step)
         taken = r.total_generated_samples - await r.message_queue_client.get_queue_size()
         cycle_samples, self._taken = (None if self._taken is None else taken - self._taken), taken
-        staged_sync = self.channel.take(SYNC_EVERY)
-        if staged_sync is not None and self.limits.refusal(float(r.staleness_threshold), staged_sync[1]) is None:
-            self._sync_target = int(staged_sync[1])  # the trainer acknowledges; here only what verl derives from it
-        target = self._sync_target
+        target = self._sync_target  # the trainer acknowledges; here only what verl derives from it
         # A longer cycle: re-derive now (the trainer waits for it). A shorter one: only once the trainer's last cycle
         # took that many samples (it switched), or the rollouter would pause short of what the trainer still needs.
         if target is not None and (target > trigger or cycle_samples == self.limits.required_samples * target):
@@ -284,6 +234,13 @@ class RolloutSession:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def _follow_sync(rollouter: Any, value: int) -> None:
+    """Run in the rollouter's actor (Ray's ``__ray_call__``): its session follows the trainer's ``sync_every``."""
+    session = getattr(rollouter, SESSION_ATTR, None)
+    if session is not None:
+        session.follow_sync(value)
 
 
 # -- wrappers (installed by verl_plugin's post-import hook) -----------------------------------------------------
