@@ -194,6 +194,38 @@ def test_prefetch_and_sync_every_reach_their_owner_take_effect_where_verl_reads_
     assert (knobs["prefetch"]["value"], knobs["sync_every"]["value"]) == (0, 2)
 
 
+def test_a_sync_every_the_rollouter_cannot_be_told_is_refused_with_why_and_verl_keeps_its_cycle():
+    """Error path, with fakes: the trainer's session as built by ``fit`` (its verl trainer, rollouter handle and
+    channel are stand-ins) when the Ray call that tells the rollouter fails (a dead actor)."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from trimtab.trainer.adapters.verl_async import TrainerSession
+    from trimtab.trainer.adapters.verl_staleness import AsyncLimits
+
+    def done(value):
+        f = concurrent.futures.Future()
+        f.set_result(value)
+        return f
+
+    class DeadActor:
+        def remote(self, *args):
+            raise RuntimeError("The actor died unexpectedly before finishing this task.")
+
+    refused = []
+    stats = {"static/staleness_threshold": 1, "static/max_required_samples": 8}
+    answer = SimpleNamespace(future=lambda: done(stats))
+    rollouter = SimpleNamespace(get_statistics=SimpleNamespace(remote=lambda: answer), __ray_call__=DeadActor())
+    session = object.__new__(TrainerSession)
+    session.trainer = SimpleNamespace(local_trigger_step=1, trigger_parameter_sync_step=2, rollouter=rollouter)
+    session.limits = AsyncLimits(required_samples=2, queue_samples=8)
+    reporter = SimpleNamespace(refuse=lambda cid, rank, why: refused.append((cid, why)))
+    session.channel = SimpleNamespace(take=lambda knob: (5, 1), reporter=reporter)
+    assert asyncio.run(session.before_step()) is None
+    assert refused and refused[0][0] == 5 and "could not tell verl's rollouter" in refused[0][1], refused
+    assert "actor died" in refused[0][1] and session.trainer.trigger_parameter_sync_step == 2
+
+
 def test_how_far_the_rollouter_got_ahead_keeps_reached_its_bound_apart_from_did_not():
     """``versions_ahead`` (the mark, a whole number) against the knob's value, where staleness_threshold may be a
     fraction (verl's default is 0.1): ≥ the value exactly when verl's count reached its bound."""

@@ -129,15 +129,11 @@ class TrainerSession:
         # The rollouter's state now, from verl's own get_statistics() (the samples' copy lags by a queue's worth)
         stats = await asyncio.wrap_future(trainer.rollouter.get_statistics.remote().future())
         staleness = float(stats["static/staleness_threshold"])
-        why = self.limits.refusal(staleness, value)
+        why = self.limits.refusal(staleness, value) or await self._tell_rollouter(int(value))
         if why is not None:
             log.warning("trimtab: refused sync_every → %s: %s", value, why)
             self.channel.reporter.refuse(cid, TRAINER_RANK, why)
             return None
-        # The rollouter re-derives its bound from the same value: told here, in band (a Ray call to its actor). From
-        # the server it could miss it: this side's ack may land before the rollouter's next reply lists the change
-        # as pending, and a shorter cycle was then never followed (seen in CI: its bound stayed at the longer one).
-        await asyncio.wrap_future(trainer.rollouter.__ray_call__.remote(_follow_sync, int(value)).future())
         needed = int(self.limits.required_samples * (staleness + 1) * int(value))
         if int(value) > trainer.trigger_parameter_sync_step and (stats["static/max_required_samples"] or 0) < needed:
             # A longer cycle needs more samples per version than the rollouter's bound lets it make: it re-derives
@@ -147,6 +143,19 @@ class TrainerSession:
         trainer.trigger_parameter_sync_step = int(value)
         trainer.dynamic_schedule_ctx.trigger_parameter_sync_step = int(value)  # verl's own copy for its policy
         return cid, int(trainer.current_param_version) + 1  # the version this cycle produces: its logged step
+
+    async def _tell_rollouter(self, value: int) -> Optional[str]:
+        """The rollouter re-derives its bound from ``sync_every`` too: told here, in band (a Ray call to its actor),
+        or why not. Not left to its own report replies from the server: this side's ack may land before the
+        rollouter's next reply lists the change as pending, and a shorter cycle was then never followed (seen in CI:
+        its bound stayed at the longer one). A cycle the rollouter does not follow would run on its old bound."""
+        import asyncio
+
+        try:
+            await asyncio.wrap_future(self.trainer.rollouter.__ray_call__.remote(_follow_sync, value).future())
+        except Exception as exc:
+            return f"could not tell verl's rollouter (its bound follows sync_every): {exc!r}"
+        return None
 
     def after_step(self, applied: Optional[tuple[int, int]]) -> None:
         if applied is not None:  # verl's fit_step ran with it (its _fit_update_local_step read it): now it counts
