@@ -3,10 +3,11 @@ that gained nothing, a refused direction), where the best value of a knob lies (
 on either side: the bracket search, upward and downward), and when a rule follows a gain through below its line.
 
 A verdict is about the setting it left the job in. It stops holding — the move may be measured again — when
-another knob has moved since, or when the job is at that very setting and its throughput there has moved
-measurably (a slowdown that began with the change, a new phase of training), or — for a move rolled back — when
-the known setting, measured again, reads no higher than the move did (the job slowed down while the move was
-measured: the loss was the job's). While the job is elsewhere on the same knob the verdict
+another knob has moved since, or when the job is at that very setting and its throughput there has moved by more
+than the verdict's effect and the job itself with it (its phase shares or tokens per sample, composition.py: a new
+phase of training, lengths that grew; not a host that slows every step alike — for a verdict that was sure), or —
+for a move rolled back — when the known setting, measured again, reads no higher than the move did (the job slowed
+down while the move was measured: the loss was the job's). While the job is elsewhere on the same knob the verdict
 still holds: nothing re-measured it.
 """
 
@@ -20,8 +21,9 @@ from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BA
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
 from trimtab.control.plan import before_window, last_applied, period
-from trimtab.control.settle import drained_from
-from trimtab.control.verdict import GAIN, Sample, _standard_error, _t_ppf, changed_level
+from trimtab.control.composition import composition, moved as composition_moved
+from trimtab.control.settle import drained_from, settled_from
+from trimtab.control.verdict import GAIN, WORSE, Sample, _standard_error, _t_ppf, changed_level
 from trimtab.store.decisions import StoredDecision
 
 if TYPE_CHECKING:
@@ -75,8 +77,24 @@ def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optio
         # a bracket is honoured too): the whole 95 % interval of the level's shift lies beyond it — a noisy
         # window reads a few % off by itself
         effect = max(abs(math.log(ratio)), math.log1p(rules.controller.dead_band_pct / 100.0))
-        return not moved_beyond(level, now, effect, rules.controller)
+        if not moved_beyond(level, now, effect, rules.controller):
+            return True
+        # … and, for a value measured worse with confidence (a sure loss, or the old value of a sure gain), the job
+        # itself with it, not only its host (composition.py). A verdict that could not tell is re-measured on the
+        # level alone: its windows may have straddled the host's own move (the drifting host: a +11 % sync move read
+        # +1.8 % across a 15 % slowdown and went back; held until the job moved, it was never tried again)
+        then = ev.get("composition_before" if d.outcome == ROLLED_BACK else "composition_after")
+        if result_of(d) not in (GAIN, WORSE) or not isinstance(then, dict):
+            return False
+        return composition_moved(then, composition(_at_setting(state, rules)), effect, rules.controller) is None
     return False
+
+
+def _at_setting(state: "JobState", rules: RuleSet) -> list:
+    """The job's newest steps at its setting now (after the last change's settle steps), a before window's worth."""
+    last = last_applied(state)
+    start = settled_from(last, rules) if last is not None else 0
+    return before_window([s for s in state.steps if s.step >= start], rules, period(state.job, rules))
 
 
 def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
+from trimtab.control.composition import composition
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import Persistence, persistence
 from trimtab.control.queue_use import own_verdict_from
@@ -198,6 +199,8 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                 "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
     if before:
         evidence["before_window"] = window_evidence(before)
+        evidence["composition_before"] = composition(before)  # what "the job moved" compares against (composition.py)
+    evidence["composition_after"] = composition(grown)
     b_sample = state.persistence.sample(before, _old_period(state, rules, change)) if before else None
     a_sample = state.persistence.sample(grown, every)
     if state.persistence.rho > 0:
