@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.support.plans import RULES, decision, job, state, steps
+from tests.support.plans import RULES, change, decision, job, state, steps
 from trimtab.control.bracket import blocked
 from trimtab.control.composition import TOKENS_PER_SAMPLE, composition, moved
 from trimtab.control.verdict import Sample
@@ -73,3 +73,48 @@ def test_a_known_loser_stays_out_while_only_the_level_moved_and_is_tried_again_o
     unsure = replace(lost, evidence={**lost.evidence, "verdict": {"result": "inconclusive", "ratio": 0.97},
                                      "back_to_known": True})
     assert blocked(replace(host_only, decisions=[unsure]), RULES, action, 64.0, level_moved) is None
+
+
+# -- A, B, A′: the known setting measured again is every step at it since the move's own rollback ----------------------
+
+def _drift_case(knob: str, old: float, new: float, ratio: float, known: float, after: float, n: int = 8):
+    """A sure loss rolled back, with the composition of a job at 90 % generation (so that the level's move alone —
+    the host — does not re-open it: only the drift retry could)."""
+    return decision(id=5, knob=knob, old=old, new=new, outcome="rolled_back", applied_step=10,
+                    evidence={"verdict": {"result": "worse", "ratio": ratio, "confidence_pct": 99.0},
+                              "knobs": {"batch_size": 64 if knob != "batch_size" else old, "prefetch": 2,
+                                        "sync_every": 1, knob: old},
+                              "before_sample": Sample(n, math.log(known), 0.0004).evidence(),
+                              "after_sample": Sample(n, math.log(after), 0.0004).evidence(),
+                              "composition_before": composition(_job_steps(12, 0.9, seed=20))})
+
+
+def test_a_drift_retry_reads_every_step_at_the_known_setting_since_the_rollback_not_a_later_slow_spell():
+    """prefetch 2 → 4 read −11 % (99 % sure), back to 2 at step 20. A host that slowed right after (and stayed slow)
+    explains the loss: tried again. A slow spell of 10 steps 80 steps later does not: among the 90 steps at 2 since
+    the rollback it is one stretch (the regime-shifting host, seeds 2 and 16: a later regime read as the drift)."""
+    lost = _drift_case("prefetch", 2, 4, 0.89, 64.0, 57.0)
+    back = [change(id=7, knob="prefetch", value=2, previous=4, applied_step=20)]
+    action = RULES["generation_bound"].actions[1]
+    now = Sample(12, math.log(49.0), 0.0004)
+    at = job(batch=64, prefetch=2, sync=1)
+    spell = _job_steps(80, 0.9, first=20, seed=7) + _job_steps(10, 0.9, slow=1.3, first=100, seed=8)
+    why = blocked(state(spell, at, changes=back, decisions=[lost]), RULES, action, 4.0, now)
+    assert why is not None and "rolled back at decision 5" in why, why
+    drifted = _job_steps(90, 0.9, slow=1.3, first=20, seed=9)
+    assert blocked(state(drifted, at, changes=back, decisions=[lost]), RULES, action, 4.0, now) is None
+
+
+def test_a_drift_retry_leaves_out_the_next_moves_trial_and_counts_the_known_setting_after_it_again():
+    """batch 16 → 23 read −9 % (99 % sure), back to 16 at step 20; 16 → 8 was tried from 24 (slower, as batch 8 is)
+    and went back at 54. The trial's steps are not A′; the steps at 16 before and after it are, and they read as
+    before: the move stays out."""
+    lost = _drift_case("batch_size", 16, 23, 0.91, 64.0, 58.2)
+    moves = [change(id=7, knob="batch_size", value=16, previous=23, applied_step=20),
+             change(id=8, knob="batch_size", value=8, previous=16, applied_step=24),
+             change(id=9, knob="batch_size", value=16, previous=8, applied_step=54)]
+    history = (_job_steps(4, 0.9, first=20, seed=12) + _job_steps(30, 0.9, slow=2.0, first=24, seed=13)
+               + _job_steps(12, 0.9, first=54, seed=14))
+    st = state(history, job(batch=16, prefetch=2), changes=moves, decisions=[lost])
+    why = blocked(st, RULES, RULES["generation_bound"].actions[0], 23.0, Sample(12, math.log(51.0), 0.0004))
+    assert why is not None and "rolled back at decision 5" in why, why

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
-from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
+from trimtab.contract.statuses import ADVISED, APPLIED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
 from trimtab.control.plan import before_window, last_applied, period
@@ -99,20 +99,20 @@ def _at_setting(state: "JobState", rules: RuleSet) -> list:
 
 def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> bool:
     """A, B, A′: a move rolled back on a loss beyond the dead band (sure or not: a lower estimate it could not
-    tell from noise too) whose known setting, measured again since the job came back to it (its steps since, up
-    to a before window's worth, and at least as many periods as that before window had: a few steps of a slow
-    regime are not a drift), reads no higher than the move itself had measured and surely lower than before
+    tell from noise too) whose known setting, measured again since the job came back to it (every step at it since
+    the move's own rollback, ``_at_known``, at least as many periods as that before window had: a few steps of a
+    slow regime are not a drift), reads no higher than the move itself had measured and surely lower than before
     (``drift_sure_pct``): the job slowed by itself while the move was measured (a host that drifts, a
     neighbour that arrived), so the loss was the drift's, not the move's (the H200 pipeline: sync 1 → 4 read −10 %
     while sync 1 itself then read −11 %). A real loss stays: the known setting reads above the move again, or no
     surer lower than noise makes it. Released ``drift_retries`` times per move: the next rollback of the same move
     holds, so a move that is truly a little worse is not tried over and over."""
     ctl = rules.controller
-    last = last_applied(state)
+    back = _rollback_of(state, d)
     after = Sample.from_evidence(_evidence(d).get("after_sample"))
     known = Sample.from_evidence(_evidence(d).get("before_sample"))
     ratio = (_evidence(d).get("verdict") or {}).get("ratio")
-    if last is None or after is None or known is None or not isinstance(ratio, (int, float)) \
+    if back is None or after is None or known is None or not isinstance(ratio, (int, float)) \
             or ratio > 1.0 - ctl.dead_band_pct / 100.0:
         return False  # a flat verdict claims no loss to explain: it stops holding only once the job surely moved
     same = [e for e in state.decisions if e.knob == d.knob and e.outcome == ROLLED_BACK and not remeasured(e)
@@ -120,10 +120,35 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     if len(same) > ctl.drift_retries:
         return False
     every = period(state.job, rules)
-    since = before_window([s for s in state.steps if s.step >= drained_from(last, rules, d.knob)], rules, every)
-    again = state.persistence.sample(since, every)
+    again = state.persistence.sample(_at_known(state, rules, d, back), every)
     return again is not None and again.n >= known.n and again.mean_log <= min(after.mean_log, known.mean_log) \
         and changed_level(known, again, ctl, drift_sure_pct(d, ctl))
+
+
+def _rollback_of(state: "JobState", d: StoredDecision):
+    """The change that took the job back from ``d``'s move (``d.new_value`` → ``d.old_value``, applied): the first
+    after the move where its step is known, else the latest."""
+    backs = [c for c in state.changes if c.status == APPLIED and c.knob == d.knob and c.applied_step is not None
+             and c.value is not None and c.previous_value is not None and float(c.value) == float(d.old_value)
+             and float(c.previous_value) == float(d.new_value)]
+    if d.applied_step is None:
+        return max(backs, key=lambda c: c.applied_step, default=None)
+    return min((c for c in backs if c.applied_step > d.applied_step), key=lambda c: c.applied_step, default=None)
+
+
+def _at_known(state: "JobState", rules: RuleSet, d: StoredDecision, back) -> list:
+    """A′: every step the job ran at ``d``'s known setting since the move's own rollback ``back`` (past each change's
+    settle steps; not the trials made since): a drift lasts, so it shows in all of them, while a slow spell of a host
+    that shifts in regimes long after the move is one stretch among them."""
+    moves = sorted((c for c in state.changes if c.status == APPLIED and c.knob == d.knob and c.applied_step is not None
+                    and c.applied_step >= back.applied_step), key=lambda c: c.applied_step)
+    out = []
+    for c, nxt in zip(moves, moves[1:] + [None]):
+        if c.value is None or float(c.value) != float(d.old_value):
+            continue
+        start = drained_from(c, rules, d.knob)
+        out += [s for s in state.steps if s.step >= start and (nxt is None or s.step < nxt.applied_step)]
+    return out
 
 
 def drift_sure_pct(d: StoredDecision, ctl) -> float:
