@@ -199,8 +199,6 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                 "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
     if before:
         evidence["before_window"] = window_evidence(before)
-        evidence["composition_before"] = composition(before)  # what "the job moved" compares against (composition.py)
-    evidence["composition_after"] = composition(grown)
     b_sample = state.persistence.sample(before, _old_period(state, rules, change)) if before else None
     a_sample = state.persistence.sample(grown, every)
     if state.persistence.rho > 0:
@@ -236,6 +234,10 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         # Tested again once another window's worth of steps is in (not on every step: fewer looks, less CPU).
         measuring.wait = window_wait(rules, every)
         return measuring
+    # What "the job itself moved" compares against (composition.py), for the verdicts it is read for (a sure gain or
+    # loss; the paths above close none): not on each look while the after window grows
+    evidence.update(composition_after=composition(grown), **({"composition_before": composition(before)} if before
+                                                             else {}))
     # only a change that would be kept for a gain (a loss is rolled back anyway: re-measuring it would retry it)
     credited = v.result == GAIN or (v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct)
     every_before = _old_period(state, rules, change)
