@@ -54,9 +54,17 @@ def test_a_fully_async_run_reports_trainer_and_rollouter_each_version_with_phase
     job = "verl-fully-async"
     workers = verl_workers({"trainer_pool": ["0"], "rollout_pool": ["1"]})
 
+    verl_paused: list[bool] = []  # verl's own word, per parameter version: did its rollouter pause on its bound?
+
     def give_workers(trainer, rollouter):  # what both init_workers() would have built
         trainer.actor_wg = trainer.actor_rollout_wg = SimpleNamespace(workers=workers["trainer_pool"])
         rollouter.llm_server_manager.rollout_replicas = [SimpleNamespace(workers=workers["rollout_pool"])]
+        reset = rollouter.reset_staleness  # trimtab's wrap of verl's; its `paused` is cleared inside
+
+        async def reset_staleness():
+            verl_paused.append(bool(rollouter.paused))
+            return await reset()
+        rollouter.reset_staleness = reset_staleness  # the trainer calls it through the rollouter's handle
 
     try:
         run = run_fully_async(tmp_path, job=job, samples=16, staleness=1, trigger=2, before_fit=give_workers,
@@ -95,10 +103,12 @@ def test_a_fully_async_run_reports_trainer_and_rollouter_each_version_with_phase
     for r in rollout.values():  # the rollouter's window per version: generating, or paused on its staleness bound
         assert r["step_time_s"] > 0
         assert (r["generation_s"] or 0) + (r["wait_s"] or 0) == pytest.approx(r["step_time_s"], rel=1e-6)
-    # 8 prompts in flight at once against a bound of 8: in each version until the data's end it reaches its bound
-    # (a whole version ahead, the staleness_threshold of 1) and waits there — a higher one would let it run further
-    paused = [r for r in rollout.values() if r["wait_s"]]
-    assert len(paused) >= 2 and all(r["queue_high_water"] >= 1 for r in paused), rollout
+    # 8 prompts in flight at once against a bound of 8: in the first version the rollouter reaches its bound (a
+    # whole version ahead, the staleness_threshold of 1) and verl pauses it there — the mark says so (a higher bound
+    # would let it run further). Later versions are left out: near the data's end verl's pause and its count part
+    # ways (seen in 1 of 8 runs: paused through a version that generated nothing, its count short of the bound; its
+    # end signal also counts without a pause check). The rollout-bound test below has the mark short of the bound.
+    assert verl_paused[0] and rollout[1]["queue_high_water"] >= 1, (rollout, verl_paused)
     assert sum(r["samples"] or 0 for r in rollout.values()) <= run.rollouter.total_generated_samples
     res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
     print(res.output)  # the README's async subsection shows this output
