@@ -217,14 +217,17 @@ def stalls() -> Workload:
                     [{"sync_every": s} for s in (1, 2, 4, 8)], steps=160)
 
 
-def queue_then_sync(bank: bool = False) -> Workload:
+def queue_then_sync(bank: bool = False, mark: bool = False) -> Workload:
     """Two knobs, as the H200 pipeline has them: 0.5 s of generation that prefetch overlaps with the 0.3 s update, and a
     weight sync that at prefetch ≥ 1 waits 0.25 s for the worker's generation in flight (at prefetch 0, 0.05 s):
     generation-bound at first (prefetch 0 → 2: +13 %), communication-bound after (sync 1 → 4: +33 %); each prefetch
     unit past 2 costs 20 ms; ±5 % noise. ``bank``: the H200's pattern (runs 17–20) modelled — after a raise of
     prefetch by n, 4n steps run 15 % faster while the worker's bank drains (the H200 showed ~7 steps 8–20 % fast
     after a raise of 2; a model of what was seen there, not evidence of it). Without it, the settle after a prefetch
-    raise only delays the sync move."""
+    raise only delays the sync move. ``mark``: each step reports the queue's high-water mark, as the reference
+    pipeline does since f471aeb: generation (0.5 s a batch) is slower than the update (0.3 s), so the trainer takes
+    each batch as it is finished and the queue never holds more than one (on the H200 ``queue_max_depth`` read 1 at
+    prefetch 2 and 4)."""
     seen = {"i": -1, "p": None, "drain_until": -1}
 
     def step(k, i, rng):
@@ -241,10 +244,12 @@ def queue_then_sync(bank: bool = False) -> Workload:
         gen = t * 0.5 / (compute + wait)
         phases = {"generation": gen, "update": max(0.0, t - gen - wait)}
         return t, {**phases, **({"communication": wait} if wait else {})}, 16
-    name = "prefetch then sync, " + ("a bank drains after a raise (H200 modelled)" if bank else "no bank")
+    name = "prefetch then sync, " + ("a bank drains after a raise (H200 modelled)" if bank else "no bank") \
+        + (", the queue's mark reported" if mark else "")
     knobs = {"prefetch": {"value": 0, "min": 0, "max": 8}, "sync_every": {"value": 1, "min": 1, "max": 8}}
     grid = [{"prefetch": p, "sync_every": s} for p in (0, 2, 4) for s in (1, 2, 4, 8)]
-    return Workload(name, knobs, step, grid, steps=160)
+    return Workload(name, knobs, step, grid, steps=160,
+                    report=(lambda: {"queue_high_water": min(seen["p"], 1)}) if mark else None)
 
 
 class _BoundedQueue:
@@ -308,4 +313,5 @@ WORKLOADS = {"comm": comm_bound, "eval": eval_bound, "non_monotone": non_monoton
              "noisy": noisy, "fast": fast_steps, "warm_up": warm_up, "known_loser": known_loser,
              "ladder": sync_ladder, "drift": drifting_host, "regimes": regime_host, "stalls": stalls,
              "queue_sync": queue_then_sync, "queue_bank": lambda: queue_then_sync(bank=True),
+             "queue_sync_mark": lambda: queue_then_sync(mark=True),
              "queue_steady": bounded_queue, "queue_bursty": lambda: bounded_queue(bursty=True)}
