@@ -214,3 +214,29 @@ def test_a_move_sent_back_to_be_re_measured_is_decided_again_by_the_follow_throu
                           rule="communication_bound", evidence={"reading": {}})
     p = plan(state(history, job(batch=64, batch_max=64), changes=moves, decisions=[other_rule, gained]), RULES)
     nothing(p)
+
+
+def test_a_move_sent_back_on_a_verdict_that_could_not_tell_is_made_once_more_while_its_signal_is_far_above_its_line():
+    # The job that stalls (bench/workloads.py, seeds 28 and 67): sync 1 → 4 (+11 %) drew two stalls into its after
+    # window, could not be told apart from noise (95 % interval −59 … +44 %) and went back to 1; as "the top is
+    # flat" it ended the search there while communication stayed 65 % of the step: 90.4 % of the best static to the
+    # end. Under a signal that far above its line (strong_above) the move is made once more; a second verdict that
+    # cannot tell is honoured.
+    def sent_back(id: int):
+        return decision(id=id, change_id=id, knob="sync_every", old=1, new=4, outcome="rolled_back",
+                        rule="communication_bound",
+                        evidence={"reading": {}, "knobs": {"batch_size": 1, "prefetch": 0, "sync_every": 4},
+                                  "back_to_known": True,
+                                  "verdict": {"result": "inconclusive", "ratio": 0.766, "confidence_pct": 67.1}})
+
+    history = synced(80, 1)  # a sync every step: 0.6 s of 0.85 s, 71 % of the step (strong above 40)
+    moves = [applied(3, "sync_every", 4, 1, 10), applied(4, "sync_every", 1, 4, 30)]
+    p = plan(state(history, job(sync=1, sync_max=8), changes=moves, decisions=[sent_back(3)]), RULES)
+    acts(p, "communication_bound", "sync_every", 1, 4)
+    assert any("could not be told apart from 1 (decision 3), but the signal is still far above its line: tried "
+               "once more" in n for n in p.evidence["step_policy"]), p.evidence
+    twice = moves + [applied(5, "sync_every", 4, 1, 40), applied(6, "sync_every", 1, 4, 60)]
+    p = plan(state(history, job(sync=1, sync_max=8), changes=twice, decisions=[sent_back(5), sent_back(3)]), RULES)
+    assert p.change is None or p.change.knob != "sync_every", p.note
+    assert any("4 could not be told apart from 1 (decision 5): the top is flat there" in s
+               for s in p.evidence.get("skipped", [])), p.evidence

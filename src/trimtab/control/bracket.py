@@ -1,174 +1,31 @@
 """What the job's past verdicts say about the next move: which moves are blocked (a rolled-back value, a direction
 that gained nothing, a refused direction), where the best value of a knob lies (between the values measured worse
 on either side: the bracket search, upward and downward), and when a rule follows a gain through below its line.
-
-A verdict is about the setting it left the job in. It stops holding — the move may be measured again — when
-another knob has moved since, or when the job is at that very setting and its throughput there has moved by more
-than the verdict's effect and the job itself with it (its phase shares or tokens per sample, composition.py: a new
-phase of training, lengths that grew; not a host that slows every step alike — for a verdict that was sure), or —
-for a move rolled back — when the known setting, measured again, reads no higher than the move did (the job slowed
-down while the move was measured: the loss was the job's). While the job is elsewhere on the same knob the verdict
-still holds: nothing re-measured it.
+Which verdicts still hold is ``holds.py``'s.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from trimtab.contract.statuses import ADVISED, APPLIED, KEPT, PENDING, REFUSED, ROLLED_BACK
+from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
-from trimtab.control.plan import before_window, last_applied, period
-from trimtab.control.composition import composition, moved as composition_moved
-from trimtab.control.settle import drained_from, settled_from
-from trimtab.control.verdict import GAIN, WORSE, Sample, _standard_error, _t_ppf, changed_level
+from trimtab.control.holds import evidence_of, remeasured, result_of, still_holds, verdict_ms
+from trimtab.control.verdict import GAIN, Sample
 from trimtab.store.decisions import StoredDecision
 
 if TYPE_CHECKING:
     from trimtab.control.plan import JobState
 
 
-def _evidence(d: StoredDecision) -> dict:
-    return d.evidence if isinstance(d.evidence, dict) else {}
-
-
-def verdict_ms(d: StoredDecision) -> int:
-    return _evidence(d).get("verdict_ms", d.ts_ms)
-
-
-def result_of(d: StoredDecision) -> Optional[str]:
-    verdict = _evidence(d).get("verdict")
-    return verdict.get("result") if isinstance(verdict, dict) else None
-
-
-def left_at(d: StoredDecision) -> dict[str, float]:
-    """The knobs as the verdict left them: the decision's knob at its old value (rolled back) or its new one."""
-    knobs = {k: float(v) for k, v in (_evidence(d).get("knobs") or {}).items() if isinstance(v, (int, float))}
-    knobs[d.knob] = float(d.old_value if d.outcome == ROLLED_BACK else d.new_value)
-    return knobs
-
-
-def remeasured(d: StoredDecision) -> bool:
-    """A change rolled back unjudged (its before window had not settled): it says nothing about either value."""
-    return bool(_evidence(d).get("remeasure"))
-
-
-def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optional[Sample]) -> bool:
-    """See the module docstring. A verdict holds until the job's level at its setting moved by more than the
-    effect it measured (at least the dead band), surely: a job that drifted 3 % does not make a value measured
-    34 % worse worth another try, nor re-open a bracket that said nothing is left on a side."""
-    current = {k: float(v["value"]) for k, v in state.job.knobs.items()}
-    then = left_at(d)
-    if any(k != d.knob and k in current and current[k] != v for k, v in then.items()):
-        return False  # another knob moved since: a different job now
-    if current.get(d.knob) != then[d.knob]:
-        return True
-    ev = _evidence(d)
-    level = Sample.from_evidence(ev.get("before_sample") if d.outcome == ROLLED_BACK else ev.get("after_sample"))
-    if d.outcome == ROLLED_BACK and _drift_explains(state, rules, d):
-        return False
-    if not changed_level(level, now, rules.controller):
-        return True
-    ratio = (ev.get("verdict") or {}).get("ratio")
-    if isinstance(ratio, (int, float)) and ratio > 0 and level is not None and now is not None:
-        # moved by more than the effect the verdict measured (at least the dead band: a "flat" verdict that ended
-        # a bracket is honoured too): the whole 95 % interval of the level's shift lies beyond it — a noisy
-        # window reads a few % off by itself
-        effect = max(abs(math.log(ratio)), math.log1p(rules.controller.dead_band_pct / 100.0))
-        if not moved_beyond(level, now, effect, rules.controller):
-            return True
-        # … and, for a value measured worse with confidence (a sure loss, or the old value of a sure gain), the job
-        # itself with it, not only its host (composition.py). A verdict that could not tell is re-measured on the
-        # level alone: its windows may have straddled the host's own move (the drifting host: a +11 % sync move read
-        # +1.8 % across a 15 % slowdown and went back; held until the job moved, it was never tried again)
-        then = ev.get("composition_before" if d.outcome == ROLLED_BACK else "composition_after")
-        if result_of(d) not in (GAIN, WORSE) or not isinstance(then, dict):
-            return False
-        return composition_moved(then, composition(_at_setting(state, rules)), effect, rules.controller) is None
-    return False
-
-
-def _at_setting(state: "JobState", rules: RuleSet) -> list:
-    """The job's newest steps at its setting now (after the last change's settle steps), a before window's worth."""
-    last = last_applied(state)
-    start = settled_from(last, rules) if last is not None else 0
-    return before_window([s for s in state.steps if s.step >= start], rules, period(state.job, rules))
-
-
-def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> bool:
-    """A, B, A′: a move rolled back on a loss beyond the dead band (sure or not: a lower estimate it could not
-    tell from noise too) whose known setting, measured again since the job came back to it (every step at it since
-    the move's own rollback, ``_at_known``, at least as many periods as that before window had: a few steps of a
-    slow regime are not a drift), reads no higher than the move itself had measured and surely lower than before
-    (``drift_sure_pct``): the job slowed by itself while the move was measured (a host that drifts, a
-    neighbour that arrived), so the loss was the drift's, not the move's (the H200 pipeline: sync 1 → 4 read −10 %
-    while sync 1 itself then read −11 %). A real loss stays: the known setting reads above the move again, or no
-    surer lower than noise makes it. Released ``drift_retries`` times per move: the next rollback of the same move
-    holds, so a move that is truly a little worse is not tried over and over."""
-    ctl = rules.controller
-    back = _rollback_of(state, d)
-    after = Sample.from_evidence(_evidence(d).get("after_sample"))
-    known = Sample.from_evidence(_evidence(d).get("before_sample"))
-    ratio = (_evidence(d).get("verdict") or {}).get("ratio")
-    if back is None or after is None or known is None or not isinstance(ratio, (int, float)) \
-            or ratio > 1.0 - ctl.dead_band_pct / 100.0:
-        return False  # a flat verdict claims no loss to explain: it stops holding only once the job surely moved
-    same = [e for e in state.decisions if e.knob == d.knob and e.outcome == ROLLED_BACK and not remeasured(e)
-            and e.old_value == d.old_value and e.new_value == d.new_value]
-    if len(same) > ctl.drift_retries:
-        return False
-    every = period(state.job, rules)
-    again = state.persistence.sample(_at_known(state, rules, d, back), every)
-    return again is not None and again.n >= known.n and again.mean_log <= min(after.mean_log, known.mean_log) \
-        and changed_level(known, again, ctl, drift_sure_pct(d, ctl))
-
-
-def _rollback_of(state: "JobState", d: StoredDecision):
-    """The change that took the job back from ``d``'s move (``d.new_value`` → ``d.old_value``, applied): the first
-    after the move where its step is known, else the latest."""
-    backs = [c for c in state.changes if c.status == APPLIED and c.knob == d.knob and c.applied_step is not None
-             and c.value is not None and c.previous_value is not None and float(c.value) == float(d.old_value)
-             and float(c.previous_value) == float(d.new_value)]
-    if d.applied_step is None:
-        return max(backs, key=lambda c: c.applied_step, default=None)
-    return min((c for c in backs if c.applied_step > d.applied_step), key=lambda c: c.applied_step, default=None)
-
-
-def _at_known(state: "JobState", rules: RuleSet, d: StoredDecision, back) -> list:
-    """A′: every step the job ran at ``d``'s known setting since the move's own rollback ``back`` (past each change's
-    settle steps; not the trials made since): a drift lasts, so it shows in all of them, while a slow spell of a host
-    that shifts in regimes long after the move is one stretch among them."""
-    moves = sorted((c for c in state.changes if c.status == APPLIED and c.knob == d.knob and c.applied_step is not None
-                    and c.applied_step >= back.applied_step), key=lambda c: c.applied_step)
-    out = []
-    for c, nxt in zip(moves, moves[1:] + [None]):
-        if c.value is None or float(c.value) != float(d.old_value):
-            continue
-        start = drained_from(c, rules, d.knob)
-        out += [s for s in state.steps if s.step >= start and (nxt is None or s.step < nxt.applied_step)]
-    return out
-
-
-def drift_sure_pct(d: StoredDecision, ctl) -> float:
-    """How surely the known setting must read lower than before for the drift to explain ``d``'s loss: as surely
-    as the loss itself was measured, at least ``drift_confidence_pct``, at most ``remeasure_confidence_pct``. A
-    drift need not be surer than the loss it explains: on the H200 (run 17) sync 1 → 4 went back on a −8 % read
-    90 % sure, and sync 1 itself then read 72–75 samples/s against 84 before, steadily — yet 99 % sure only at
-    4 of the 120 steps it was replayed at (a short before window of 8 steps), and the job stood at the 12 % slower
-    setting all that while."""
-    loss = (_evidence(d).get("verdict") or {}).get("confidence_pct")
-    if not isinstance(loss, (int, float)):
-        return ctl.remeasure_confidence_pct
-    return min(ctl.remeasure_confidence_pct, max(ctl.drift_confidence_pct, float(loss)))
-
-
 def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:
     """How many moves in a row this way, ending with ``d``, were kept with no measurable gain."""
     n, at = 0, d
     while at is not None:
-        ev = _evidence(at)
+        ev = evidence_of(at)
         if not (at.outcome == KEPT and ev.get("no_gain") and not ev.get("unconfirmed_gain")
                 and (at.new_value - at.old_value) * way > 0):
             break
@@ -179,19 +36,8 @@ def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:
     return n
 
 
-def moved_beyond(then: Sample, now: Sample, effect_log: float, ctl) -> bool:
-    """The level moved by more than ``effect_log`` (log scale): the whole interval of the shift, at
-    ``remeasure_confidence_pct``, lies beyond it. A short window's spread is a guess (4 steps can read 5× too
-    calm): each side gets the larger of the two."""
-    spread = max((v for v in (then.var_log, now.var_log) if v is not None), default=None)
-    a, b = replace(then, var_log=spread), replace(now, var_log=spread)
-    se, df, _ = _standard_error(a, b, ctl)
-    half = _t_ppf(1.0 - (1.0 - ctl.remeasure_confidence_pct / 100.0) / 2.0, df) * se
-    return abs(now.mean_log - then.mean_log) - half > effect_log
-
-
 def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: Optional[Sample],
-            firing: bool = False) -> Optional[str]:
+            firing: bool = False, strong: bool = False) -> Optional[str]:
     """Why this move may not be tried now (a value measured worse, or a no-gain direction, whose verdict still
     holds; a recently refused direction), else None. ``firing``: the rule that asks for the move fires — then a
     "no measurable gain" on a ladder closes the direction only after ``ladder_look_further`` more steps that way
@@ -206,14 +52,16 @@ def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: 
             if state.now_ms - verdict_ms(d) > rules.controller.retry_after_s * 1000:
                 continue  # the clock runs from the verdict, not from when the change was decided
             # The job's knob owner said no; asking again the same way would only be refused again.
-            reason = _evidence(d).get("refused_reason")
+            reason = evidence_of(d).get("refused_reason")
             return f"the job refused {action.knob} → {d.new_value:g} at decision {d.id} ({reason or 'no reason'})"
         if d.outcome == ROLLED_BACK and float(d.new_value) == new and still_holds(state, rules, d, now):
+            if strong and _flat_once(state, d):
+                continue  # could not tell, and the rule still fires strongly at the known setting: once more
             return f"{action.knob}={new:g} was rolled back at decision {d.id}"
         if d.outcome == KEPT and result_of(d) == GAIN and float(d.old_value) == new \
                 and still_holds(state, rules, d, now):
             return f"{action.knob}={new:g} measured worse than {d.new_value:g} at decision {d.id}"
-        if d.outcome == KEPT and _evidence(d).get("no_gain") and not _evidence(d).get("unconfirmed_gain") \
+        if d.outcome == KEPT and evidence_of(d).get("no_gain") and not evidence_of(d).get("unconfirmed_gain") \
                 and same_way \
                 and float(d.new_value) == current and still_holds(state, rules, d, now):
             if firing and _no_gain_rungs(state, d, way) <= rules.controller.ladder_look_further:
@@ -244,7 +92,7 @@ def bounds(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample]) 
         if d.knob != knob or d.old_value is None or d.new_value is None or d.change_id is None or remeasured(d):
             continue
         old, new = float(d.old_value), float(d.new_value)
-        ev = _evidence(d)
+        ev = evidence_of(d)
         if d.outcome == ROLLED_BACK:
             worse, better, sure = new, old, not ev.get("back_to_known")
         elif d.outcome == KEPT and result_of(d) == GAIN:
@@ -284,7 +132,7 @@ def _levels(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample])
     to it (0 for the current value): each verdict measured new/old side by side, and ratios chain."""
     edges: dict[float, list[tuple[float, float]]] = {}
     for d in state.decisions:  # newest first: the first verdict on a pair is the one that counts
-        ratio = (_evidence(d).get("verdict") or {}).get("ratio") if d.knob == knob else None
+        ratio = (evidence_of(d).get("verdict") or {}).get("ratio") if d.knob == knob else None
         if not isinstance(ratio, (int, float)) or ratio <= 0 or d.old_value is None or d.new_value is None:
             continue
         if d.outcome not in (KEPT, ROLLED_BACK) or remeasured(d) or not still_holds(state, rules, d, now):
@@ -329,8 +177,16 @@ def _top_side(state: "JobState", rules: RuleSet, action: Action, behind: float, 
     return (1 if (where - current) * action.direction >= 0 else -1), where
 
 
+def _flat_once(state: "JobState", d: StoredDecision) -> bool:
+    """``d`` sent its move back on a verdict that could not tell (back to the known setting), and it is the only
+    such verdict on that move: under a rule still far above its line, the move is made once more."""
+    return d.outcome == ROLLED_BACK and bool(evidence_of(d).get("back_to_known")) and sum(
+        e.outcome == ROLLED_BACK and bool(evidence_of(e).get("back_to_known")) and not remeasured(e) and _same_move(e, d)
+        for e in state.decisions) == 1
+
+
 def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integer: bool,
-            now: Optional[Sample]) -> tuple[Optional[float], Optional[str]]:
+            now: Optional[Sample], strong: bool = False) -> tuple[Optional[float], Optional[str]]:
     """The move after what the verdicts say (new None when nothing is left to try), with a note for the evidence:
 
     * a step that would reach or pass a value measured worse goes to the middle between the current value and
@@ -346,6 +202,9 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
     if ahead is None or (new - ahead.value) * action.direction < 0:
         return new, None  # the step stays short of any value measured worse
     if not ahead.sure:
+        if strong and new == ahead.value and _flat_once(state, ahead.decision):
+            return new, (f"{ahead.value:g} could not be told apart from {ahead.moved_from:g} (decision "
+                         f"{ahead.decision.id}), but the signal is still far above its line: tried once more")
         return None, (f"{ahead.value:g} could not be told apart from {ahead.moved_from:g} (decision "
                       f"{ahead.decision.id}): the top is flat there, nothing left to try on that side")
     where = f"between {current:g} and {ahead.value:g} (measured worse at decision {ahead.decision.id})"
