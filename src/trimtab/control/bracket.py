@@ -180,9 +180,9 @@ def _top_side(state: "JobState", rules: RuleSet, action: Action, behind: float, 
 def _flat_once(state: "JobState", d: StoredDecision) -> bool:
     """``d`` sent its move back on a verdict that could not tell (back to the known setting), and it is the only
     such verdict on that move: under a rule still far above its line, the move is made once more."""
-    return d.outcome == ROLLED_BACK and bool(evidence_of(d).get("back_to_known")) and sum(
-        e.outcome == ROLLED_BACK and bool(evidence_of(e).get("back_to_known")) and not remeasured(e) and _same_move(e, d)
-        for e in state.decisions) == 1
+    def flat(e: StoredDecision) -> bool:
+        return e.outcome == ROLLED_BACK and bool(evidence_of(e).get("back_to_known")) and not remeasured(e)
+    return flat(d) and sum(flat(e) and _same_move(e, d) for e in state.decisions) == 1
 
 
 def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integer: bool,
