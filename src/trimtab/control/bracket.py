@@ -41,7 +41,9 @@ def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: 
     """Why this move may not be tried now (a value measured worse, or a no-gain direction, whose verdict still
     holds; a recently refused direction), else None. ``firing``: the rule that asks for the move fires — then a
     "no measurable gain" on a ladder closes the direction only after ``ladder_look_further`` more steps that way
-    also gained nothing (one small rung, +0.8 % at sync 8 → 16, is not the top of a ladder whose best is 64)."""
+    also gained nothing (one small rung, +0.8 % at sync 8 → 16, is not the top of a ladder whose best is 64).
+    ``strong``: it is far above its line (``strong_above``) — a move sent back once on a verdict that could not tell
+    is made once more (``_flat_once``)."""
     current = float(state.job.knobs[action.knob]["value"])
     way = 1 if new > current else -1
     for d in state.decisions:
@@ -195,7 +197,9 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
       parabola through their levels says on which side the top lies: the middle of that side is tried — the
       other side too, below the current value for a raise (a non-monotone curve's peak behind the last raise);
     * a value that could not be told apart from the current one (no measurable gain, or back to the known setting
-      on a lower estimate) ends the search on that side: the top is flat at what this job's noise can measure."""
+      on a lower estimate) ends the search on that side: the top is flat at what this job's noise can measure —
+      unless the rule is still far above its line (``strong``) and that move went back so once only (two stalls
+      in one window read −59 … +44 % for a move worth +11 %): it is made once more."""
     current = float(state.job.knobs[action.knob]["value"])
     below, above = bounds(state, rules, action.knob, now)
     ahead, behind = (above, below) if action.direction > 0 else (below, above)
