@@ -246,10 +246,12 @@ class RolloutSession:
 
 
 def _follow_sync(rollouter: Any, value: int) -> None:
-    """Run in the rollouter's actor (Ray's ``__ray_call__``): its session follows the trainer's ``sync_every``."""
+    """Run in the rollouter's actor (Ray's ``__ray_call__``): its session follows the trainer's ``sync_every``. A
+    rollouter trimtab is not attached to could not: an error, so the trainer refuses the change with why."""
     session = getattr(rollouter, SESSION_ATTR, None)
-    if session is not None:
-        session.follow_sync(value)
+    if session is None:
+        raise RuntimeError("trimtab is not attached to verl's rollouter (its plugin did not load in that process)")
+    session.follow_sync(value)
 
 
 # -- wrappers (installed by verl_plugin's post-import hook) -----------------------------------------------------
