@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
-from trimtab.control.holds import evidence_of, remeasured, result_of, still_holds, verdict_ms
+from trimtab.control.holds import evidence_of, remeasured, result_of, same_move, still_holds, verdict_ms
 from trimtab.control.verdict import GAIN, Sample
 from trimtab.store.decisions import StoredDecision
 
@@ -184,7 +184,7 @@ def _flat_once(state: "JobState", d: StoredDecision) -> bool:
     such verdict on that move: under a rule still far above its line, the move is made once more."""
     def flat(e: StoredDecision) -> bool:
         return e.outcome == ROLLED_BACK and bool(evidence_of(e).get("back_to_known")) and not remeasured(e)
-    return flat(d) and sum(flat(e) and _same_move(e, d) for e in state.decisions) == 1
+    return flat(d) and sum(flat(e) and same_move(e, d) for e in state.decisions) == 1
 
 
 def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integer: bool,
@@ -233,10 +233,6 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
     return forward, f"bracket search {where}: {forward:g}"
 
 
-def _same_move(a: StoredDecision, b: StoredDecision) -> bool:
-    return a.knob == b.knob and a.old_value == b.old_value and a.new_value == b.new_value
-
-
 def follows_through(state: "JobState", rule: Rule, reading: Reading) -> Optional[StoredDecision]:
     """The rule's last change when it may take one more step below its act line: the newest closed change of the
     job was this rule's, measured a gain, and the rule's signal is still above ``follow_above`` over the window and
@@ -248,7 +244,7 @@ def follows_through(state: "JobState", rule: Rule, reading: Reading) -> Optional
     closed = [d for d in state.decisions if d.change_id is not None and d.outcome not in (PENDING, ADVISED)]
     last = closed[0] if closed else None
     if last is not None and remeasured(last) and last.rule == rule.name \
-            and sum(remeasured(d) and _same_move(d, last) for d in closed) == 1:
+            and sum(remeasured(d) and same_move(d, last) for d in closed) == 1:
         # A move this follow-through made, sent back because its before window had not settled, is decided again
         # on a settled baseline (once: a second re-measure of it ends the follow-through). Else the rule, below
         # its act line at the old setting, would never ask again: the CPU pipeline stood at 64/0/1, 62–72 % of

@@ -94,6 +94,10 @@ def _at_setting(state: "JobState", rules: RuleSet) -> list:
     return before_window([s for s in state.steps if s.step >= start], rules, period(state.job, rules))
 
 
+def same_move(a: StoredDecision, b: StoredDecision) -> bool:
+    return a.knob == b.knob and a.old_value == b.old_value and a.new_value == b.new_value
+
+
 def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> bool:
     """A, B, A′: a move rolled back on a loss beyond the dead band (sure or not: a lower estimate it could not
     tell from noise too) whose known setting, measured again since the job came back to it (every step at it since
@@ -112,8 +116,7 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     if back is None or after is None or known is None or not isinstance(ratio, (int, float)) \
             or ratio > 1.0 - ctl.dead_band_pct / 100.0:
         return False  # a flat verdict claims no loss to explain: it stops holding only once the job surely moved
-    same = [e for e in state.decisions if e.knob == d.knob and e.outcome == ROLLED_BACK and not remeasured(e)
-            and e.old_value == d.old_value and e.new_value == d.new_value]
+    same = [e for e in state.decisions if e.outcome == ROLLED_BACK and not remeasured(e) and same_move(e, d)]
     if len(same) > ctl.drift_retries:
         return False
     every = period(state.job, rules)

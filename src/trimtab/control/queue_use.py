@@ -67,8 +67,8 @@ def own_verdict_from(change: StoredChange, rules: RuleSet, steps: Sequence[JobSt
     if change.knob != ctl.queue_knob or change.previous_value is None or change.applied_step is None \
             or not float(change.value) > float(change.previous_value) > 0:
         return start
-    last = [s for s in steps if s.step < change.applied_step]
-    mark = last[-1].reported.get(HIGH_WATER) if last else None
+    last = next((s for s in reversed(steps) if s.step < change.applied_step), None)  # steps: oldest first
+    mark = last.reported.get(HIGH_WATER) if last is not None else None
     if mark is None or mark < float(change.previous_value):
         return start
     return drain_end(change, rules)
