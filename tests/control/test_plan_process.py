@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from sqlalchemy import create_engine
 
@@ -64,6 +65,31 @@ def test_a_child_that_dies_is_replaced_and_its_plan_counted_as_an_error(sqlite_a
         assert rb._apart.pid() != first
     finally:
         rb.stop()
+
+
+def test_the_stop_signals_sent_to_the_daemons_process_group_leave_the_child_to_its_parent(sqlite_api):
+    """systemd's stop, Ctrl-C and `timeout` signal every process of the group: the child used to die of them first,
+    breaking the plan in flight ("listing jobs failed" at every stop). It ignores them; the parent ends it."""
+    rb = started(sqlite_api)
+    try:
+        assert sqlite_api.post("/v1/jobs", JOB, scope="job").status_code == 201
+        child = rb._apart.pid()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            os.kill(child, sig)
+        time.sleep(0.5)  # (a signal that kills does so at once)
+        assert [j.name for j in rb._apart.jobs()] == ["ppo"] and rb._apart.pid() == child
+        assert rb.stats.errors == 0
+    finally:
+        rb.stop()
+    eventually(lambda: not _alive(child), timeout_s=10.0)  # stopped by its parent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
 
 
 def test_an_in_memory_store_plans_on_the_thread(sqlite_api):

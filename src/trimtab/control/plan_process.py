@@ -22,6 +22,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -77,6 +78,11 @@ def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid
     from trimtab.control.service import Rebalancer
     from trimtab.store.engine import open_engine
 
+    # A stop signals the whole process group (systemd's control-group kill, Ctrl-C, `timeout`): the parent stops
+    # the child itself, after its own last plan (``close``), and the watch below ends it if the parent is gone.
+    # Dying first, it broke the plan in flight and the daemon logged "listing jobs failed" at every stop.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(parent_pid,), name="trimtab-parent-watch", daemon=True).start()
 
     try:
