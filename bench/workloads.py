@@ -20,10 +20,10 @@ but the fast one) and two more counts: gains kept that the static settings do no
 a change) and values measured worse with confidence tried again without the job having moved; then two habits of the
 lent H200's host (a host that slows by itself, a host whose speed shifts in regimes), a job that stalls, three
 jobs with two knobs in series (prefetch, then sync; one whose prefetch raise leaves a bank that drains, as on the
-H200; one that reports its queue's high-water mark, as the reference pipeline does), and two bounded queues simulated batch by batch that report their high-water mark (one never fills past
-prefetch 1, one fills now and then between bursts of slow generation). The jobs are in ``bench/job_models.py``.
-A smoke run (no goal, a few seconds): ``python bench/workloads.py
---seeds 1 --max-steps 40``.
+H200; one that reports its queue's high-water mark, as the reference pipeline does), and two bounded queues
+simulated batch by batch that report their high-water mark (one never fills past prefetch 1, one fills now and then
+between bursts of slow generation). The jobs are in ``bench/job_models.py``. A smoke run (no goal, a few seconds):
+``python bench/workloads.py --seeds 1 --max-steps 40``.
 """
 
 from __future__ import annotations
