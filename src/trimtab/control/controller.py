@@ -32,7 +32,10 @@ from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from trimtab.contract.statuses import ADVISED, APPLIED, PENDING, SUPERSEDED
-from trimtab.control.follow_up import follow_up
+from trimtab.control import gates
+from trimtab.control.gates import Gate, expected_step, no_action_gate
+from trimtab.control.held import advised_gate, gated_follow_up
+from trimtab.control.lost_steps import lost_steps, measured_throughput
 from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.memory_fit import GIB
@@ -44,7 +47,7 @@ from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window
 from trimtab.grading.rules import Action, ControllerSettings, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.control.verdict import Sample, unsettled
-from trimtab.grading.window import JobStep, screen, throughput, window
+from trimtab.grading.window import JobStep, screen, window
 from trimtab.store.decisions import StoredDecision
 
 __all__ = ["JobState", "NewChange", "Plan", "Wait", "plan", "period", "readings_for"]
@@ -308,26 +311,34 @@ def _plan(state: JobState, rules: RuleSet,
     # Until a new window's worth of steps is in, the same rules would read the same figures: plan per window.
     next_window = window_wait(rules, every)
     if job.mode == "off":
-        return Plan(note="mode off", wait=next_window)
+        return Plan(note="mode off", wait=next_window, gate=Gate(gates.MODE_OFF))
     open_d = next((d for d in state.decisions if d.outcome == PENDING), None)
     if open_d is not None:
         cut = _forecast_cuts_short(state, rules, open_d)
-        return cut if cut is not None else follow_up(state, rules, open_d)
+        return cut if cut is not None else gated_follow_up(state, rules, open_d)
     pending = [c for c in state.changes if c.status == PENDING]
     if pending:
-        return Plan(note=f"change {pending[0].id} ({pending[0].source}) is in flight", wait=next_window)
+        return Plan(note=f"change {pending[0].id} ({pending[0].source}) is in flight", wait=next_window,
+                    gate=Gate(gates.IN_FLIGHT, missing=f"the job's acknowledgement of change {pending[0].id}"))
     last = last_applied(state)
     start = (settled_from(last, rules) + ctl.cooldown_steps) if last is not None else 0
     candidates = [s for s in state.steps if s.step >= start]
     win = window(candidates, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every,
                  ctl.window_enough_steps)
     if win is None:
-        return Plan(note=f"collecting a window (steps from {start})", wait=_collecting(candidates, ctl))
+        w = _collecting(candidates, ctl)
+        return Plan(note=f"collecting a window (steps from {start})", wait=w, gate=Gate(
+            gates.COLLECTING, window=window_evidence(candidates) if candidates else None,
+            missing=f"{w.seconds:.1f} s more of step time or {w.enough_steps} more steps (a window from step {start})",
+            expects_step=expected_step(state.steps, w.steps, w.seconds, w.enough_steps) if state.steps
+            else None))
     # how the job's periods persist: read only by a plan that judges a window (a few ms over thousands of steps)
     state = replace(state, persistence=persistence(state, rules))
     readings = readings_for(state, rules, win)
-    tp = throughput(win)
-    base_evidence = {"window": window_evidence(win), "mode": job.mode,
+    tp = measured_throughput(win)  # (an OOM's samples=0 is a lost step, not a slower one: lost_steps.py)
+    win_evidence = window_evidence(win)
+    held: Optional[Plan] = None  # the first rule that fires and was held: what the plan says when none decides
+    base_evidence = {"window": win_evidence, "mode": job.mode,
                      "knobs": {k: v["value"] for k, v in job.knobs.items()}}
     now = state.persistence.sample(win, every)
     if state.persistence.rho > 0:
@@ -358,19 +369,36 @@ def _plan(state: JobState, rules: RuleSet,
             # move of another knob after a prefetch raise is judged against the steps after the raise's drain
             # (settle.py): until they make a window, it waits.
             knob = choice[0].knob
+            if now is None:  # a change is judged on throughput: a window without any decides nothing
+                lost = lost_steps(win)
+                return Plan(note=f"{rule.name} fires; no decision: no measurable throughput in the window "
+                                 f"({len(lost)} of its {len(win)} steps lost"
+                                 + (f"; step {lost[0].step}: {lost[0].why}" if lost else "") + ")",
+                            readings=list(readings.values()), wait=next_window,
+                            gate=Gate(gates.NOT_MEASURABLE, rule=rule.name, window=win_evidence,
+                                      missing="samples per step (the hook's step_end(samples=…))",
+                                      expects_step=expected_step(state.steps, next_window.steps,
+                                                                 next_window.seconds, next_window.enough_steps)))
             drained = drained_from(last, rules, knob) if last is not None else start
             base = [s for s in candidates if s.step >= drained]
             if drained > start and window(base, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every,
                                           ctl.window_enough_steps) is None:
+                w = _collecting(base, ctl)
                 return Plan(note=f"{rule.name} fires; {knob} waits for change {last.id} ({last.knob} → "
                                  f"{last.value:g}) to drain: a window from step {drained}",
-                            readings=list(readings.values()), wait=_collecting(base, ctl))
+                            readings=list(readings.values()), wait=w,
+                            gate=Gate(gates.DRAINING, rule=rule.name, window=win_evidence,
+                                      missing=f"a window of steps from step {drained}",
+                                      expects_step=expected_step(state.steps, w.steps, w.seconds, w.enough_steps)))
             drift = unsettled(before_window(base, rules, every), every, ctl)
             if drift is not None:
                 return Plan(note=f"{rule.name} fires; waiting for the throughput to settle before a change (the "
                                  f"before window's throughput moved {drift.change_pct:+.1f} % across it, "
                                  f"{drift.confidence_pct:.0f} % sure)", readings=list(readings.values()),
-                            wait=next_window)
+                            wait=next_window,
+                            gate=Gate(gates.SETTLING, rule=rule.name, window=win_evidence,
+                                      why=f"the before window's throughput moved {drift.change_pct:+.1f} % across it "
+                                          f"({drift.confidence_pct:.0f} % sure)"))
         if choice is not None:
             action, new = choice
             old = float(job.knobs[action.knob]["value"])
@@ -383,14 +411,25 @@ def _plan(state: JobState, rules: RuleSet,
                             readings=list(readings.values()), wait=next_window)
             if _advised_recently(state, rules, rule.name, action.knob, new):
                 return Plan(note=f"{rule.name}: advised before ({action.knob} → {new:g})",
-                            readings=list(readings.values()), wait=next_window)
+                            readings=list(readings.values()), wait=next_window,
+                            gate=advised_gate(state, rules, rule.name, win_evidence, f"{action.knob} → {new:g}"))
             return Plan(note=f"advise: {change.reason}", advised=change, evidence=evidence, throughput_before=tp,
                         advice=advice, readings=list(readings.values()), wait=next_window)
         if follow is not None:
             continue  # below its act line the rule only follows a gain through; it has nothing to advise
         if not _advised_recently(state, rules, rule.name, None, None):
             return _advice_plan(rule, advice, skipped, evidence, tp, readings, next_window)
+        why = "; ".join(skipped) or "advice only"
         if rule.safety:
             return Plan(note=f"{rule.name}: fires and blocks lower-priority rules (advised before)",
-                        readings=list(readings.values()), wait=next_window)
-    return Plan(note="no rule fires", readings=list(readings.values()), wait=next_window)
+                        readings=list(readings.values()), wait=next_window,
+                        gate=Gate(gates.SAFETY, rule=rule.name, why=why, window=win_evidence))
+        if held is None:  # fires, no action possible, advised already: the next rule may act; else this says why
+            held = Plan(note=f"{rule.name}: fires, no action possible ({why}); advised before",
+                        readings=list(readings.values()), wait=next_window,
+                        gate=Gate(no_action_gate(skipped), rule=rule.name, why=why, window=win_evidence))
+    if held is not None:
+        return held
+    return Plan(note="no rule fires", readings=list(readings.values()), wait=next_window,
+                gate=Gate(gates.NO_RULE, window=win_evidence))
+

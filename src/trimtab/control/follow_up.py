@@ -18,6 +18,7 @@ from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.composition import composition
+from trimtab.control.lost_steps import lost_note, lost_steps, measured_throughput
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import Persistence, persistence
 from trimtab.control.queue_use import own_verdict_from
@@ -28,7 +29,7 @@ from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import JobContext, job_reading
 from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Trend, changed_level, compare, gain_within_trend,
                                         unsettled)
-from trimtab.grading.window import JobStep, as_period, throughput
+from trimtab.grading.window import JobStep, as_period
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
 
@@ -193,8 +194,9 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     bound_steps, bound_s = _after_bound(rules, every, after_steps)
     grown, at_bound = leading(after_steps, bound_steps, bound_s, every, _after_enough(rules, bound_steps))
     before = _before_steps(state, rules, change)
-    before_tp = throughput(before) if before else open_d.throughput_before_samples_per_s
-    after_tp = throughput(grown)
+    # over the steps that are not lost (an OOM's samples=0 is no work at a lower rate): lost_steps.py
+    before_tp = measured_throughput(before) if before else open_d.throughput_before_samples_per_s
+    after_tp = measured_throughput(grown)
     evidence = {**open_d.evidence, "after_window": window_evidence(grown), "verdict_ms": state.now_ms,
                 "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
     if before:
@@ -204,8 +206,8 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     if state.persistence.rho > 0:
         evidence["persistence"] = state.persistence.evidence()
     closed = dict(close=open_d.id, throughput_after=after_tp, applied_step=change.applied_step)
-    if before_tp and after_tp:
-        evidence["gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)
+    if before_tp and after_tp:  # the windows' samples/s, lone stalls included; gain_pct is the verdict's (below)
+        evidence["window_gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)
     predicted = evidence.get("memory_prediction")
     peaks = [s.mem_peak_bytes for s in grown if s.mem_peak_bytes is not None]
     if isinstance(predicted, dict) and peaks and predicted.get("predicted_gib"):
@@ -216,11 +218,10 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         # A safety change (memory, fragmentation) is not undone for speed: it was made to stop an OOM.
         return Plan(note=f"decision {open_d.id}: safety change kept", outcome=KEPT, evidence=evidence, **closed)
     if b_sample is None or a_sample is None:
-        evidence["no_gain"] = True
-        return Plan(note=f"decision {open_d.id}: kept (throughput not measurable)", outcome=KEPT, evidence=evidence,
-                    **closed)
+        return _not_measurable(state, open_d, change, before, grown, b_sample, at_bound, measuring, evidence, closed)
     v = compare(b_sample, a_sample, ctl)
-    evidence.update(verdict=v.evidence(), before_sample=b_sample.evidence(), after_sample=a_sample.evidence())
+    evidence.update(verdict=v.evidence(), before_sample=b_sample.evidence(), after_sample=a_sample.evidence(),
+                    gain_pct=round(100.0 * (v.ratio - 1.0), 2))
     ladder = _ladder_goes_on(state, rules, open_d, change, grown, every, v) if v.result == INCONCLUSIVE else None
     if ladder is not None and not at_bound:
         above = (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct  # an unconfirmed gain: not a rung that gained nothing
@@ -254,8 +255,10 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                f"the job's first move, and not surely above the end of the before window's own line (it climbed "
                f"{trend.change_pct:+.1f} % across it: the tail of a warm-up)")
         return _roll_back(state, open_d, change, f"not judged: {why}, to be re-measured", evidence, closed)
-    figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
-               f"{v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, {v.confidence_pct:.0f} % sure)")
+    # the periods' geometric means: the two figures the verdict compared (their ratio is its +x %)
+    figures = (f"{math.exp(b_sample.mean_log):.2f} → {math.exp(a_sample.mean_log):.2f} samples/s "
+               f"({100 * (v.ratio - 1):+.1f} %, 95 % interval {v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, "
+               f"{v.confidence_pct:.0f} % sure{lost_note(b_sample.lost + a_sample.lost)})")
     if v.result == GAIN:
         return Plan(note=f"decision {open_d.id}: throughput {figures}: kept", outcome=KEPT, evidence=evidence,
                     **closed)
@@ -283,6 +286,24 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         figures += (f": not told apart from noise, {v.not_lower_pct:.0f} % likely not lower (under "
                     f"{ctl.keep_unproven_likely_pct:g} %), back to the known setting")
     return _roll_back(state, open_d, change, figures, evidence, closed)
+
+
+def _not_measurable(state: JobState, open_d: StoredDecision, change: StoredChange, before: list[JobStep],
+                    grown: list[JobStep], b_sample, at_bound: bool, measuring: Plan, evidence: dict,
+                    closed: dict) -> Plan:
+    """A side of the verdict without one measurable period (no samples reported, every period holding a lost step):
+    the after window waits while it may still grow; otherwise the change is not judged — back to the known setting,
+    to be measured again (``remeasure``: no verdict that holds against the move) — never "kept"."""
+    side = "before" if b_sample is None else "after"
+    lost = lost_steps(before if side == "before" else grown)
+    why = f"{len(lost)} of its steps lost" + (f"; step {lost[0].step}: {lost[0].why}" if lost else "")
+    if side == "after" and not at_bound:
+        measuring.note = f"decision {open_d.id}: no measurable throughput after change {change.id} yet ({why})"
+        return measuring
+    evidence.update(not_measurable={"side": side, "lost_steps": [x.evidence() for x in lost[:20]],
+                                    "lost_steps_count": len(lost)}, remeasure=True)
+    return _roll_back(state, open_d, change, f"not measurable (no samples/s in the {side} window: {why}), to be "
+                                             f"measured again", evidence, closed)
 
 
 def _roll_back(state: JobState, open_d: StoredDecision, change: StoredChange, figures: str, evidence: dict,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from trimtab.contract.statuses import APPLIED
+from trimtab.control.gates import Gate
 from trimtab.control.persistence import NONE as NO_PERSISTENCE, Persistence
 from trimtab.grading.balance import GpuWindow
 from trimtab.grading.rules import RuleSet
@@ -99,6 +100,7 @@ class Plan:
     measuring: Optional[int] = None                    # decision id being measured (its step is known now)
     readings: list[Reading] = field(default_factory=list)
     wait: Wait = field(default_factory=Wait)           # when planning again can change anything
+    gate: Optional[Gate] = None                        # why nothing was decided (gates.py), for the job's API and check
 
 
 def period(job: StoredJob, rules: RuleSet) -> int:

@@ -22,8 +22,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
+from trimtab.control.lost_steps import measurable_periods
 from trimtab.grading.rules import ControllerSettings
-from trimtab.grading.window import JobStep, chunk_rates
+from trimtab.grading.window import JobStep, chunk_rates, throughput
 
 GAIN, WORSE, NO_GAIN, INCONCLUSIVE = "gain", "worse", "no_gain", "inconclusive"
 
@@ -36,6 +37,7 @@ class Sample:
     var_log: Optional[float]  # None: fewer than two periods
     steps_per_period: float = 1.0  # how many steps' noise a period averages ((Σt)² / Σt², mean over the periods)
     left_out: tuple = ()  # (first step, × the window's median period) of a lone stalled period left out
+    lost: tuple = ()  # the lost steps (lost_steps.LostStep) of the periods left out for having no rate
 
     @classmethod
     def of(cls, rates: Sequence[float], steps_per_period: float = 1.0) -> Optional["Sample"]:
@@ -50,26 +52,25 @@ class Sample:
                  var_floor: Optional[float] = None, lone_x: float = 0.0) -> Optional["Sample"]:
         """The per-period sample of a window of steps (whole periods of ``period`` steps); its spread widened
         ``inflate`` times, from at least ``var_floor``, where the job's periods persist (see
-        ``trimtab.control.persistence``); a lone period ``lone_x`` times off the median left out (0: none)."""
-        period = max(1, int(period))
-        spans = [steps[i:i + period] for i in range(0, len(steps) - period + 1, period)]
-        spans = [span for span in spans if any(s.step_time_s > 0 for s in span)]
+        ``trimtab.control.persistence``); a lone period ``lone_x`` times off the median left out (0: none). A period
+        holding a lost step (an OOM's ``samples=0``, no samples: ``lost_steps.py``) has no rate: left out, and its
+        lost steps named (``lost``); None when no period is measurable."""
+        spans, lost = measurable_periods(steps, period)
         weights = [sum(s.step_time_s for s in span) ** 2 / sum(s.step_time_s ** 2 for s in span) for span in spans]
-        rates = chunk_rates(steps, period)
+        rates = [throughput(span) for span in spans]  # each > 0: a lost step is one whose rate could not be
         left_out: tuple = ()
-        if len(rates) == len(spans):  # every period has its samples: the two lists line up
-            lone = lone_outlier([math.log(r) if r > 0 else -math.inf for r in rates], lone_x)
-            if lone is not None:
-                median = statistics.median(rates)
-                left_out = ((spans[lone][0].step, round(max(median / rates[lone], rates[lone] / median), 2)),)
-                rates, weights = rates[:lone] + rates[lone + 1:], weights[:lone] + weights[lone + 1:]
+        lone = lone_outlier([math.log(r) for r in rates], lone_x)
+        if lone is not None:
+            median = statistics.median(rates)
+            left_out = ((spans[lone][0].step, round(max(median / rates[lone], rates[lone] / median), 2)),)
+            rates, weights = rates[:lone] + rates[lone + 1:], weights[:lone] + weights[lone + 1:]
         sample = cls.of(rates, statistics.fmean(weights) if weights else 1.0)
         if sample is None:
             return None
         var_log = sample.var_log
         if var_log is not None and (inflate != 1.0 or var_floor is not None):
             var_log = max(var_log, var_floor or 0.0) * inflate
-        return cls(sample.n, sample.mean_log, var_log, sample.steps_per_period, left_out)
+        return cls(sample.n, sample.mean_log, var_log, sample.steps_per_period, left_out, tuple(lost))
 
     @classmethod
     def from_evidence(cls, d: Any) -> Optional["Sample"]:
@@ -95,6 +96,9 @@ class Sample:
             out["left_out"] = [{"first_step": step, "x_median_period": x,
                                 "why": "a lone period this far from the window's median period (a stall), "
                                        "beyond lone_period_x"} for step, x in self.left_out]
+        if self.lost:
+            out["lost_steps"] = [x.evidence() for x in self.lost[:20]]
+            out["lost_steps_count"] = len(self.lost)
         return out
 
 
