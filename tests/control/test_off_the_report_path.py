@@ -108,9 +108,10 @@ def test_an_exception_in_one_plan_does_not_stop_planning(loop_api, rebalancer, m
     health = rebalancer.health()
     assert failed == ["a"] and health["errors"] == 1 and "a plan blew up" in health["last_error"]
     assert health["state"] == "running"
-    # b was planned after a's failure; a's next report plans it again, and this time it decides
+    # b was planned after a's failure; a's next report after its backoff plans it again, and this time it decides
     pending = lambda name, step: api.post(f"/v1/jobs/{name}/reports", report(step), scope="job").json()["pending_changes"]  # noqa: E731
     assert [c["value"] for c in pending("b", 1)] == [4]
+    time.sleep(health["failing"]["a"]["retry_in_s"])
     pending("a", 1)
     assert rebalancer.wait_planned()
     assert [c["value"] for c in pending("a", 2)] == [4]

@@ -59,6 +59,11 @@ def test_a_child_that_dies_is_replaced_and_its_plan_counted_as_an_error(sqlite_a
         eventually(lambda: rb.stats.errors == 1, timeout_s=20.0)
         assert "BrokenProcessPool" in rb.stats.last_error
         assert rb.wait_planned(30)
+        # the job's plan failed: an error on the job, planned again after its backoff (plan_retry_min_s, 1 s)
+        failure = rb.stats.failing["ppo"]
+        assert (failure.type, failure.stage, failure.retry_in_s) == ("BrokenProcessPool", "the planning process died",
+                                                                      1.0)
+        time.sleep(failure.retry_in_s)
         assert pending(sqlite_api, 1) == []  # the failed plan decided nothing; the next report queues another
         assert rb.wait_planned(30)
         eventually(lambda: rb.stats.changes_queued == 1)

@@ -132,11 +132,12 @@ def test_an_error_in_an_evaluation_is_counted_not_raised(sqlite_engine, monkeypa
     monkeypatch.setattr(service_mod, "load_steps", broken)
     rb = Rebalancer(sqlite_engine)
     assert rb.evaluate(job) is None
-    rb.after_report(job, 2)  # step 2 is complete (both ranks reported): it evaluates, and fails
+    assert rb.evaluate(job) is None  # asked directly: planned, and fails again
+    rb.after_report(job, 2)  # step 2 is complete, but the job's plans fail: not before its backoff (1 s, then 2 s)
     health = rb.health()
     assert health["errors"] == 2 and health["evaluations"] == 0
-    assert health["last_error"] == "job 'grpo': RuntimeError: job_reports unreadable"
-    assert "2 errors" in rb.status_line()
+    assert health["last_error"].startswith("job 'grpo': RuntimeError: job_reports unreadable (while loading its steps")
+    assert "2 errors" in rb.status_line() and "planning fails on grpo" in rb.status_line()
     assert changes(sqlite_engine, job) == [] and decisions(sqlite_engine, job) == []
     monkeypatch.undo()
     assert rb.evaluate(job).change is not None and rb.health()["errors"] == 2

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from sqlalchemy import Engine
 
+from trimtab.control.plan_errors import CHILD_DIED, PlanFailure, Stage, store_failure
 from trimtab.grading.rules import RuleSet
 from trimtab.store.jobs import StoredJob
 
@@ -56,6 +57,8 @@ def can_plan_apart(engine: Engine) -> bool:
 class ChildPlan:
     """One plan's result and what the child's Rebalancer learnt doing it."""
     plan: Any                       # the Plan, or None when it failed (counted in ``counts["errors"]``)
+    failure: Any                    # the PlanFailure when it failed (stored by the child as the job's error event)
+    evaluated: bool                 # a plan ran (False: the job was not worth planning after all)
     counts: dict[str, int]          # the child's counters' increments
     last_error: Optional[str]
     last_evaluation_ms: Optional[int]
@@ -103,13 +106,13 @@ def _plan_in_child(job: StoredJob, check: bool) -> ChildPlan:
     stats = _child.stats
     before = {k: getattr(stats, k) for k in _COUNTERS}
     cpu_s = time.thread_time()
-    result, evaluated = None, False
+    result, failure, evaluated = None, None, False
     if check:  # a queued job: still worth planning? (the store reads for that are the child's too)
         job = get_job(_child.engine, job.name) or job
     if not check or _child._worth_planning(job):
-        result, evaluated = _child.evaluate(job, wait=True), True
+        (result, failure), evaluated = _child.plan_job(job), True
     counts = {k: getattr(stats, k) - before[k] for k in _COUNTERS}
-    return ChildPlan(result, counts, stats.last_error if counts["errors"] else None, stats.last_evaluation_ms,
+    return ChildPlan(result, failure, evaluated, counts, stats.last_error if counts["errors"] else None, stats.last_evaluation_ms,
                      stats.notes.get(job.name), _child._cadence.get(job.name) if evaluated else None,
                      _child._seen.get(job.name) if evaluated else None,
                      time.thread_time() - cpu_s)
@@ -157,8 +160,16 @@ class PlanProcess:
 
     def plan(self, rebalancer, job: StoredJob, check: bool = False):
         """Plan ``job`` in the child (``check``: only if the store says it is still worth planning) and record
-        what it learnt on ``rebalancer``; the Plan (None if it failed or was not worth it)."""
-        out: ChildPlan = self._call(_plan_in_child, job, check)
+        what it learnt on ``rebalancer``; the Plan (None if it failed or was not worth it). A child that died in
+        the plan is that job's failure (stored here) before the error goes on to the planning thread."""
+        try:
+            out: ChildPlan = self._call(_plan_in_child, job, check)
+        except BrokenProcessPool as exc:
+            at = Stage(CHILD_DIED)
+            rebalancer.after_plan(job.name, store_failure(rebalancer.engine, job, PlanFailure.of(exc, at),
+                                                          rebalancer.rules.controller,
+                                                          rebalancer.stats.failing.get(job.name)))
+            raise
         self.cpu_s += out.cpu_s
         stats = rebalancer.stats
         for k, n in out.counts.items():
@@ -172,6 +183,10 @@ class PlanProcess:
             rebalancer._cadence[job.name] = out.cadence
         if out.seen is not None:
             rebalancer._seen[job.name] = out.seen
+        elif out.evaluated:  # failed: the sweep retries it once its backoff is over
+            rebalancer._seen.pop(job.name, None)
+        if out.evaluated:
+            rebalancer.after_plan(job.name, out.failure)
         return out.plan
 
     def close(self) -> None:

@@ -6,8 +6,9 @@ changes already pending), so a slow plan cannot delay it (issue 20: a plan on th
 seconds and the hook time out). The report route only notes that the job is worth planning and queues it (each
 job at most once however many reports come in meanwhile); the thread plans the queued jobs in turn, and a change
 it decides reaches the job in the response to its next report. Every ``interval_s`` the thread also sweeps the
-jobs for ones whose last report came in while they were being planned. An error in one job's plan is logged,
-counted on /healthz and never stops the thread; ``stop`` ends it after the plan in progress. The daemon runs
+jobs for ones whose last report came in while they were being planned. A job whose plan raises is an error event
+on the job (stored, served by its API, check, /healthz and /metrics) and is planned again after a backoff
+(plan_errors.py); it never stops the thread or the other jobs' plans; ``stop`` ends it after the plan in progress. The daemon runs
 each plan in a child process (``start(own_process=True)``, plan_process.py): a thread shares the API's interpreter
 lock, which kept report p99 in seconds while 100 jobs planned. The thread rests between plans: planning takes at
 most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans on the caller's thread (tests).
@@ -32,7 +33,9 @@ from typing import Any, Optional, Sequence
 
 from sqlalchemy import Engine
 
+from trimtab.control import plan_errors as errors
 from trimtab.control.controller import JobState, Plan, plan
+from trimtab.control.plan_errors import Backoff, PlanFailure, Stage, store_failure
 from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
@@ -41,6 +44,7 @@ from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.window import first_probes, load_steps, steps_since
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
+from trimtab.store import plan_status
 from trimtab.store.jobs import StoredJob, now_ms
 from trimtab.store.steps import completes_a_step
 
@@ -66,6 +70,7 @@ class RebalancerStats:
     last_error: Optional[str] = None
     last_evaluation_ms: Optional[int] = None
     notes: dict[str, str] = field(default_factory=dict)  # job → what it is doing
+    failing: dict[str, PlanFailure] = field(default_factory=dict)  # job → its last failure, while its plans fail
 
 
 class _PlanQueue:
@@ -134,6 +139,8 @@ class Rebalancer:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._apart: Optional[PlanProcess] = None  # the process the plans run in (None: this one)
+        self._backoff = Backoff(self.stats.failing)  # the jobs whose plans fail: when each is planned again
+        self._said: dict[str, tuple] = {}  # job → the (note, gate) last stored for it (stored again when they change)
 
     # -- driving -------------------------------------------------------------------------------------------
 
@@ -183,6 +190,8 @@ class Rebalancer:
         return time.thread_time() + (self._apart.cpu_s if self._apart is not None else 0.0)
 
     def _plan_queued(self, job: StoredJob, forced: bool) -> None:
+        if self._backing_off(job.name):  # queued before its plan failed: its retry comes after the backoff
+            return
         if self._apart is not None:  # the child reads the store (for the check too), unless this one knows
             c = self._cadence.get(job.name)
             return self._apart.plan(self, job, check=not (forced or c is None or c.due))
@@ -199,6 +208,8 @@ class Rebalancer:
 
     def _request_plan(self, job: StoredJob, forced: bool = False) -> None:
         """Plan ``job`` on the planning thread (on the caller's if the rebalancer was never started)."""
+        if self._backing_off(job.name):
+            return
         if self._thread is None:
             self.evaluate(job, wait=False)
         elif not self._stop.is_set():
@@ -216,7 +227,8 @@ class Rebalancer:
         queued = set(self.queued())
         for job in jobs:
             if job.mode != "off" and job.last_report_ms is not None and job.last_report_ms >= cutoff \
-                    and job.name not in queued and self._seen.get(job.name) != _state_key(job):
+                    and job.name not in queued and self._seen.get(job.name) != _state_key(job) \
+                    and not self._backing_off(job.name):
                 if self._thread is None:
                     if self._worth_planning(job):
                         self.evaluate(job, wait=True)
@@ -264,16 +276,47 @@ class Rebalancer:
         try:
             if self._apart is not None:
                 return self._apart.plan(self, job)
-            fresh = job_store.get_job(self.engine, job.name) or job
-            self._seen[job.name] = _state_key(fresh)
-            result = self._evaluate(fresh)
-            self.stats.notes[job.name] = result.note
+            result, failure = self.plan_job(job)
+            self.after_plan(job.name, failure)
             return result
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the bookkeeping's own bug: counted, and the thread goes on
             self._failed(f"job {job.name!r}", exc)
             return None
         finally:
             lock.release()
+
+    def plan_job(self, job: StoredJob) -> tuple[Optional[Plan], Optional[PlanFailure]]:
+        """One plan of ``job`` here: (the plan, None), or (None, what failed) once the failure is stored as the
+        job's error event (with when it is tried again: ``plan_retry_min_s`` doubling to ``plan_retry_max_s``)."""
+        at = Stage()
+        try:
+            fresh = job_store.get_job(self.engine, job.name) or job
+            self._seen[job.name] = _state_key(fresh)
+            result = self._evaluate(fresh, at)
+            self.stats.notes[job.name] = result.note
+            at.stage = errors.RECORDING
+            key = (result.note, result.gate)
+            if self._said.get(job.name) != key:  # (a write per change of what it says, not per plan)
+                plan_status.record_plan(self.engine, fresh.id, at.step, result.note,
+                                        result.gate.to_dict() if result.gate is not None else None)
+                self._said[job.name] = key
+            return result, None
+        except Exception as exc:  # noqa: BLE001 - a bug in one job's plan must not stop the others'
+            failure = PlanFailure.of(exc, at)
+            log.debug("rebalancer: job %r: plan failed", job.name, exc_info=True)
+            self._seen.pop(job.name, None)  # the sweep retries it once its backoff is over
+            self._said.pop(job.name, None)  # the next plan that succeeds says so in the store
+            self.stats.errors += 1
+            self.stats.last_error = f"job {job.name!r}: {failure.summary()}"[:300]
+            return None, store_failure(self.engine, job, failure, self.rules.controller,
+                                       self.stats.failing.get(job.name))
+
+    def after_plan(self, name: str, failure: Optional[PlanFailure]) -> None:
+        """A plan of job ``name`` ended (``failure``: it raised): its backoff set or cleared (plan_errors.py)."""
+        self._backoff.after_plan(name, failure)
+
+    def _backing_off(self, name: str) -> bool:
+        return self._backoff.waiting(name)
 
     def _failed(self, what: str, exc: BaseException) -> None:
         self.stats.errors += 1
@@ -304,20 +347,24 @@ class Rebalancer:
                         decisions=decision_store.list_decisions(engine, job.id, limit=200, offset=0),
                         gpus=gpus, probe_baseline_us=baseline, now_ms=now_ms(), has_gpus=bool(gpu_indices))
 
-    def _evaluate(self, job: StoredJob) -> Plan:
+    def _evaluate(self, job: StoredJob, at: Optional[Stage] = None) -> Plan:
+        at = at or Stage()
         rules = self.rules_for(job)
-        result = self._plan_and_execute(job, rules)
+        result = self._plan_and_execute(job, rules, at)
         if result.close is not None and result.rollback_to is None:
             # A verdict that queued nothing: its window is the next decision's "before" window, so decide now: the
             # next change waits for the job's next report, not a window (a step sooner: 25 s at batch 4 on the H200).
             fresh = job_store.get_job(self.engine, job.name) or job
-            follow = self._plan_and_execute(fresh, rules)
+            follow = self._plan_and_execute(fresh, rules, at)
             result = follow if (follow.change or follow.advised or follow.advice_rule) else result
         return result
 
-    def _plan_and_execute(self, job: StoredJob, rules: RuleSet) -> Plan:
+    def _plan_and_execute(self, job: StoredJob, rules: RuleSet, at: Stage) -> Plan:
+        at.stage = errors.LOADING
         state = self.load_state(job, rules)
+        at.stage, at.step = errors.PLANNING, state.steps[-1].step if state.steps else None
         result = plan(state, rules, placement=placement_for)
+        at.stage = errors.WRITING
         self.stats.evaluations += 1
         self.stats.last_evaluation_ms = now_ms()
         stored_step = next((d.applied_step for d in state.decisions if d.id == result.measuring), None)
@@ -372,12 +419,15 @@ class Rebalancer:
         return {"state": "running" if alive else "stopped", "rules": len(self.rules.rules),
                 **{k: getattr(s, k) for k in ("evaluations", "changes_queued", "kept", "rolled_back", "refused",
                                               "advised", "errors", "last_error", "last_evaluation_ms")},
-                "queued": len(self.queued()), "jobs": dict(s.notes)}
+                "queued": len(self.queued()), "jobs": dict(s.notes),
+                "failing": {name: {"failures": f.failures, "error": f.summary(), "retry_in_s": f.retry_in_s}
+                            for name, f in sorted(s.failing.items())}}
 
     def status_line(self) -> str:
         s = self.stats
         return (f"rebalancer: {len(s.notes)} jobs, {s.changes_queued} changes ({s.kept} kept, {s.rolled_back} "
-                f"rolled back, {s.refused} refused), {s.advised} advised" + (f", {s.errors} errors" if s.errors else ""))
+                f"rolled back, {s.refused} refused), {s.advised} advised" + (f", {s.errors} errors" if s.errors else "")
+                + (f", planning fails on {', '.join(sorted(s.failing))}" if s.failing else ""))
 
 
 def _state_key(job: StoredJob) -> tuple:

@@ -119,6 +119,8 @@ class ControllerSettings:
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
     advice_repeat_s: float = 600.0
+    plan_retry_min_s: float = 1.0
+    plan_retry_max_s: float = 60.0
     raise_batch_max_mem_pct: float = 85.0
     raise_batch_max_fragmentation_pct: float = 15.0
     memory_margin_pct: float = 3.0
@@ -250,6 +252,7 @@ _CONTROLLER_RANGES = (
     ("stale_after_intervals", lambda v: v >= 1, "≥ 1 (a sample is at most one interval old while its agent runs)"),
     ("lone_period_x", lambda v: not 0 < v <= 1, "0 (off) or above 1 (times the median period)"),
     ("persistence_max", lambda v: v < 1, "below 1 (at 1 a window's mean would carry no information)"),
+    ("plan_retry_min_s", lambda v: v > 0, "above 0 (a failing job would be planned again at once, in a loop)"),
 )
 
 
@@ -274,6 +277,8 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         if not ok(ctl[key]):
             raise RulesError(f"{source}{_line_of(text, 'controller', key)}: controller.{key}: must be {must}, "
                              f"got {ctl[key]:g}")
+    if ctl["plan_retry_max_s"] < ctl["plan_retry_min_s"]:
+        raise RulesError(f"{source}: controller needs plan_retry_min_s ≤ plan_retry_max_s")
     if ctl["window_enough_steps"] < ctl["window_min_steps"] or ctl["verdict_enough_steps"] < ctl["window_min_steps"]:
         raise RulesError(f"{source}: controller needs window_enough_steps and verdict_enough_steps ≥ window_min_steps")
     if ctl["steps_read_max"] < 2 * ctl["window_enough_steps"]:

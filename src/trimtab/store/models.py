@@ -308,3 +308,33 @@ decisions = Table(
     Column("advice", Text),
     Index(None, "job_id", "ts_ms"),
 )
+
+# The rebalancer's latest word on each job (control/gates.py, service.py): what its last plan said and why nothing
+# was decided, and whether planning the job fails (since when, how often, the last error, when it is tried again).
+job_plan_status = Table(
+    "job_plan_status",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True, autoincrement=False),
+    Column("planned_ms", BigInteger),  # the last plan that ran to its end; NULL: none yet
+    Column("step", BigInteger),  # the newest step it saw
+    Column("note", Text),
+    Column("gate", JSON),  # {"name", "rule", "why", "window", "missing", "expects_step"}; NULL: it decided something
+    Column("failing_since_ms", BigInteger),  # the first failure of the current run of failures; NULL: not failing
+    Column("failures", Integer, nullable=False, server_default="0"),  # failures in a row (0 once a plan succeeds)
+    Column("errors_total", BigInteger, nullable=False, server_default="0"),  # every failure ever (a counter)
+    Column("last_error", JSON),  # {"type", "message", "stage", "step", "where", "at_ms"}
+    Column("retry_at_ms", BigInteger),  # when the failing job is planned again (backoff); NULL: not failing
+)
+
+# Events about a job that are not decisions: planning failed (with the exception, the stage of the plan and the
+# step) and planning recovered.
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True),
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("kind", String(32), nullable=False),  # planning_failed | planning_recovered
+    Column("detail", JSON, nullable=False),
+    Index(None, "job_id", "ts_ms"),
+)
