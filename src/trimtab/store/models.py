@@ -289,12 +289,17 @@ knob_acks = Table(
     PrimaryKeyConstraint("change_id", "rank"),
 )
 
+def _job_history_columns() -> list[Column]:
+    """The first columns of a row of a job's history (decisions, events): its id, the job (deleted with it), when."""
+    return [Column("id", _BIG_ID, primary_key=True),
+            Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+            Column("ts_ms", BigInteger, nullable=False)]
+
+
 decisions = Table(
     "decisions",
     metadata,
-    Column("id", _BIG_ID, primary_key=True),
-    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
-    Column("ts_ms", BigInteger, nullable=False),
+    *_job_history_columns(),
     Column("rule", String(64), nullable=False),
     Column("evidence", JSON, nullable=False),
     Column("change_id", _BIG_ID, ForeignKey("knob_changes.id", ondelete="SET NULL")),
@@ -331,9 +336,7 @@ job_plan_status = Table(
 job_events = Table(
     "job_events",
     metadata,
-    Column("id", _BIG_ID, primary_key=True),
-    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
-    Column("ts_ms", BigInteger, nullable=False),
+    *_job_history_columns(),
     Column("kind", String(32), nullable=False),  # planning_failed | planning_recovered
     Column("detail", JSON, nullable=False),
     Index(None, "job_id", "ts_ms"),
