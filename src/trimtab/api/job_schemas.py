@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, StringConstraints, create_model, model_validator
 
+from trimtab.api.planner_schemas import PlannerOut
 from trimtab.api.schemas import NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Model, PageOut, contract_field, \
     input_type, message_model
 from trimtab.contract.knobs import ACK, KNOB_DECLARATION, KNOB_NAME, KNOB_VALUE, MAX_JOB_NAME, MAX_NAME, \
@@ -124,6 +125,10 @@ class JobOut(Model):
     created_ms: int = Field(description="First registration, epoch milliseconds.")
     updated_ms: int = Field(description="Last registration, mode change or applied change, epoch milliseconds.")
     last_report_ms: Optional[int] = Field(description="When the newest step report arrived; null before any.")
+    planner: Optional[PlannerOut] = Field(None, description="What the rebalancer last said about the job: its last "
+                                         "plan's note, the gate that held it when nothing was decided (and the step "
+                                         "at which it expects to decide), and whether planning the job fails (the "
+                                         "error, since when, retried when); null before its first plan.")
 
 
 class JobsOut(PageOut):

@@ -138,10 +138,23 @@ def message_model(name: str, specs: Any, doc: str, base: type[BaseModel], inputs
 # -- health --------------------------------------------------------------------------------------------------
 
 
+class PlanningFailureOut(Model):
+    job: str = Field(description="The job the rebalancer fails to plan.")
+    since_ms: Optional[int] = Field(description="Its first failure in a row, epoch milliseconds.")
+    failures: int = Field(description="Failures in a row.")
+    error: str = Field(description="The last one: type: message (while <stage>, step N; where).")
+    retry_at_ms: Optional[int] = Field(description="When it is planned again (exponential backoff).")
+
+
 class HealthOut(Model):
     status: Literal["ok", "degraded", "failed"] = Field(
-        description="ok; degraded when the store cannot be reached (an outage: it may come back); failed when a "
-                    "component refuses to go on as configured (see its `failed` text: fix the configuration).")
+        description="ok; degraded when the store cannot be reached (an outage: it may come back; HTTP 503) or when "
+                    "the rebalancer fails to plan a live job (planning_failures names it; HTTP 200: the API serves, "
+                    "a restart would not plan that job either); failed when a component refuses to go on as "
+                    "configured (see its `failed` text: fix the configuration).")
+    planning_failures: list[PlanningFailureOut] = Field(
+        default_factory=list, description="The live jobs (reported within 10 minutes, mode not off) whose plans "
+                                          "raise now, by name: GET /v1/jobs/{name} has the error and its events.")
     store_reachable: bool = Field(description="Whether a trivial query on the store succeeded just now.")
     version: str = Field(description="trimtab's version.")
     mode: Literal["up", "server"] = Field(description="up: one node (agent in this process); server: a head node.")

@@ -66,9 +66,7 @@ class PlanFailure:
         return self.type, self.message, self.stage
 
     def summary(self) -> str:
-        return (f"{self.type}: {self.message} (while {self.stage}" + (f", step {self.step}" if self.step is not None
-                                                                    else "") + (f"; {self.where}" if self.where
-                                                                                else "") + ")")
+        return plan_status.describe(self.error())
 
 
 def _where(exc: BaseException) -> Optional[str]:

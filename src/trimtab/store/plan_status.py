@@ -47,6 +47,16 @@ class JobEvent:
     detail: dict[str, Any]
 
 
+def describe(error: Mapping[str, Any]) -> str:
+    """A stored plan error in one line: ``ZeroDivisionError: float division by zero (while planning, step 41;
+    control/verdict.py:63 in of_steps: …)``."""
+    where = [f"while {error['stage']}" if error.get("stage") else None,
+             f"step {error['step']}" if error.get("step") is not None else None]
+    head = ", ".join(w for w in where if w)
+    tail = "; ".join(w for w in (head, error.get("where")) if w)
+    return f"{error.get('type')}: {error.get('message')}" + (f" ({tail})" if tail else "")
+
+
 def retry_delay_s(failures: int, min_s: float, max_s: float) -> float:
     """The wait before planning a job again after ``failures`` failures in a row: doubling from ``min_s``, at most
     ``max_s``."""

@@ -204,5 +204,6 @@ def test_queries_per_scrape_do_not_grow_with_the_number_of_jobs(make_ctx):
         counts[n] = (first, second)
     assert counts[1] == counts[6], counts
     first, second = counts[6]
-    # jobs, their newest steps, the baselines (first scrape only), simulated nodes, two counts, GPU aggregates
-    assert (first, second) == (7, 6), counts
+    # jobs, their newest steps, the baselines (first scrape only), simulated nodes, three counts (decisions,
+    # changes, failed plans), GPU aggregates
+    assert (first, second) == (8, 7), counts

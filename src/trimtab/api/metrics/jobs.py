@@ -1,5 +1,6 @@
 """Per-job series (``trimtab_job_*``, labels ``job`` and ``mode``) over each live job's newest window of steps,
-and the rebalancer's settled decisions and changes as counters (``trimtab_rebalancer_*``)."""
+the rebalancer's settled decisions and changes as counters (``trimtab_rebalancer_*``), and its failed plans per job
+(``trimtab_plan_errors_total``)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,9 @@ def _rebalancer_families(data: JobScrape) -> Iterator[Metric]:
     yield from counter("trimtab_rebalancer_decisions", "Rebalancer decisions by job, rule and outcome (advised, "
                        "kept, rolled_back, refused, superseded, cancelled), counted once settled; decisions still "
                        "measuring are trimtab_rebalancer_decisions_pending.", decided)
+    yield from counter("trimtab_plan_errors", "Plans of a job that raised (each is an error event on the job: GET "
+                       "/v1/jobs/{name}, /healthz degraded while it fails; the job is planned again with backoff).",
+                       [Row(_labels(job, None), job in simulated, n) for job, n in data.plan_errors])
     yield from counter("trimtab_rebalancer_changes", "Knob changes by job, source (rebalancer, manual) and status "
                        "(applied, superseded, cancelled), counted once settled; changes waiting for the job are "
                        "trimtab_rebalancer_changes_pending.", changed)

@@ -4,7 +4,7 @@ decisions and changes, and the node verdicts — a fixed number of queries whate
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from trimtab.grading.balance import BalanceReport
@@ -19,6 +19,7 @@ class JobScrape:
     decisions: list[tuple[str, str, Optional[str], int]]  # (job, rule, outcome, count)
     changes: list[tuple[str, str, str, int]]              # (job, source, status, count)
     simulated_jobs: set[str]
+    plan_errors: list[tuple[str, int]] = field(default_factory=list)  # (job, failed plans ever)
 
 
 def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
@@ -27,6 +28,7 @@ def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
     from trimtab.grading.job_report import LIVE_JOB_S, job_summaries
     from trimtab.store import jobs as job_store
     from trimtab.store.decisions import decision_counts
+    from trimtab.store.plan_status import error_totals
 
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     every = job_store.list_jobs(engine, limit=100_000, offset=0)
@@ -35,7 +37,8 @@ def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
     simulated_hosts = job_store.simulated_hostnames(engine)
     summaries = job_summaries(engine, live, rules, now, decisions=0, simulated_hosts=simulated_hosts)
     return JobScrape(summaries=summaries, decisions=decision_counts(engine), changes=job_store.change_counts(engine),
-                     simulated_jobs={j.name for j in every if any(h in simulated_hosts for h in j.hostnames)})
+                     simulated_jobs={j.name for j in every if any(h in simulated_hosts for h in j.hostnames)},
+                     plan_errors=error_totals(engine))
 
 
 def read_store(engine, rules, window_s: float) -> tuple[list[BalanceReport], JobScrape]:

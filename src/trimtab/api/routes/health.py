@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import get_ctx
 from trimtab.api.metrics import render_metrics
-from trimtab.api.schemas import HealthOut
+from trimtab.api.schemas import HealthOut, PlanningFailureOut
 from trimtab.store.queries import store_health
 
 router = APIRouter(tags=["operations"])
@@ -28,7 +28,9 @@ def version() -> str:
 
 @router.get("/healthz", response_model=HealthOut, summary="Liveness and store reachability",
             description="ok when the store answers a trivial query, else 503 with status degraded (an outage) or "
-                        "failed (a component refuses its configuration, e.g. the agent's store or token). Also says the "
+                        "failed (a component refuses its configuration, e.g. the agent's store or token). Degraded "
+                        "with 200 while the rebalancer fails to plan a live job: planning_failures names each job "
+                        "and its last error (GET /v1/jobs/{name} has more). Also says the "
                         "version, the mode (up/server), whether any known node is simulated, and the status of the "
                         "agent, writer and rebalancer around the API. No authentication.",
             responses={503: {"model": HealthOut, "description": "The store is unreachable, or a component failed."}})
@@ -38,11 +40,35 @@ def healthz(ctx: ApiContext = Depends(get_ctx)):
     reachable = store.reachable
     components = _components(ctx)
     failed = any(isinstance(c, dict) and c.get("state") == "failed" for c in components.values())
-    status = "failed" if failed else ("ok" if reachable else "degraded")
+    planning = _planning_failures(ctx) if reachable else []
+    status = "failed" if failed else ("degraded" if not reachable or planning else "ok")
     health = HealthOut(status=status, store_reachable=reachable, version=version(),
                        mode=ctx.mode, simulated=simulated, uptime_s=round(time.time() - ctx.started_ms / 1000, 3),
-                       components=components)
-    return health if status == "ok" else JSONResponse(health.model_dump(mode="json"), status_code=503)
+                       components=components, planning_failures=planning)
+    if status == "ok" or (status == "degraded" and reachable):  # a job the planner fails on: the API still serves
+        return health
+    return JSONResponse(health.model_dump(mode="json"), status_code=503)
+
+
+def _planning_failures(ctx: ApiContext) -> list[PlanningFailureOut]:
+    """The live jobs whose plans raise now (store/plan_status.py); a store that fails here fails nothing else."""
+    from trimtab.grading.grading import LIVE_JOB_S
+    from trimtab.store.jobs import get_job
+    from trimtab.store.plan_status import describe, failing_jobs
+
+    try:
+        out = []
+        cutoff = int(time.time() * 1000) - LIVE_JOB_S * 1000
+        for name, mode, s in failing_jobs(ctx.engine):
+            job = get_job(ctx.engine, name) if mode != "off" else None
+            if job is None or job.last_report_ms is None or job.last_report_ms < cutoff:
+                continue
+            out.append(PlanningFailureOut(job=name, since_ms=s.failing_since_ms, failures=s.failures,
+                                          error=describe(s.last_error or {}),
+                                          retry_at_ms=s.retry_at_ms))
+        return out
+    except Exception:  # noqa: BLE001 - the probe answers; the store's own check says whether it is reachable
+        return []
 
 
 def _components(ctx: ApiContext) -> dict:

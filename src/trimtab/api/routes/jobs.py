@@ -8,16 +8,20 @@ its changes or re-register it (403), so an admin's job cannot be taken over by w
 
 from __future__ import annotations
 
+from typing import Optional
+
 from fastapi import APIRouter, Depends, HTTPException, Path, Response
 
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, require_scope
 from trimtab.api.job_schemas import JobIn, JobOut, JobsOut, ModeIn, RoleOut
+from trimtab.api.planner_schemas import PlannerOut, planner_out
 from trimtab.api.errors import invalid
 from trimtab.api.schemas import SLUG
 from trimtab.contract.roles import RolePlacement, device_map_of, gpus_by_role, merge
 from trimtab.grading.rules import RulesError, check_job_overrides
 from trimtab.store import jobs as job_store
+from trimtab.store import plan_status
 from trimtab.store.jobs import StoredJob
 from trimtab.store.tokens import StoredToken
 
@@ -28,13 +32,14 @@ def job_name_path() -> str:
     return Path(min_length=1, max_length=128, pattern=SLUG, description="The job's name.")
 
 
-def job_out(job: StoredJob, simulated_hosts: set[str]) -> JobOut:
+def job_out(job: StoredJob, simulated_hosts: set[str], planner: Optional[PlannerOut] = None) -> JobOut:
     return JobOut(name=job.name, ranks=job.ranks, device_map=job.device_map, hostnames=job.hostnames,
                   roles=[RoleOut(**p.to_wire()) for p in job.roles],
                   gpus_by_role=gpus_by_role(job.roles, job.device_map, job.hostnames),
                   knobs=job.knobs, mode=job.mode, rules=job.rules,
                   advise_only_reason=job.advise_only_reason, simulated=any(h in simulated_hosts for h in job.hostnames),
-                  created_ms=job.created_ms, updated_ms=job.updated_ms, last_report_ms=job.last_report_ms)
+                  created_ms=job.created_ms, updated_ms=job.updated_ms, last_report_ms=job.last_report_ms,
+                  planner=planner)
 
 
 def find_job(ctx: ApiContext, name: str) -> StoredJob:
@@ -88,19 +93,30 @@ def register(body: JobIn, response: Response, ctx: ApiContext = Depends(get_ctx)
 
 
 @router.get("", response_model=JobsOut, responses=READ, summary="List jobs",
-            description="Registered jobs by name, with their knobs' current values and bounds; paginated.")
+            description="Registered jobs by name, with their knobs' current values and bounds and what the "
+                        "rebalancer last said about each (planner: its note, the gate that held it, whether its plans "
+                        "fail); paginated.")
 def list_jobs(pages: Page = Depends(page), ctx: ApiContext = Depends(get_ctx)) -> JobsOut:
     rows, next_offset = pages.cut(job_store.list_jobs(ctx.engine, pages.fetch(), pages.offset))
     simulated_hosts = job_store.simulated_hostnames(ctx.engine)
-    out = [job_out(j, simulated_hosts) for j in rows]
+    statuses = plan_status.plan_statuses(ctx.engine, [j.id for j in rows])
+    out = [job_out(j, simulated_hosts, planner_out(statuses.get(j.id))) for j in rows]
     return JobsOut(simulated=any(j.simulated for j in out), jobs=out, next_offset=next_offset)
 
 
 @router.get("/{name}", response_model=JobOut, responses={**READ, **NOT_FOUND}, summary="Get a job",
-            description="One job's declaration (with its GPUs by role), knob values and when it last reported. "
-                        "404 for an unknown job.")
+            description="One job's declaration (with its GPUs by role), knob values, when it last reported, and "
+                        "what the rebalancer last said about it (planner): its last plan's note; when it decided "
+                        "nothing, the gate that held it (collecting steps, measuring, settling, not measurable, bound "
+                        "reached, memory headroom, a hold, advised recently, …), the window it read, the data it "
+                        "misses and the step at which it expects to decide; while its plans raise, the error (type, "
+                        "message, stage, step, where), failures in a row and since when, when it is tried again; its "
+                        "recent planning events. 404 for an unknown job.")
 def get_job(name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx)) -> JobOut:
-    return job_out(find_job(ctx, name), job_store.simulated_hostnames(ctx.engine))
+    job = find_job(ctx, name)
+    status = plan_status.plan_statuses(ctx.engine, [job.id]).get(job.id)
+    return job_out(job, job_store.simulated_hostnames(ctx.engine),
+                   planner_out(status, plan_status.events(ctx.engine, job.id, limit=5) if status else []))
 
 
 @router.put("/{name}/mode", response_model=JobOut, responses={**WRITE, **NOT_FOUND}, summary="Set a job's mode",
