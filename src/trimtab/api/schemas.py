@@ -356,6 +356,11 @@ class JobCheckOut(Model):
         None, description="When only some steps generate (a generation batch feeds several optimizer steps, TRL's "
                           "steps_per_generation): generating_steps of steps, step_with_generation_s and "
                           "step_without_generation_s; null otherwise.")
+    planner: Optional[dict[str, Any]] = Field(
+        None, description="What the rebalancer last said about the job, as GET /v1/jobs/{name}'s planner (without "
+                          "events): note, gate (name, rule, why, window, missing, expects_step: null = not before the "
+                          "job moves), failing, failures, failing_since_ms, last_error, retry_at_ms; null before its "
+                          "first plan.")
 
 
 class BalanceJobsOut(Model):

@@ -179,7 +179,9 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     none), throughput and tokens/s, an RL trainer's completions, completion length and reward, why its step times
     alternate when only some steps generate, the rows step composition (on GPU time where the hook's CUDA events
     time the phases, else wall time; the row says which), fragmentation and collective latency over its newest
-    window of steps, and its recent rebalancer decisions. A job row at "act" counts as out of balance.
+    window of steps, what the rebalancer last said about it (the gate that held a rule at ACT, the window, the data
+    it misses and the step at which it expects to decide; or, while its plans fail, the error: on the job's line)
+    and its recent rebalancer decisions. A job row at "act" counts as out of balance.
     """
     jobs = []
     try:
@@ -214,4 +216,9 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
         click.echo("\n\n".join([render_report(r) for r in reports] + [render_job(j) for j in jobs]))
     for r in stale:
         click.echo(f"trimtab check: {r.staleness()}", err=True)
+    for j in jobs:
+        if (j.planner or {}).get("failing"):
+            err = j.planner.get("last_error") or {}
+            click.echo(f"trimtab check: the planner fails on job {j.name!r}: {err.get('type')}: {err.get('message')} "
+                       f"(GET /v1/jobs/{j.name} has its events)", err=True)
     sys.exit(EXIT_ERROR if stale else EXIT_OK if balanced else EXIT_IMBALANCE)

@@ -7,6 +7,7 @@ from typing import Optional
 from trimtab.contract.statuses import ACT, NO_DATA, OK, UNSUPPORTED, WATCH
 from trimtab.grading.balance import BalanceReport
 from trimtab.grading.step_facts import cadence_line
+from trimtab.store.plan_status import describe
 
 MARK = {OK: "ok   ", WATCH: "WATCH", ACT: "ACT  ", NO_DATA: "-    ", UNSUPPORTED: "n/a  "}
 
@@ -89,12 +90,42 @@ def roles_line(gpus_by_role) -> str:
                       for (node, gpus), roles in together.items())
 
 
+def planner_lines(p: dict, now_ms: int) -> list[str]:
+    """What the rebalancer last said about the job: the error while its plans fail; else its last plan's note and,
+    when it decided nothing, the gate that held it, the window, what it misses and when it expects to decide."""
+    if not p:
+        return []
+    if p.get("failing"):
+        retry = p.get("retry_at_ms")
+        again = f", planned again in {max(0.0, (retry - now_ms) / 1000):.0f} s" if retry is not None else ""
+        return [f"planner: fails on this job ({p.get('failures')} in a row, the first "
+                f"{_age(p.get('failing_since_ms'), now_ms)}{again}): {describe(p.get('last_error') or {})}"]
+    lines = [f"planner ({_age(p.get('planned_ms'), now_ms)}, at step {_value(p.get('step'))}): {p.get('note')}"]
+    gate = p.get("gate")
+    if gate:
+        bits = [f"held: {gate['name'].replace('_', ' ')}" + (f" ({gate['rule']})" if gate.get("rule") else "")]
+        w = gate.get("window")
+        if w and w.get("steps"):
+            bits.append(f"window steps {w['steps'][0]}–{w['steps'][1]}, "
+                        f"{_num(w.get('samples_per_s'), '{:.2f}')} samples/s")
+        if gate.get("missing"):
+            bits.append(f"missing: {gate['missing']}")
+        step = gate.get("expects_step")
+        bits.append(f"expects to decide at step {step}" if step is not None else "not before the job moves")
+        lines.append("  " + "; ".join(bits))
+    return lines
+
+
 def render_job(j) -> str:
     """One job's section (a :class:`trimtab.grading.job_report.JobSummary`): knobs, window, the three job rows
     and the recent decisions."""
     head = f"job {j.name}  mode {j.mode}  ranks {j.ranks}" + (f"  on {', '.join(j.hostnames)}" if j.hostnames else "")
     if j.simulated:
         head += "  [SIMULATED node]"
+    planner = getattr(j, "planner", None) or {}
+    if planner.get("failing"):
+        err = planner.get("last_error") or {}
+        head += f"  — THE PLANNER FAILS ON THIS JOB: {err.get('type')}: {err.get('message')}"
     lines = [head]
     if getattr(j, "gpus_by_role", None):
         lines.append(f"roles: {roles_line(j.gpus_by_role)}")
@@ -122,6 +153,7 @@ def render_job(j) -> str:
         lines.append(f"  {MARK[v.status]} {v.check:<20} {v.message}")
         if v.advice and v.status in (WATCH, ACT):
             lines.append(f"        → {v.advice}")
+    lines.extend(planner_lines(planner, j.generated_at_ms))
     lines.append("")
     if j.decisions:
         lines.append(f"recent decisions (newest first, last {len(j.decisions)}):")

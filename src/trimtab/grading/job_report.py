@@ -32,6 +32,7 @@ from trimtab.grading.signals import WALL_TIME, JobContext, phase_share_pct, time
 from trimtab.grading.window import PHASES, JobStep, as_period, load_jobs_steps, screen, throughput, window
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
+from trimtab.store import plan_status
 from trimtab.store import steps as step_store
 from trimtab.store.jobs import StoredJob
 
@@ -90,6 +91,7 @@ class JobSummary:
     time_base: str = WALL_TIME                   # what phase_shares (and the composition row) measure: gpu | wall
     wall_phase_shares: dict[str, Optional[float]] = field(default_factory=dict)  # the same on wall time, 0–1
     gpus_by_role: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # role → node → local GPUs
+    planner: Optional[dict[str, Any]] = None     # the rebalancer's last word on it (store/plan_status.py); None: none
 
     @property
     def status(self) -> str:
@@ -230,9 +232,10 @@ def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:
 
 def job_summaries(engine: Engine, jobs_: Sequence[StoredJob], rules: Optional[RuleSet] = None,
                   now_ms: Optional[int] = None, decisions: int = RECENT_DECISIONS,
-                  simulated_hosts: Optional[set[str]] = None) -> list[JobSummary]:
+                  simulated_hosts: Optional[set[str]] = None, planner: bool = True) -> list[JobSummary]:
     """Every job in ``jobs_`` graded. A fixed number of queries (``simulated_hosts``: the simulated nodes' names,
-    if the caller has read them), plus one per job for its last ``decisions`` decisions (0: none, as /metrics)."""
+    if the caller has read them; ``planner``: what the rebalancer last said about each, one query), plus one per
+    job for its last ``decisions`` decisions (0: none, as /metrics)."""
     rules = rules or default_rules()
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     if not jobs_:
@@ -245,9 +248,20 @@ def job_summaries(engine: Engine, jobs_: Sequence[StoredJob], rules: Optional[Ru
     baselines = probe_baselines(engine, probing) if probing else {}
     if simulated_hosts is None:
         simulated_hosts = job_store.simulated_hostnames(engine)
-    return [grade(j, rules, steps.get(j.id, []), baselines.get(j.id), now,
-                  simulated=any(h in simulated_hosts for h in j.hostnames),
-                  decisions=_decision_rows(engine, j, decisions)) for j in jobs_]
+    said = plan_status.plan_statuses(engine, [j.id for j in jobs_]) if planner else {}
+    out = [grade(j, rules, steps.get(j.id, []), baselines.get(j.id), now,
+                 simulated=any(h in simulated_hosts for h in j.hostnames),
+                 decisions=_decision_rows(engine, j, decisions)) for j in jobs_]
+    for summary, j in zip(out, jobs_):
+        if j.id in said:
+            summary.planner = _planner(said[j.id])
+    return out
+
+
+def _planner(s: plan_status.PlanStatus) -> dict[str, Any]:
+    return {"note": s.note, "gate": s.gate, "planned_ms": s.planned_ms, "step": s.step, "failing": s.failing,
+            "failures": s.failures, "failing_since_ms": s.failing_since_ms, "errors_total": s.errors_total,
+            "last_error": s.last_error, "retry_at_ms": s.retry_at_ms}
 
 
 def job_summary(engine: Engine, job: StoredJob, rules: Optional[RuleSet] = None, now_ms: Optional[int] = None,

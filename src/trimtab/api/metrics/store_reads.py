@@ -35,7 +35,7 @@ def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
     since = now - int(LIVE_JOB_S * 1000)
     live = [j for j in every if j.last_report_ms is not None and j.last_report_ms >= since]
     simulated_hosts = job_store.simulated_hostnames(engine)
-    summaries = job_summaries(engine, live, rules, now, decisions=0, simulated_hosts=simulated_hosts)
+    summaries = job_summaries(engine, live, rules, now, decisions=0, simulated_hosts=simulated_hosts, planner=False)
     return JobScrape(summaries=summaries, decisions=decision_counts(engine), changes=job_store.change_counts(engine),
                      simulated_jobs={j.name for j in every if any(h in simulated_hosts for h in j.hostnames)},
                      plan_errors=error_totals(engine))
