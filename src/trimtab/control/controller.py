@@ -22,7 +22,10 @@ Order of business (one change in flight per job, each measured before the next):
    aside) is decided while the steps it would be judged against still trend (a warm-up): the change would be
    credited with the settling.
 
-Every plan says when planning again could change anything (``Plan.wait``): the daemon plans per window.
+Every plan says when planning again could change anything (``Plan.wait``): the daemon plans per window. A plan that
+decides nothing says why as data (``Plan.gate``, gates.py: the gate, the rule it held, the window, the data it
+misses, the step it expects to decide at), kept per job and served by the job's API and ``check``. A window without
+measurable throughput decides no change (lost_steps.py: a step lost to an OOM is not a rate of 0).
 """
 
 from __future__ import annotations
