@@ -76,3 +76,14 @@ def test_gain_pct_is_what_the_verdict_read_not_the_windows_raw_throughput():
     assert p.evidence["gain_pct"] == pytest.approx(ratio_pct, abs=0.01)
     assert abs(p.evidence["gain_pct"]) < 1.0
     assert p.evidence["window_gain_pct"] > 25.0  # the raw figure, kept under its own name
+
+
+def test_a_step_without_samples_in_the_before_window_is_a_lost_step_not_a_type_error():
+    # One step of the before window reported no samples: the window's samples/s was null while its other periods
+    # made a sample, and the verdict's figures formatted None (TypeError at every plan, 30 in a row).
+    history = (steps(0, 25, step_time=1.0, gen=0.95) + steps(25, 1, step_time=1.0, gen=0.95, samples=None)
+               + steps(26, 4, step_time=1.0, gen=0.95) + steps(30, 14, step_time=1.0 / 1.3, gen=0.9 / 1.3))
+    p = plan(state(history, job(batch=4), changes=[change(applied_step=30)], decisions=[decision()]), RULES)
+    assert (p.close, p.outcome) == (7, "kept"), p.note
+    assert p.evidence["before_sample"]["lost_steps"] == [{"step": 25, "why": "no samples reported"}]
+    assert p.evidence["gain_pct"] == pytest.approx(30.0, abs=0.5) and "1 lost step left out (step 25" in p.note
