@@ -16,7 +16,8 @@ JOB = {"name": "grpo", "ranks": 1, "hostnames": ["node-a"], "mode": "auto",
 def report(api, step: int, step_time: float = 45.0, gen: float = 44.0) -> None:
     r = api.post("/v1/jobs/grpo/reports", {"step": step, "rank": 0, "step_time_s": step_time, "samples": 64,
                                            "phases": {"generation": gen, "evaluation": 0.5, "communication": 0.2,
-                                                      "update": max(0.0, step_time - gen - 0.7), "other": 0.0}}, scope="job")
+                                                      "update": max(0.0, step_time - gen - 0.7), "other": 0.0}},
+                 scope="job")
     assert r.status_code == 200, r.text
 
 

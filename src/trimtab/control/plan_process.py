@@ -112,7 +112,8 @@ def _plan_in_child(job: StoredJob, check: bool) -> ChildPlan:
     if not check or _child._worth_planning(job):
         (result, failure), evaluated = _child.plan_job(job), True
     counts = {k: getattr(stats, k) - before[k] for k in _COUNTERS}
-    return ChildPlan(result, failure, evaluated, counts, stats.last_error if counts["errors"] else None, stats.last_evaluation_ms,
+    return ChildPlan(result, failure, evaluated, counts, stats.last_error if counts["errors"] else None,
+                     stats.last_evaluation_ms,
                      stats.notes.get(job.name), _child._cadence.get(job.name) if evaluated else None,
                      _child._seen.get(job.name) if evaluated else None,
                      time.thread_time() - cpu_s)

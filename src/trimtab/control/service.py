@@ -8,10 +8,11 @@ job at most once however many reports come in meanwhile); the thread plans the q
 it decides reaches the job in the response to its next report. Every ``interval_s`` the thread also sweeps the
 jobs for ones whose last report came in while they were being planned. A job whose plan raises is an error event
 on the job (stored, served by its API, check, /healthz and /metrics) and is planned again after a backoff
-(plan_errors.py); it never stops the thread or the other jobs' plans; ``stop`` ends it after the plan in progress. The daemon runs
-each plan in a child process (``start(own_process=True)``, plan_process.py): a thread shares the API's interpreter
-lock, which kept report p99 in seconds while 100 jobs planned. The thread rests between plans: planning takes at
-most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans on the caller's thread (tests).
+(plan_errors.py); it never stops the thread or the other jobs' plans. ``stop`` ends the thread after the plan in
+progress. The daemon runs each plan in a child process (``start(own_process=True)``, plan_process.py): a thread
+shares the API's interpreter lock, which kept report p99 in seconds while 100 jobs planned. The thread rests between
+plans: planning takes at most ``PLAN_SHARE`` of a core, here or there. A Rebalancer never started plans on the
+caller's thread (tests).
 
 Planning costs per window, not per step: each plan says how many more steps and seconds of step time must come in
 before planning again can change anything (:class:`~trimtab.control.plan.Wait`), and until then a report
