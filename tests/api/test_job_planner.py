@@ -37,6 +37,8 @@ def test_a_job_whose_plans_fail_says_so_on_its_api_and_healthz_until_it_recovers
     assert planner["failing_since_ms"] == err["at_ms"] and planner["retry_at_ms"] == err["at_ms"] + 1000
     assert [e["kind"] for e in planner["events"]] == ["planning_failed"]
     assert api.get("/v1/jobs").json()["jobs"][0]["planner"]["failing"] is True
+    [checked] = api.get("/v1/balance/jobs").json()["jobs"]  # what `check --server` renders
+    assert checked["planner"]["failing"] is True and checked["planner"]["last_error"]["stage"] == "planning"
 
     health = api.get("/healthz")
     assert health.status_code == 200 and health.json()["status"] == "degraded"
