@@ -35,6 +35,7 @@ from trimtab.contract.statuses import ADVISED, APPLIED, PENDING, SUPERSEDED
 from trimtab.control.follow_up import follow_up
 from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
+from trimtab.control.drift import at_equal_length
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
 from trimtab.control.queue_use import queue_unused
@@ -44,6 +45,7 @@ from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window
 from trimtab.grading.rules import Action, ControllerSettings, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.control.verdict import Sample, unsettled
+from trimtab.grading.periodic import without_heavy
 from trimtab.grading.window import JobStep, screen, throughput, window
 from trimtab.store.decisions import StoredDecision
 
@@ -292,11 +294,18 @@ def plan(state: JobState, rules: RuleSet,
          placement: Optional[Callable[[JobState, dict[str, Reading], Sequence[JobStep]], Optional[dict]]] = None) -> Plan:
     """What the controller does now for this job (see the module docstring for the order). Steps far off the
     job's own (``outlier_x_median``) enter no window: a decision's evidence names them and why."""
-    kept, excluded = screen(state.steps, rules.controller.outlier_x_median, longest_period(state, rules))
-    state = replace(state, steps=kept) if excluded else state
+    ctl = rules.controller
+    kept, excluded = screen(state.steps, ctl.outlier_x_median, longest_period(state, rules))
+    kept, heavy = without_heavy(kept, ctl.periodic_heavy_x, ctl.periodic_min_repeats)
+    state = replace(state, steps=kept) if excluded or heavy else state
     result = _plan(state, rules, placement)
-    if excluded and (result.change or result.advised or result.advice_rule or result.close is not None):
+    decided = result.change or result.advised or result.advice_rule or result.close is not None
+    if excluded and decided:
         result.evidence = {**result.evidence, "excluded_steps": excluded[-20:], "excluded_steps_count": len(excluded)}
+    if heavy is not None:
+        if decided:
+            result.evidence = {**result.evidence, "periodic_steps_left_out": heavy.evidence()}
+        result.note += f" [{heavy.evidence()['how']}]"
     return result
 
 
@@ -365,12 +374,19 @@ def _plan(state: JobState, rules: RuleSet,
                 return Plan(note=f"{rule.name} fires; {knob} waits for change {last.id} ({last.knob} → "
                                  f"{last.value:g}) to drain: a window from step {drained}",
                             readings=list(readings.values()), wait=_collecting(base, ctl))
-            drift = unsettled(before_window(base, rules, every), every, ctl)
+            # read at equal length where the job's lengths drift (drift.py): a drift the tokens explain is the job's
+            # work changing, not a baseline still settling
+            baseline, length_model = at_equal_length(base, before_window(base, rules, every), ctl)
+            drift = unsettled(baseline, every, ctl)
             if drift is not None:
+                at = "" if length_model is None else \
+                    f" at {length_model.ref_tokens:.0f} tokens per sample, the length's own drift taken out"
                 return Plan(note=f"{rule.name} fires; waiting for the throughput to settle before a change (the "
-                                 f"before window's throughput moved {drift.change_pct:+.1f} % across it, "
+                                 f"before window's throughput{at} moved {drift.change_pct:+.1f} % across it, "
                                  f"{drift.confidence_pct:.0f} % sure)", readings=list(readings.values()),
                             wait=next_window)
+            if length_model is not None:
+                evidence["drift_model"] = length_model.evidence()
         if choice is not None:
             action, new = choice
             old = float(job.knobs[action.knob]["value"])

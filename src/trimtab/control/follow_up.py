@@ -18,6 +18,7 @@ from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.composition import composition
+from trimtab.control.drift import at_equal_length
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import Persistence, persistence
 from trimtab.control.queue_use import own_verdict_from
@@ -33,14 +34,20 @@ from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
 
 
-def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
+def _at_old_setting(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
     """The steps before a change at the setting it changed: after the previous change's settle steps (and its
-    drain, settle.py), the newest covering ``verdict_before_s`` (in whole periods of the old sync interval)."""
+    drain, settle.py)."""
     earlier = [c for c in state.changes if c.status == APPLIED and c.applied_step is not None
                and c.applied_step < change.applied_step]
     start = drained_from(max(earlier, key=lambda c: c.applied_step), rules, change.knob) if earlier else 0
+    return [s for s in state.steps if start <= s.step < change.applied_step]
+
+
+def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
+    """The newest steps at the setting a change left covering ``verdict_before_s`` (in whole periods of the old
+    sync interval)."""
     every = _old_period(state, rules, change)
-    candidates = [s for s in state.steps if start <= s.step < change.applied_step]
+    candidates = _at_old_setting(state, rules, change)
     return _since_level_shift(before_window(candidates, rules, every), every, rules, state.persistence)
 
 
@@ -178,6 +185,10 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         # The job's ack moves its knob (a new registration key): planning resumes then, or after a window.
         return Plan(note=f"waiting for the job to apply change {change.id} ({change.knob} → {change.value})",
                     wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
+    # What the job would have done without the change, where its lengths drift: every step read at the old
+    # setting's reference length (drift.py), the before window and the after window alike.
+    at_length, length_model = at_equal_length(_at_old_setting(state, rules, change), state.steps, ctl)
+    state = replace(state, steps=at_length)
     every = period(state.job, rules)
     first = own_verdict_from(change, rules, state.steps)
     after_steps = [s for s in state.steps if s.step >= first]
@@ -199,6 +210,8 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                 "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
     if before:
         evidence["before_window"] = window_evidence(before)
+    if length_model is not None:
+        evidence["drift_model"] = length_model.evidence()
     b_sample = state.persistence.sample(before, _old_period(state, rules, change)) if before else None
     a_sample = state.persistence.sample(grown, every)
     if state.persistence.rho > 0:
@@ -254,7 +267,8 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                f"the job's first move, and not surely above the end of the before window's own line (it climbed "
                f"{trend.change_pct:+.1f} % across it: the tail of a warm-up)")
         return _roll_back(state, open_d, change, f"not judged: {why}, to be re-measured", evidence, closed)
-    figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
+    at = "" if length_model is None else f" at {length_model.ref_tokens:.0f} tokens per sample"
+    figures = (f"{before_tp:.2f} → {after_tp:.2f} samples/s{at} ({100 * (v.ratio - 1):+.1f} %, 95 % interval "
                f"{v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, {v.confidence_pct:.0f} % sure)")
     if v.result == GAIN:
         return Plan(note=f"decision {open_d.id}: throughput {figures}: kept", outcome=KEPT, evidence=evidence,
