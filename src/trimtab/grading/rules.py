@@ -118,7 +118,7 @@ class ControllerSettings:
     lone_period_x: float = 3.0
     drift_min_length_spread_pct: float = 2.0
     periodic_heavy_x: float = 3.0
-    periodic_min_repeats: int = 3
+    periodic_min_repeats: int = 4
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
     advice_repeat_s: float = 600.0
