@@ -92,6 +92,9 @@ def test_a_raise_is_judged_at_equal_length_while_the_lengths_grow_or_shrink():
         ratio = gained.evidence["verdict"]["ratio"]
         assert 2.8 < ratio < 3.6, gained.note  # 16 / 4 × (1.5 + 0.1) / (1.5 + 0.4) = 3.37 at equal length
         assert "drift_model" in gained.evidence
+        # the decision's row keeps what the job ran at: below the reference length's figure while lengths grow
+        at_reference = gained.evidence["after_window"]["samples_per_s"]
+        assert (gained.throughput_after < at_reference) == (length_at is growing), gained.note
     # a "raise" that changes nothing on a shrinking job: the shrink (samples/s +15 % across) is not its gain
     nothing = _verdict(shrinking, 4)
     v = nothing.evidence.get("verdict") or {}

@@ -20,7 +20,9 @@ Order of business (one change in flight per job, each measured before the next):
    short of values measured worse (the bracket search, both ways), never a move whose verdict still holds. A
    safety rule that fires and cannot act stops lower rules: speed never goes before memory. No change (safety
    aside) is decided while the steps it would be judged against still trend (a warm-up): the change would be
-   credited with the settling.
+   credited with the settling. A job whose lengths drift is read at equal length there (``drift.py``): a drift
+   the tokens explain is not a warm-up. A validation or checkpoint step every k steps enters no window
+   (``grading/periodic.py``).
 
 Every plan says when planning again could change anything (``Plan.wait``): the daemon plans per window.
 """
