@@ -55,6 +55,9 @@ def test_lengths_that_barely_move_or_step_time_that_ignores_them_give_no_model()
     assert fit(flat, CTL) is None
     no_tokens = [replace(s, rl={}) for s in decode_steps(0, 40, 4, growing)]
     assert fit(no_tokens, CTL) is None
+    logged = [replace(s, rl={"completion_mean_tokens": s.rl["tokens"] / s.samples}) for s in decode_steps(0, 40, 4,
+                                                                                                           growing)]
+    assert fit(logged, CTL) is not None  # the framework's logged mean length does as well
 
 
 def test_a_warm_up_the_tokens_do_not_explain_is_still_unsettled():

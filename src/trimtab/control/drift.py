@@ -11,9 +11,14 @@ they would have been at the reference length: the trend gate, the verdict's t-te
 throughput at equal length — a raise judged by its own effect, a drift that the tokens explain not "unsettled",
 and a warm-up (a trend the tokens do not explain) still one.
 
-No model (the plain samples/s) where the job reports no tokens, where its lengths barely moved (their spread under
+The length is the step's ``tokens`` over its samples, else the mean completion length its framework logged. No model
+(the plain samples/s) where the job reports neither, where its lengths barely moved (their spread under
 ``drift_min_length_spread_pct``: nothing to correct, and nothing to fit a slope on), or where step time is not
 surely longer at longer lengths (a job whose step time does not follow its length has no drift of that kind).
+The after window is read with the old setting's line: a change is taken to scale a step's time by the same factor
+at every length (exact where the step is all decode, as the bench's jobs and a weight-bound decode are; where a
+fixed part of the step differs between the settings, the verdict is off by that part's share of the length's drift
+across the two windows).
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ MIN_STEPS = 8        # fewer steps put no line through their lengths
 SLOPE_SURE_T = 3.0   # the slope is used only this many standard errors above 0
 
 
+def length_of(step: JobStep) -> Optional[float]:
+    """The step's tokens per sample: its ``tokens`` over its samples, else the mean completion length its framework
+    logged (TRL's ``completions/mean_length``, verl's ``response_length/mean``); None when it reports neither."""
+    length = tokens_per_sample(step)
+    return length if length is not None else step.rl.get("completion_mean_tokens") or None
+
+
 @dataclass(frozen=True)
 class LengthModel:
     """Seconds per sample at one setting: ``a_s + b_s_per_token × tokens per sample``, and the length the job's
@@ -46,7 +58,7 @@ class LengthModel:
 
     def scale(self, step: JobStep) -> float:
         """How many times faster the step would have run at the reference length (1 without tokens)."""
-        tokens = tokens_per_sample(step)
+        tokens = length_of(step)
         if tokens is None:
             return 1.0
         at_ref, at_own = self.seconds_per_sample(self.ref_tokens), self.seconds_per_sample(tokens)
@@ -67,7 +79,7 @@ class LengthModel:
 def fit(steps: Sequence[JobStep], ctl: ControllerSettings) -> Optional[LengthModel]:
     """The line through the steps' seconds per sample against their tokens per sample (steps at one setting), or
     None (see the module docstring)."""
-    points = [(tokens_per_sample(s), s.step_time_s / s.samples, s.step) for s in steps
+    points = [(length_of(s), s.step_time_s / s.samples, s.step) for s in steps
               if s.samples and s.step_time_s > 0]
     points = [(x, y, i) for x, y, i in points if x is not None and x > 0]
     if len(points) < MIN_STEPS:
