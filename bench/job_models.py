@@ -315,3 +315,27 @@ WORKLOADS = {"comm": comm_bound, "eval": eval_bound, "non_monotone": non_monoton
              "queue_sync": queue_then_sync, "queue_bank": lambda: queue_then_sync(bank=True),
              "queue_sync_mark": lambda: queue_then_sync(mark=True),
              "queue_steady": bounded_queue, "queue_bursty": lambda: bounded_queue(bursty=True)}
+
+
+# -- issue 38: jobs that change over time (the drifting ones are scored by bench/drifting_jobs.py) -------------------
+
+def periodic_heavy(every: int = 20, x: float = 10.0, phase: str = "validation") -> Workload:
+    """A generation-bound batch job (0.15 s + 12.5 ms a sample, ±5 %: batch 4 → 64, the job's max, pays 3.4×) with a
+    heavy step every ``every`` steps: a validation pass (or a checkpoint save) inside the step, ``x`` times the
+    step at the starting batch, whatever the batch (``trainer.test_freq``, ``eval_steps``, ``save_steps``). The
+    knob does nothing to the heavy step; a window at batch 4 (4 s: 20 steps) holds one, and half of it holds it."""
+    extra_s = (x - 1.0) * (0.15 + 0.0125 * 4)
+
+    def step(k, i, rng):
+        b = int(k["batch_size"])
+        train = _noisy(rng, 0.15 + 0.0125 * b, 0.05)
+        heavy = extra_s if (i + 1) % every == 0 else 0.0
+        phases = {"generation": 0.85 * train, "update": 0.15 * train, **({phase: heavy} if heavy else {})}
+        return train + heavy, phases, b
+    return Workload(f"periodic {phase} every {every} steps ({x:g}× a step)",
+                    {"batch_size": {"value": 4, "min": 1, "max": 64}}, step,
+                    [{"batch_size": b} for b in (4, 8, 16, 32, 64)], steps=160)
+
+
+WORKLOADS.update({"eval_10x_20": periodic_heavy, "eval_5x_50": lambda: periodic_heavy(50, 5.0),
+                  "checkpoint_25x_40": lambda: periodic_heavy(40, 25.0, "checkpoint")})

@@ -87,6 +87,11 @@ class SimJob:
     def step_s(self, batch: int, length: int, noise: float) -> float:
         return (self.decode_s + self.per_sample_s * batch + self.per_token_s * batch * length) * noise
 
+    def step_at(self, step: int, batch: int, length: int, noise: float) -> tuple[float, dict]:
+        """The step's time and the phases it reports."""
+        t = self.step_s(batch, length, noise)
+        return t, {"generation": 0.9 * t, "update": 0.1 * t}
+
 
 def largest_fitting(fits: Callable[[int, int], bool], length: int, hi: int) -> int:
     """The largest batch in 1…hi that fits at ``length`` (0 when none), by bisection (fits is monotone in batch)."""
@@ -130,7 +135,9 @@ def ooms_by_cause(run: Run) -> dict[str, int]:
 
 
 def run_simulated(http: httpx.Client, token: str, job: SimJob, name: str) -> Run:
-    """The simulated job under the rebalancer (mode auto) through the API at ``http``'s base URL."""
+    """The simulated job under the rebalancer (mode auto) through the API at ``http``'s base URL (``job``: a
+    :class:`SimJob`, or any job with its ``shape``, ``limit_gib``, ``lengths``, ``noise``, ``step_at``, ``fits``
+    and ``peak_bytes``: ``bench/drifting_jobs.py``'s)."""
     auth = {"Authorization": f"Bearer {token}"}
     s = job.shape
     knob = {"value": s.batch_start, "min": 1, "max": s.batch_max}
@@ -144,13 +151,13 @@ def run_simulated(http: httpx.Client, token: str, job: SimJob, name: str) -> Run
     run, ooms = Run(), 0
     for i, (length, noise) in enumerate(zip(job.lengths(), job.noise())):
         batch = int(knob["value"])
-        t = job.step_s(batch, length, noise)
+        t, phases = job.step_at(i, batch, length, noise)
         lost = not job.fits(batch, length)
         run.batches.append(batch)
         run.lengths.append(length)
         run.seconds.append(t)
         run.samples.append(0 if lost else batch)
-        body = {"step": i, "rank": 0, "step_time_s": t, "phases": {"generation": 0.9 * t, "update": 0.1 * t},
+        body = {"step": i, "rank": 0, "step_time_s": t, "phases": phases,
                 "samples": 0 if lost else batch, "tokens": 0 if lost else batch * length}
         if lost:  # what the hook does: halve, never back above the size that failed, declare the new bounds
             run.ooms.append(i)

@@ -31,6 +31,7 @@ class Smoke:
 
 
 SMOKE = {
+    "drifting_jobs.py": Smoke(("--smoke",), "% of the static batch"),
     "gpu_agreement.py": Smoke(("--help",), "--phase-s",
                               gpu="drives a known load on a real GPU against nvidia-smi dmon: its arguments only"),
     "gpu_phases.py": Smoke(("--smoke",), "smoke ok",

@@ -20,7 +20,9 @@ Order of business (one change in flight per job, each measured before the next):
    short of values measured worse (the bracket search, both ways), never a move whose verdict still holds. A
    safety rule that fires and cannot act stops lower rules: speed never goes before memory. No change (safety
    aside) is decided while the steps it would be judged against still trend (a warm-up): the change would be
-   credited with the settling.
+   credited with the settling. A job whose lengths drift is read at equal length there (``drift.py``): a drift
+   the tokens explain is not a warm-up. A validation or checkpoint step every k steps enters no window
+   (``grading/periodic.py``).
 
 Every plan says when planning again could change anything (``Plan.wait``): the daemon plans per window. A plan that
 decides nothing says why as data (``Plan.gate``, gates.py: the gate, the rule it held, the window, the data it
@@ -41,6 +43,7 @@ from trimtab.control.held import advised_gate, gated_follow_up
 from trimtab.control.lost_steps import lost_steps, measured_throughput
 from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
+from trimtab.control.drift import at_equal_length
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
 from trimtab.control.queue_use import queue_unused
@@ -50,7 +53,8 @@ from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window
 from trimtab.grading.rules import Action, ControllerSettings, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
 from trimtab.control.verdict import Sample, unsettled
-from trimtab.grading.window import JobStep, screen, window
+from trimtab.grading.periodic import without_heavy
+from trimtab.grading.window import JobStep, screen, throughput, window
 from trimtab.store.decisions import StoredDecision
 
 __all__ = ["JobState", "NewChange", "Plan", "Wait", "plan", "period", "readings_for"]
@@ -298,11 +302,18 @@ def plan(state: JobState, rules: RuleSet,
          placement: Optional[Callable[[JobState, dict[str, Reading], Sequence[JobStep]], Optional[dict]]] = None) -> Plan:
     """What the controller does now for this job (see the module docstring for the order). Steps far off the
     job's own (``outlier_x_median``) enter no window: a decision's evidence names them and why."""
-    kept, excluded = screen(state.steps, rules.controller.outlier_x_median, longest_period(state, rules))
-    state = replace(state, steps=kept) if excluded else state
+    ctl = rules.controller
+    kept, excluded = screen(state.steps, ctl.outlier_x_median, longest_period(state, rules))
+    kept, heavy = without_heavy(kept, ctl.periodic_heavy_x, ctl.periodic_min_repeats)
+    state = replace(state, steps=kept) if excluded or heavy else state
     result = _plan(state, rules, placement)
-    if excluded and (result.change or result.advised or result.advice_rule or result.close is not None):
+    decided = result.change or result.advised or result.advice_rule or result.close is not None
+    if excluded and decided:
         result.evidence = {**result.evidence, "excluded_steps": excluded[-20:], "excluded_steps_count": len(excluded)}
+    if heavy is not None:
+        if decided:
+            result.evidence = {**result.evidence, "periodic_steps_left_out": heavy.evidence()}
+        result.note += f" [{heavy.evidence()['how']}]"
     return result
 
 
@@ -393,15 +404,22 @@ def _plan(state: JobState, rules: RuleSet,
                             gate=Gate(gates.DRAINING, rule=rule.name, window=win_evidence,
                                       missing=f"a window of steps from step {drained}",
                                       expects_step=expected_step(state.steps, w.steps, w.seconds, w.enough_steps)))
-            drift = unsettled(before_window(base, rules, every), every, ctl)
+            # read at equal length where the job's lengths drift (drift.py): a drift the tokens explain is the job's
+            # work changing, not a baseline still settling
+            baseline, length_model = at_equal_length(base, before_window(base, rules, every), ctl)
+            drift = unsettled(baseline, every, ctl)
             if drift is not None:
+                at = "" if length_model is None else \
+                    f" at {length_model.ref_tokens:.0f} tokens per sample, the length's own drift taken out"
                 return Plan(note=f"{rule.name} fires; waiting for the throughput to settle before a change (the "
-                                 f"before window's throughput moved {drift.change_pct:+.1f} % across it, "
+                                 f"before window's throughput{at} moved {drift.change_pct:+.1f} % across it, "
                                  f"{drift.confidence_pct:.0f} % sure)", readings=list(readings.values()),
                             wait=next_window,
                             gate=Gate(gates.SETTLING, rule=rule.name, window=win_evidence,
-                                      why=f"the before window's throughput moved {drift.change_pct:+.1f} % across it "
-                                          f"({drift.confidence_pct:.0f} % sure)"))
+                                      why=f"the before window's throughput{at} moved {drift.change_pct:+.1f} % "
+                                          f"across it ({drift.confidence_pct:.0f} % sure)"))
+            if length_model is not None:
+                evidence["drift_model"] = length_model.evidence()
         if choice is not None:
             action, new = choice
             old = float(job.knobs[action.knob]["value"])

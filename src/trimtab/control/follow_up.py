@@ -7,7 +7,8 @@ Kept: a gain the test is sure of, or a change it could not tell from noise whose
 and — the old setting being the one known to be good — a change it could not tell from noise (or measured within
 the dead band) that is not above the dead band: the top is flat between the two, the search ends there. A before window whose
 older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half. A gain that the before window's own trend could explain (the tail of a warm-up: it climbed by at least half as
-much) is re-measured — rolled back unjudged — not kept.
+much) is re-measured — rolled back unjudged — not kept. Where the job's lengths drift, every step is read at the
+length of the setting the change left (``drift.py``): what the job would have done without the change.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control.composition import composition
+from trimtab.control.drift import at_equal_length
 from trimtab.control.lost_steps import lost_note, lost_steps, measured_throughput
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import Persistence, persistence
@@ -34,14 +36,20 @@ from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
 
 
-def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
+def _at_old_setting(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
     """The steps before a change at the setting it changed: after the previous change's settle steps (and its
-    drain, settle.py), the newest covering ``verdict_before_s`` (in whole periods of the old sync interval)."""
+    drain, settle.py)."""
     earlier = [c for c in state.changes if c.status == APPLIED and c.applied_step is not None
                and c.applied_step < change.applied_step]
     start = drained_from(max(earlier, key=lambda c: c.applied_step), rules, change.knob) if earlier else 0
+    return [s for s in state.steps if start <= s.step < change.applied_step]
+
+
+def _before_steps(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:
+    """The newest steps at the setting a change left covering ``verdict_before_s`` (in whole periods of the old
+    sync interval)."""
     every = _old_period(state, rules, change)
-    candidates = [s for s in state.steps if start <= s.step < change.applied_step]
+    candidates = _at_old_setting(state, rules, change)
     return _since_level_shift(before_window(candidates, rules, every), every, rules, state.persistence)
 
 
@@ -179,6 +187,11 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         # The job's ack moves its knob (a new registration key): planning resumes then, or after a window.
         return Plan(note=f"waiting for the job to apply change {change.id} ({change.knob} → {change.value})",
                     wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
+    # What the job would have done without the change, where its lengths drift: every step read at the old
+    # setting's reference length (drift.py), the before window and the after window alike.
+    as_run = state.steps
+    at_length, length_model = at_equal_length(_at_old_setting(state, rules, change), as_run, ctl)
+    state = replace(state, steps=at_length)
     every = period(state.job, rules)
     first = own_verdict_from(change, rules, state.steps)
     after_steps = [s for s in state.steps if s.step >= first]
@@ -201,11 +214,17 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                 "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
     if before:
         evidence["before_window"] = window_evidence(before)
+    # the decision's row keeps the samples/s the job ran at; the verdict's figures (and gain_pct) are at the
+    # reference length where there is one
+    ran_tp = after_tp if length_model is None else \
+        measured_throughput([s for s in as_run if grown and grown[0].step <= s.step <= grown[-1].step])
+    if length_model is not None:
+        evidence["drift_model"] = length_model.evidence()
     b_sample = state.persistence.sample(before, _old_period(state, rules, change)) if before else None
     a_sample = state.persistence.sample(grown, every)
     if state.persistence.rho > 0:
         evidence["persistence"] = state.persistence.evidence()
-    closed = dict(close=open_d.id, throughput_after=after_tp, applied_step=change.applied_step)
+    closed = dict(close=open_d.id, throughput_after=ran_tp, applied_step=change.applied_step)
     if before_tp and after_tp:  # the windows' samples/s, lone stalls included; gain_pct is the verdict's (below)
         evidence["window_gain_pct"] = round(100.0 * (after_tp / before_tp - 1.0), 2)
     predicted = evidence.get("memory_prediction")
@@ -228,7 +247,7 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         evidence.update(no_gain=True, ladder_goes_on=ladder, **({"unconfirmed_gain": True} if above else {}))
         return Plan(note=f"decision {open_d.id}: inconclusive ({100 * (v.ratio - 1):+.1f} %, not lower) but {ladder}: "
                          f"kept, {'an unconfirmed gain' if above else 'no measurable gain'}", outcome=KEPT,
-                    evidence=evidence, throughput_after=after_tp, close=open_d.id, applied_step=change.applied_step)
+                    evidence=evidence, throughput_after=ran_tp, close=open_d.id, applied_step=change.applied_step)
     if v.result == INCONCLUSIVE and not at_bound:
         measuring.note = (f"decision {open_d.id}: inconclusive so far ({100 * (v.ratio - 1):+.1f} %, "
                           f"{v.confidence_pct:.0f} % sure): lengthening the after window")
@@ -256,7 +275,8 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
                f"{trend.change_pct:+.1f} % across it: the tail of a warm-up)")
         return _roll_back(state, open_d, change, f"not judged: {why}, to be re-measured", evidence, closed)
     # the periods' geometric means: the two figures the verdict compared (their ratio is its +x %)
-    figures = (f"{math.exp(b_sample.mean_log):.2f} → {math.exp(a_sample.mean_log):.2f} samples/s "
+    at = "" if length_model is None else f" at {length_model.ref_tokens:.0f} tokens per sample"
+    figures = (f"{math.exp(b_sample.mean_log):.2f} → {math.exp(a_sample.mean_log):.2f} samples/s{at} "
                f"({100 * (v.ratio - 1):+.1f} %, 95 % interval {v.ci_pct[0]:+.1f} … {v.ci_pct[1]:+.1f} %, "
                f"{v.confidence_pct:.0f} % sure{lost_note(b_sample.lost + a_sample.lost)})")
     if v.result == GAIN:

@@ -116,6 +116,9 @@ class ControllerSettings:
     persistence_max: float = 0.8
     outlier_x_median: float = 100.0
     lone_period_x: float = 3.0
+    drift_min_length_spread_pct: float = 2.0
+    periodic_heavy_x: float = 3.0
+    periodic_min_repeats: int = 4
     bracket_min_gap_pct: float = 15.0
     retry_after_s: float = 600.0
     advice_repeat_s: float = 600.0
@@ -251,6 +254,8 @@ _CONTROLLER_RANGES = (
      "within [50, 100) (how sure a slowdown of the known setting must be, in %)"),
     ("stale_after_intervals", lambda v: v >= 1, "≥ 1 (a sample is at most one interval old while its agent runs)"),
     ("lone_period_x", lambda v: not 0 < v <= 1, "0 (off) or above 1 (times the median period)"),
+    ("periodic_heavy_x", lambda v: not 0 < v <= 1, "0 (off) or above 1 (times the neighbouring steps' median)"),
+    ("periodic_min_repeats", lambda v: v >= 2, "≥ 2 (one heavy step has no spacing to recur at)"),
     ("persistence_max", lambda v: v < 1, "below 1 (at 1 a window's mean would carry no information)"),
     ("plan_retry_min_s", lambda v: v > 0, "above 0 (a failing job would be planned again at once, in a loop)"),
 )
