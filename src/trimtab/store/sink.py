@@ -11,8 +11,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from trimtab.contract.readings import Batch
 from trimtab.contract.sink import SinkMisconfigured, SinkUnavailable
-from trimtab.store.engine import StoreError, is_disk_full, mask_url, migrate, release_engine, relieve_full_disk, \
-    shared_engine
+from trimtab.store.engine import StoreError, is_disk_full, mask_url, migrate, permanent_reason, release_engine, \
+    relieve_full_disk, shared_engine
 from trimtab.store.ingest import BatchWriter
 from trimtab.store.rollup import RetentionPolicy, Upkeep
 
@@ -64,8 +64,22 @@ class StoreSink:
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 raise SinkUnavailable(_short(exc)) from exc
+            if permanent_reason(exc) is not None:  # a file found damaged mid-run: no retry or later batch can help
+                raise SinkMisconfigured(f"cannot write the store {mask_url(self.url)}: {permanent_reason(exc)} "
+                                        f"({_short(exc)})") from exc
             raise
         return result.total_inserted
+
+    def open_now(self) -> None:
+        """Open a SQLite store at once, so a damaged file stops the agent before it samples (one line, exit 78)
+        rather than after its first batch. A SQLite file is on this machine: there is no outage to wait out.
+        PostgreSQL stays lazy, so an agent may start while its server is still coming up.
+        Raises :class:`SinkMisconfigured`; an error that may pass is left to the writer (it spools)."""
+        if self.url.startswith("sqlite"):
+            try:
+                self._connect()
+            except SinkUnavailable:
+                pass
 
     def maintenance(self, now_ms: int) -> None:
         """The store's rollups and retention, when due (see :class:`~trimtab.store.rollup.Upkeep`)."""
