@@ -6,7 +6,7 @@ agent writes itself lives with the store (``trimtab.store.sink``).
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from trimtab.contract.readings import Batch
 from trimtab.contract.sink import BatchRefused, SinkMisconfigured, SinkUnavailable
@@ -21,9 +21,11 @@ class HttpSink:
     (:class:`SinkMisconfigured`); 413/422 mean this batch is, so the writer keeps it aside and says why.
     """
 
-    def __init__(self, server_url: str, token: Optional[str], timeout_s: float = 10.0):
+    def __init__(self, server_url: str, token: Optional[str], timeout_s: float = 10.0,
+                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000):
         import httpx
 
+        self._clock_ms = clock_ms  # this node's wall clock (injectable: bench/clock_steps.py steps it)
         self.url = server_url.rstrip("/") + "/v1/ingest"
         self.description = f"server {server_url.rstrip('/')}"
         headers = {"Content-Type": "application/json", "User-Agent": "trimtab-agent"}
@@ -35,7 +37,7 @@ class HttpSink:
         import httpx
 
         try:
-            resp = self._client.post(self.url, content=batch.to_json(sent_ms=time.time_ns() // 1_000_000))
+            resp = self._client.post(self.url, content=batch.to_json(sent_ms=self._clock_ms()))
         except httpx.HTTPError as exc:  # refused, reset, timeout, DNS
             raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code == 429 or resp.status_code >= 500:

@@ -93,15 +93,15 @@ def _with_clocks(engine, reports: list[BalanceReport], window_s: float, hostname
     for r in reports:
         clock = clocks.get(r.hostname)
         if clock is not None:
-            r.clock_skew_s, r.clock_note = clock.clock_skew_s, clock.describe() or None
+            r.clock_skew_s, r.clock_note = clock.clock_skew_s, clock.describe(now_ms) or None
     listed = {r.hostname for r in reports}
     lately_ms = now_ms - max(int(window_s * 1000), 2 * NOTE_EVERY_MS)  # heard_ms is refreshed once a minute
     for host, clock in sorted(clocks.items()):
         if host in listed or clock.heard_ms < lately_ms:
             continue
         newest = newest_sample_ms(engine, host)
-        note = clock.describe() or (f"heard from {max(0, now_ms - clock.heard_ms) / 1000:.0f} s ago, but no sample "
-                                    f"of it lies in the last {window_s:g} s")
+        heard_s = max(0, now_ms - clock.heard_ms) / 1000
+        note = clock.describe(now_ms) or f"heard from {heard_s:.0f} s ago, but no sample of it lies in the last {window_s:g} s"
         reports.append(BalanceReport(
             hostname=host, simulated=clock.simulated, window_s=window_s, gpus=[],
             newest_sample_age_s=None if newest is None else round(max(0, now_ms - newest) / 1000, 3),

@@ -25,6 +25,7 @@ from trimtab.store.models import gpu_samples, gpus, health_events, node_clocks, 
 NOTE_EVERY_MS = 60_000  # a node's row is refreshed at least this often (heard_ms: "still sending")
 SKEW_CHANGE_MS = 1_000  # … and whenever its skew moved by more than this
 REFUSED_EVENT_EVERY_MS = 60_000  # at most one "refused" event a node this often (a backlog is refused batch by batch)
+RECENT_MS = 5 * NOTE_EVERY_MS  # /healthz, check and /v1/balance speak of refusals this recent
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,14 @@ class NodeClock:
         """The node's clock is further off the receiver's than MAX_CLOCK_SKEW_S."""
         return self.clock_skew_ms is not None and abs(self.clock_skew_ms) > MAX_CLOCK_SKEW_S * 1000
 
-    def describe(self) -> str:
-        """One line: how far off the node's clock is, and what was refused (empty when neither)."""
+    def describe(self, now_ms: int) -> str:
+        """One line: how far off the node's clock is, and what was refused in the last RECENT_MS (empty: neither)."""
         parts = []
         if self.off:
             way = "behind" if self.clock_skew_ms > 0 else "ahead of"
             parts.append(f"its clock is {abs(self.clock_skew_ms) / 1000:.0f} s {way} the receiver's "
                          f"(skew {self.clock_skew_s:+.3f} s)")
-        if self.refused_ms is not None:
+        if self.refused_ms is not None and self.refused_ms >= now_ms - RECENT_MS:
             parts.append(f"batches refused for their clock (last at {self.refused_ms}: {self.refused_detail})")
         return "; ".join(parts) + ": set its clock right (NTP)" if parts else ""
 
@@ -126,10 +127,9 @@ def node_clocks_by_host(engine: Engine, hostname: Optional[str] = None) -> dict[
         return {r.hostname: NodeClock(r.hostname, bool(r.simulated), *r[2:]) for r in conn.execute(query)}
 
 
-def clocks_in_question(engine: Engine, now_ms: int, recent_ms: int = 5 * NOTE_EVERY_MS) -> list[NodeClock]:
-    """Nodes heard from in the last ``recent_ms`` whose clock is off, or whose batches were refused for it then."""
-    return [n for n in node_clocks_by_host(engine).values() if n.heard_ms >= now_ms - recent_ms
-            and (n.off or (n.refused_ms is not None and n.refused_ms >= now_ms - recent_ms))]
+def clocks_in_question(engine: Engine, now_ms: int) -> list[NodeClock]:
+    """Nodes heard from in the last RECENT_MS whose clock is off, or whose batches were refused for it then."""
+    return [n for n in node_clocks_by_host(engine).values() if n.heard_ms >= now_ms - RECENT_MS and n.describe(now_ms)]
 
 
 _STORE_NOW_MS = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
@@ -28,15 +28,17 @@ class StoreSink:
     PostgreSQL is still down and spool until it comes up. Shares the process's engine for its URL (`trimtab up`:
     the API's), and runs the store's upkeep when the writer gives it the chance."""
 
-    def __init__(self, url: str, retention: Optional[RetentionPolicy] = None):
+    def __init__(self, url: str, retention: Optional[RetentionPolicy] = None,
+                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000):
         self.url = url
         self.description = f"store {mask_url(url)}"
         self._upkeep = Upkeep(UPKEEP_EVERY_S, retention, first_after_s=UPKEEP_EVERY_S)
         self._engine = None
         self._writer = None
         self._clocks: Optional[ClockBook] = None
+        self._clock_ms = clock_ms  # this node's wall clock (injectable: bench/clock_steps.py steps it)
         self._clock_due = 0.0  # monotonic s when the store's clock is asked again
-        self._store_lead_ms = 0
+        self._store_minus_monotonic_ms = 0
 
     def _connect(self) -> BatchWriter:
         if self._writer is None:  # first use, or written to again after close()
@@ -89,13 +91,16 @@ class StoreSink:
         return result.total_inserted
 
     def _store_clock(self) -> tuple[int, int]:
-        """(the store's clock now, its lead over this node's clock), epoch ms: PostgreSQL's server clock is the
-        reference of agents that write it directly, as a server's is over HTTP. Asked once a minute."""
-        local_ms = time.time_ns() // 1_000_000
+        """(the store's clock now, its lead over this node's wall clock), epoch ms: PostgreSQL's server clock is the
+        reference of agents that write it directly, as a server's is over HTTP. Asked once a minute and carried
+        forward on the monotonic clock in between, so a step of this node's wall clock shows at once as skew."""
+        mono_ms = time.monotonic_ns() // 1_000_000
         if time.monotonic() >= self._clock_due:
             self._clock_due = time.monotonic() + NOTE_EVERY_MS / 1000
-            self._store_lead_ms = store_now_ms(self._engine) - (local_ms + time.time_ns() // 1_000_000) // 2
-        return local_ms + self._store_lead_ms, self._store_lead_ms
+            store_ms = store_now_ms(self._engine)
+            self._store_minus_monotonic_ms = store_ms - (mono_ms + time.monotonic_ns() // 1_000_000) // 2
+        now_ms = mono_ms + self._store_minus_monotonic_ms
+        return now_ms, now_ms - self._clock_ms()
 
     def _note_clock(self, batch: Batch, now_ms: int, skew_ms: int, refused: Optional[str] = None) -> None:
         try:

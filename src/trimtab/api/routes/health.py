@@ -54,10 +54,11 @@ def healthz(ctx: ApiContext = Depends(get_ctx)):
 def _clocks(ctx: ApiContext) -> list[str]:
     """A line per node whose clock is off or whose batches were refused for it lately (trimtab.store.clocks)."""
     try:
-        nodes = clocks_in_question(ctx.engine, int(time.time() * 1000))
+        now_ms = int(time.time() * 1000)
+        nodes = clocks_in_question(ctx.engine, now_ms)
     except SQLAlchemyError as exc:
         return [f"node clocks unavailable: {' '.join(str(exc).split())[:200]}"]
-    return [f"node {n.hostname}: {n.describe()}" for n in nodes]
+    return [f"node {n.hostname}: {n.describe(now_ms)}" for n in nodes]
 
 
 def _components(ctx: ApiContext) -> dict:
