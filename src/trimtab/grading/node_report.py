@@ -101,7 +101,8 @@ def _with_clocks(engine, reports: list[BalanceReport], window_s: float, hostname
             continue
         newest = newest_sample_ms(engine, host)
         heard_s = max(0, now_ms - clock.heard_ms) / 1000
-        note = clock.describe(now_ms) or f"heard from {heard_s:.0f} s ago, but no sample of it lies in the last {window_s:g} s"
+        note = (clock.describe(now_ms)
+                or f"heard from {heard_s:.0f} s ago, but no sample of it lies in the last {window_s:g} s")
         reports.append(BalanceReport(
             hostname=host, simulated=clock.simulated, window_s=window_s, gpus=[],
             newest_sample_age_s=None if newest is None else round(max(0, now_ms - newest) / 1000, 3),
