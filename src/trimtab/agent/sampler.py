@@ -2,8 +2,9 @@
 
 Ticks are scheduled at ``start + k * interval_s`` on the monotonic clock, so a slow tick does not push all later
 ticks back; a tick that overruns a whole interval skips the ticks it missed and counts them, rather than firing
-a burst. A source that raises is recorded as a health event and the tick goes on with the others. Values that are
-not finite numbers (a bad sample) become ``None``. Every ``status_every_s`` the loop logs one readable line.
+a burst. Samples are stamped with the wall clock (:mod:`trimtab.agent.clock`: what a step of it does). A source
+that raises is recorded as a health event and the tick goes on with the others. Values that are not finite
+numbers (a bad sample) become ``None``. Every ``status_every_s`` the loop logs one readable line.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from trimtab.contract.readings import (
+    EVENT_CLOCK_STEP,
     EVENT_SOURCE_ERROR,
     Batch,
     GpuInfo,
@@ -26,6 +28,7 @@ from trimtab.contract.readings import (
     NodeInfo,
     NvlinkSample,
 )
+from trimtab.agent.clock import WallStamps
 from trimtab.agent.source import Source
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ class SamplerStats:
     ticks: int = 0
     ticks_skipped: int = 0
     source_errors: int = 0
+    clock_steps: int = 0  # steps of the wall clock seen (trimtab.agent.clock)
     last_tick_cost_s: float = 0.0
     max_tick_cost_s: float = 0.0
     last_batch: Optional[Batch] = None
@@ -77,6 +81,7 @@ class Sampler:
         status_every_s: float = 10.0,
         status_line: Optional[Callable[["Sampler"], str]] = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
     ):
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
@@ -85,17 +90,19 @@ class Sampler:
         self.interval_s = interval_s
         self.status_every_s = status_every_s
         self.status_line = status_line
-        self.clock_ms = clock_ms
+        self.stamps = WallStamps(clock_ms, monotonic_ms)  # wall-clock stamps; what a user sees across a step: there
         self.node, self.gpus = node_info_for(self.sources, hostname)
         self.stats = SamplerStats()
-        self._last_ts_ms = 0
         self._errors_logged: set[tuple[str, str]] = set()
 
     def tick(self) -> Batch:
         """Read every source once and return the batch (also handed to ``on_batch``)."""
-        ts_ms = max(self.clock_ms(), self._last_ts_ms + 1)  # strictly increasing: (gpu, ts) is a unique key
-        self._last_ts_ms = ts_ms
+        ts_ms, step = self.stamps.next()
         batch = Batch(node=self.node, gpus=self.gpus)
+        if step is not None:
+            self.stats.clock_steps += 1
+            log.warning("%s", step.detail())
+            batch.events.append(HealthEvent(ts_ms=ts_ms, kind=EVENT_CLOCK_STEP, detail=step.detail()))
         started = time.perf_counter()
         for src in self.sources:
             try:

@@ -5,7 +5,8 @@ agent writes itself lives with the store (``trimtab.store.sink``).
 
 from __future__ import annotations
 
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 from trimtab.contract.readings import Batch
 from trimtab.contract.sink import BatchRefused, SinkMisconfigured, SinkUnavailable
@@ -14,14 +15,17 @@ from trimtab.contract.sink import BatchRefused, SinkMisconfigured, SinkUnavailab
 class HttpSink:
     """Ships batches to a `trimtab server` over HTTP (``POST /v1/ingest`` with a bearer token of scope ``agent``).
 
-    Connection errors, timeouts, 429 and 5xx mean "not now" (spool and retry); 401/403 (the token) and 404 (no
-    ingest at that URL) mean the configuration is wrong (:class:`SinkMisconfigured`); 413/422 mean this batch is,
-    so the writer keeps it aside and says why.
+    Each batch says when it was sent by this node's clock (``sent_ms``): the server's clock minus that is the
+    node's skew, which it shows. Connection errors, timeouts, 429 and 5xx mean "not now" (spool and retry);
+    401/403 (the token) and 404 (no ingest at that URL) mean the configuration is wrong
+    (:class:`SinkMisconfigured`); 413/422 mean this batch is, so the writer keeps it aside and says why.
     """
 
-    def __init__(self, server_url: str, token: Optional[str], timeout_s: float = 10.0):
+    def __init__(self, server_url: str, token: Optional[str], timeout_s: float = 10.0,
+                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000):
         import httpx
 
+        self._clock_ms = clock_ms  # this node's wall clock (injectable: bench/clock_steps.py steps it)
         self.url = server_url.rstrip("/") + "/v1/ingest"
         self.description = f"server {server_url.rstrip('/')}"
         headers = {"Content-Type": "application/json", "User-Agent": "trimtab-agent"}
@@ -33,7 +37,7 @@ class HttpSink:
         import httpx
 
         try:
-            resp = self._client.post(self.url, content=batch.to_json())
+            resp = self._client.post(self.url, content=batch.to_json(sent_ms=self._clock_ms()))
         except httpx.HTTPError as exc:  # refused, reset, timeout, DNS
             raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code == 429 or resp.status_code >= 500:

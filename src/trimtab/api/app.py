@@ -21,6 +21,7 @@ from trimtab.api.openapi_doc import fix_document
 from trimtab.api.routes import balance, decisions, events, gpus, health, ingest, job_loop, jobs, tokens
 from trimtab.api.routes.health import version
 from trimtab.api.writers import WriterPool, default_writer_count
+from trimtab.store.clocks import ClockBook
 
 DESCRIPTION = """\
 trimtab keeps multi-GPU RL training jobs in trim: per-node agents sample GPU and host telemetry into a store, a
@@ -47,6 +48,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.state.ctx = ctx
     app.state.auth = Authenticator(ctx.engine)
     app.state.writers = writers
+    app.state.clocks = ClockBook(ctx.engine)  # the nodes' clocks as this server sees them
     install_error_handlers(app, ctx.engine.dialect.loaded_dbapi)
     app.add_middleware(BodyLimitMiddleware, limit_bytes=lambda: ctx.max_body_bytes)
     for module in (health, gpus, balance, events, ingest, jobs, job_loop, decisions, tokens):

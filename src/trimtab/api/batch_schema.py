@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 from pydantic import ConfigDict, Field, StrictBool, StringConstraints, create_model
 
 from trimtab.contract.readings import (GPU_METRICS, HOST_METRICS, MAX_CLOCK_AHEAD_S, NVLINK_LINK_METRICS, Batch,
-                                    MetricSpec)
+                                    MetricSpec, ahead_of_clock_message, first_ahead_of_clock)
 from trimtab.api.schemas import EVENT_KIND, MAX_INT32, MAX_INT64, NO_CONTROL_CHARS, NO_NUL, EpochMs, GpuUuid, Hostname, \
     InputModel, Model
 
@@ -123,24 +123,25 @@ class BatchIn(_BatchPart):
     events: list[HealthEventIn] = Field(default_factory=list, description="Health events.")
     nvlink_samples: list[NvlinkSampleIn] = Field(  # type: ignore[valid-type]
         default_factory=list, description="Per-link NVLink readings (none for GPUs without NVLink).")
+    sent_ms: Optional[EpochMs] = Field(None, description="The node's wall clock when it sent this batch, epoch ms: "
+                                                         "the server's clock minus this is the node's clock skew "
+                                                         "(GET /v1/nodes). Null: not measured.")
 
     def row_count(self) -> int:
         return (len(self.gpu_samples) + len(self.host_samples) + len(self.processes) + len(self.events)
                 + len(self.nvlink_samples))
 
     def too_far_ahead(self, now_ms: int) -> Optional[tuple[tuple, str]]:
-        """(loc, message) of the first timestamp more than MAX_CLOCK_AHEAD_S past ``now_ms``, else None."""
-        bound = now_ms + MAX_CLOCK_AHEAD_S * 1000
-        for part in ("gpu_samples", "host_samples", "processes", "events", "nvlink_samples"):
-            for i, row in enumerate(getattr(self, part)):
-                if row.ts_ms > bound:
-                    return (("body", part, i, "ts_ms"),
-                            f"ts_ms {row.ts_ms} is {(row.ts_ms - now_ms) / 1000:.0f} s ahead of the server's clock "
-                            f"({now_ms}); at most {MAX_CLOCK_AHEAD_S} s ahead is accepted (check the node's clock)")
-        return None
+        """(loc, message) of the first timestamp more than MAX_CLOCK_AHEAD_S past ``now_ms``, else None
+        (:func:`~trimtab.contract.readings.first_ahead_of_clock`, the rule an agent writing a store also applies)."""
+        ahead = first_ahead_of_clock(self, now_ms)
+        if ahead is None:
+            return None
+        part, i, ts_ms = ahead
+        return ("body", part, i, "ts_ms"), ahead_of_clock_message(ts_ms, now_ms)
 
     def to_batch(self) -> Batch:
-        return Batch.from_dict(self.model_dump())
+        return Batch.from_dict(self.model_dump(exclude={"sent_ms"}))
 
 
 class IngestOut(Model):

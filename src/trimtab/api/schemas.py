@@ -150,8 +150,9 @@ class HealthOut(Model):
     status: Literal["ok", "degraded", "failed"] = Field(
         description="ok; degraded when the store cannot be reached (an outage: it may come back; HTTP 503) or when "
                     "the rebalancer fails to plan a live job (planning_failures names it; HTTP 200: the API serves, "
-                    "a restart would not plan that job either); failed when a component refuses to go on as "
-                    "configured (see its `failed` text: fix the configuration).")
+                    "a restart would not plan that job either), or when a node's clock is off or its batches are "
+                    "refused for it (this server works: HTTP 200, see `clocks`); failed when a component refuses to "
+                    "go on as configured (see its `failed` text: fix the configuration).")
     planning_failures: list[PlanningFailureOut] = Field(
         default_factory=list, description="The live jobs (reported within 10 minutes, mode not off) whose plans "
                                           "raise now, by name: GET /v1/jobs/{name} has the error and its events.")
@@ -161,6 +162,9 @@ class HealthOut(Model):
     simulated: bool = Field(description="True when any node known to this process is a simulated node.")
     uptime_s: float = Field(description="Seconds since the API context was created.")
     components: dict[str, Any] = Field(description="Status of the parts around the API (agent, writer, rebalancer).")
+    clocks: list[str] = Field(default_factory=list, description="One line per node heard from in the last 5 minutes "
+                                                                "whose clock is off by more than 5 s or whose batches "
+                                                                "were refused for it: the node, its skew, what to do.")
 
 
 # -- nodes and GPUs ------------------------------------------------------------------------------------------
@@ -175,6 +179,18 @@ class NodeOut(Model):
     first_seen_ms: int = Field(description="Time of the node's oldest stored reading, epoch milliseconds.")
     last_seen_ms: int = Field(description="Time of its newest stored reading (refreshed once a minute), epoch ms.")
     gpu_count: int = Field(description="GPUs the store knows on this node.")
+    heard_ms: Optional[int] = Field(None, description="When a batch of it last reached a writer of the store, by the "
+                                                      "writer's clock (at most a minute old while it sends; also when "
+                                                      "the batch was refused), epoch ms; null: not recorded.")
+    clock_skew_s: Optional[float] = Field(None, description="The receiver's clock minus the node's, seconds (a "
+                                                            "server's against the clock the batch was sent at; an "
+                                                            "agent writing the store itself, the store's): > 0 the "
+                                                            "node is behind. Null: not measured.")
+    clock_off: bool = Field(False, description="True when |clock_skew_s| exceeds MAX_CLOCK_SKEW_S (5 s): its samples "
+                                               "sit that far off in every window (/healthz is degraded).")
+    clock_refused_ms: Optional[int] = Field(None, description="When a batch of it was last refused for being dated "
+                                                              "ahead of the receiver's clock, epoch ms; null: never.")
+    clock_refused_detail: Optional[str] = Field(None, description="Why, in the ingest's words.")
 
 
 class NodesOut(Model):
@@ -275,6 +291,12 @@ class BalanceReportOut(Model):
     stale_after_s: Optional[float] = Field(description="Older than this the node is stale: stale_after_intervals "
                                                        "sampling intervals, at least stale_min_s (rules.toml "
                                                        "[controller]); null: not judged.")
+    clock_skew_s: Optional[float] = Field(None, description="The receiver's clock minus the node's, seconds (> 0: the "
+                                                            "node is behind); null: not measured. See /v1/nodes.")
+    clock_note: Optional[str] = Field(None, description="What is wrong with the node's clock (off by more than 5 s, "
+                                                        "batches refused), or why a node heard from lately has no "
+                                                        "sample in the window; null: nothing. Such a node is listed "
+                                                        "with no GPUs and stale.")
 
 
 class BalanceOut(Model):

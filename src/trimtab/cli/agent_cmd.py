@@ -12,7 +12,7 @@ from typing import Optional
 import click
 
 from trimtab.cli.options import (agent_options, checked_token, db_option, env_option, interval_option,
-                                  simulate_options)
+                                  misconfigured, simulate_options)
 from trimtab.paths import default_db_url, default_spool_dir  # noqa: F401 (documented defaults)
 
 log = logging.getLogger("trimtab.agent")
@@ -76,6 +76,8 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     sink = _sink(db_url=db_url or default_db_url(), server_url=server_url, token=token)
+    if not server_url:
+        _open_store_now(sink)
     runner = Agent(sources, sink, spool_dir or default_spool_dir(),
                    interval_s=interval, hostname=hostname, status_every_s=status_every,
                    spool_max_bytes=spool_max_mb * 1024 * 1024)
@@ -105,6 +107,17 @@ def _sink(db_url: str, server_url: Optional[str], token: Optional[str]):
     from trimtab.store.sink import StoreSink
 
     return StoreSink(db_url)
+
+
+def _open_store_now(sink) -> None:
+    """A store this agent can never write (a damaged SQLite file) is a configuration error: one line, exit 78,
+    before anything is sampled or spooled, as `up` and `server` do."""
+    from trimtab.contract.sink import SinkMisconfigured
+
+    try:
+        sink.open_now()
+    except SinkMisconfigured as exc:
+        raise misconfigured(str(exc)) from None
 
 
 def report_failure(runner, notifier) -> None:

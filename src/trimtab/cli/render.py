@@ -39,9 +39,13 @@ def render_report(r: BalanceReport) -> str:
         if v.advice and v.status in (WATCH, ACT):
             lines.append(f"        → {v.advice}")
     verdict = {OK: "BALANCED", WATCH: "BALANCED (watch the rows marked WATCH)", ACT: "OUT OF BALANCE"}[r.status]
-    if r.stale:  # the rows above are from samples too old to be a current verdict
+    if r.stale and r.newest_sample_age_s is None:  # heard from, nothing stored (every batch refused)
+        verdict = "STALE (no sample stored): no current verdict"
+    elif r.stale:  # the rows above are from samples too old to be a current verdict
         verdict = (f"STALE (newest sample {r.newest_sample_age_s:.1f} s old, more than {r.stale_after_s:.1f} s): "
                    f"no current verdict")
+    if r.clock_note:
+        lines.extend(["", f"clock: {r.clock_note}"])
     lines.append("")
     lines.append(f"verdict: {verdict}")
     return "\n".join(lines)

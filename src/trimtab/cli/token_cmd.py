@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from trimtab.cli.options import db_option
+from trimtab.cli.options import db_option, misconfigured
 from trimtab.paths import default_db_url, write_private_file
 
 
@@ -22,8 +22,8 @@ def _engine(db_url):
     try:
         engine = open_engine(db_url or default_db_url())
         migrate(engine)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except StoreError as exc:  # a permanent refusal (a damaged file, no such database) exits 78, as `up` does
+        raise (misconfigured(str(exc)) if exc.permanent else click.ClickException(str(exc))) from exc
     return engine
 
 

@@ -69,12 +69,35 @@ HOST_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in HOST_METRICS)
 # How far ahead of the receiving clock a reading may be dated (clock skew between nodes). A server refuses
 # readings beyond it, and the live views ignore them: one sample dated 2^53 − 1 must not stay "the newest" for good.
 MAX_CLOCK_AHEAD_S = 300
+# A node's clock further off the receiver's than this is shown as such (/v1/nodes, /healthz, check, an event):
+# its samples sit that far off in every window. NTP keeps clocks within milliseconds; a batch's trip adds less.
+MAX_CLOCK_SKEW_S = 5.0
+_DATED_PARTS = ("gpu_samples", "host_samples", "processes", "events", "nvlink_samples")
+
+
+def first_ahead_of_clock(batch: Any, now_ms: int) -> Optional[tuple[str, int, int]]:
+    """(part, index, ts_ms) of the batch's first reading dated more than MAX_CLOCK_AHEAD_S after ``now_ms``, else
+    None. The one rule for every way into a store: a server's ingest (a 422) and an agent writing its store itself
+    (the batch is kept aside, as a refused one). ``batch``: a :class:`Batch`, or anything with its lists."""
+    bound = now_ms + MAX_CLOCK_AHEAD_S * 1000
+    for part in _DATED_PARTS:
+        for i, row in enumerate(getattr(batch, part)):
+            if row.ts_ms > bound:
+                return part, i, row.ts_ms
+    return None
+
+
+def ahead_of_clock_message(ts_ms: int, now_ms: int, whose: str = "the server's") -> str:
+    return (f"ts_ms {ts_ms} is {(ts_ms - now_ms) / 1000:.0f} s ahead of {whose} clock ({now_ms}); at most "
+            f"{MAX_CLOCK_AHEAD_S} s ahead is accepted (check the node's clock)")
 
 # Health event kinds. Free text lives in `detail`; `kind` is what tools filter on.
 EVENT_GPU_LOST = "gpu_lost"
 EVENT_XID = "xid"
 EVENT_SOURCE_ERROR = "source_error"
 EVENT_SPOOL_DROPPED = "spool_dropped"
+EVENT_CLOCK_STEP = "clock_step"  # the node's wall clock stepped (the agent saw it against its monotonic clock)
+EVENT_CLOCK_SKEW = "clock_skew"  # the node's clock is off the receiver's: batches refused, or it runs behind
 
 
 @dataclass(frozen=True)
@@ -224,8 +247,10 @@ class Batch:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+    def to_json(self, sent_ms: Optional[int] = None) -> str:
+        """The batch as JSON; with ``sent_ms`` (the sender's clock as it sends) the receiver can tell its skew."""
+        d = self.to_dict() if sent_ms is None else {**self.to_dict(), "sent_ms": sent_ms}
+        return json.dumps(d, separators=(",", ":"), allow_nan=False)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Batch":

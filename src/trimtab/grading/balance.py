@@ -45,6 +45,11 @@ class BalanceReport:
     newest_sample_age_s: Optional[float] = None
     sample_interval_s: Optional[float] = None
     stale_after_s: Optional[float] = None
+    # The node's clock (trimtab.store.clocks): receiver − node, seconds (None: not measured), and a line saying
+    # what is wrong with it (None: nothing). A node heard from whose samples all lie outside the window (its clock
+    # is behind, or its batches are refused) is listed with no GPUs, stale, rather than left out.
+    clock_skew_s: Optional[float] = None
+    clock_note: Optional[str] = None
 
     @property
     def status(self) -> str:
@@ -57,7 +62,10 @@ class BalanceReport:
 
     @property
     def stale(self) -> bool:
-        """The node's newest sample is too old to grade it now: its agent stopped or cannot reach the store."""
+        """The node's newest sample is too old to grade it now: its agent stopped or cannot reach the store, or
+        it is heard from but its samples lie outside the window (its clock)."""
+        if not self.gpus and self.clock_note:
+            return True
         return (self.newest_sample_age_s is not None and self.stale_after_s is not None
                 and self.newest_sample_age_s > self.stale_after_s)
 
@@ -65,9 +73,15 @@ class BalanceReport:
         """One line saying why the node is stale (empty when it is not)."""
         if not self.stale:
             return ""
-        return (f"node {self.hostname} is STALE: its newest sample is {self.newest_sample_age_s:.1f} s old, more than "
-                f"{self.stale_after_s:.1f} s ({self.sample_interval_s:g} s sampling interval): is `trimtab agent` "
-                f"still running there and reaching the store?")
+        if self.newest_sample_age_s is None:
+            age = "no sample of it is stored"
+        else:
+            age = f"its newest sample is {self.newest_sample_age_s:.1f} s old, more than {self.stale_after_s:.1f} s"
+            if self.sample_interval_s is not None:
+                age += f" ({self.sample_interval_s:g} s sampling interval)"
+        if self.clock_note:
+            return f"node {self.hostname} is STALE: {age}; {self.clock_note}"
+        return f"node {self.hostname} is STALE: {age}: is `trimtab agent` still running there and reaching the store?"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -86,7 +100,8 @@ class BalanceReport:
                    gpus=[pick(GpuRow, g) for g in d.get("gpus", [])],
                    verdicts=[pick(Verdict, v) for v in d.get("verdicts", [])],
                    newest_sample_age_s=d.get("newest_sample_age_s"), sample_interval_s=d.get("sample_interval_s"),
-                   stale_after_s=d.get("stale_after_s"))
+                   stale_after_s=d.get("stale_after_s"), clock_skew_s=d.get("clock_skew_s"),
+                   clock_note=d.get("clock_note"))
 
 
 def gpu_rows(windows: Sequence[GpuWindow]) -> list[GpuRow]:

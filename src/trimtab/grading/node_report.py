@@ -32,7 +32,8 @@ def node_reports(engine, window_s: float, hostname: Optional[str] = None, now_ms
 
     ``live_jobs``: whether jobs are graded separately (their rows then leave the node reports); None: look it up
     (any job that reported within the window, or the last 10 minutes). ``freshness``: judge whether each node's
-    samples are stale (:func:`_judge_freshness`; a node with one sample in the window costs one more query)."""
+    samples are stale (:func:`_judge_freshness`; a node with one sample in the window costs one more query), and
+    list each node heard from lately with no sample in the window (its clock: :func:`_with_clocks`)."""
     from trimtab.store.queries import gpu_aggregates
 
     end_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -48,6 +49,8 @@ def node_reports(engine, window_s: float, hostname: Optional[str] = None, now_ms
         if freshness:
             _judge_freshness(engine, report, aggs, end_ms, rules)
         reports.append(report)
+    if freshness:
+        reports = _with_clocks(engine, reports, window_s, hostname, end_ms, rules)
     if reports and (live_jobs if live_jobs is not None else any_live_job(engine, window_s, end_ms)):
         rows = set(job_checks(rules))
         for r in reports:
@@ -77,3 +80,31 @@ def _judge_freshness(engine, report: BalanceReport, aggs, now_ms: int, rules: Ru
     report.sample_interval_s = round(interval_ms / 1000, 3)
     # from the interval as reported, so the two figures a reader sees agree (5 × 1.001 s, not 5.003 s)
     report.stale_after_s = round(max(ctl.stale_after_intervals * report.sample_interval_s, ctl.stale_min_s), 3)
+
+
+def _with_clocks(engine, reports: list[BalanceReport], window_s: float, hostname: Optional[str], now_ms: int,
+                 rules: RuleSet) -> list[BalanceReport]:
+    """Each report with its node's clock skew and what is wrong with it; plus a stale report, with no GPUs, for
+    each node heard from lately (trimtab.store.clocks) that has no sample in the window: a node whose clock is
+    behind, or whose batches are refused, is listed with why — not left out as if it did not exist."""
+    from trimtab.store.clocks import NOTE_EVERY_MS, node_clocks_by_host, newest_sample_ms
+
+    clocks = node_clocks_by_host(engine, hostname)
+    for r in reports:
+        clock = clocks.get(r.hostname)
+        if clock is not None:
+            r.clock_skew_s, r.clock_note = clock.clock_skew_s, clock.describe(now_ms) or None
+    listed = {r.hostname for r in reports}
+    lately_ms = now_ms - max(int(window_s * 1000), 2 * NOTE_EVERY_MS)  # heard_ms is refreshed once a minute
+    for host, clock in sorted(clocks.items()):
+        if host in listed or clock.heard_ms < lately_ms:
+            continue
+        newest = newest_sample_ms(engine, host)
+        heard_s = max(0, now_ms - clock.heard_ms) / 1000
+        note = (clock.describe(now_ms)
+                or f"heard from {heard_s:.0f} s ago, but no sample of it lies in the last {window_s:g} s")
+        reports.append(BalanceReport(
+            hostname=host, simulated=clock.simulated, window_s=window_s, gpus=[],
+            newest_sample_age_s=None if newest is None else round(max(0, now_ms - newest) / 1000, 3),
+            stale_after_s=rules.controller.stale_min_s, clock_skew_s=clock.clock_skew_s, clock_note=note))
+    return sorted(reports, key=lambda r: r.hostname)

@@ -66,6 +66,10 @@ _PERMANENT_MESSAGES = (
      "the server refused these credentials: fix the URL's user/password (or the server's pg_hba.conf)"),
     (re.compile(r"permission denied"), "the user lacks a privilege trimtab needs (it creates and alters its tables): "
                                        "grant it, or use the owner of the database"),
+    # SQLite's SQLITE_NOTADB and SQLITE_CORRUPT: the file is damaged (truncated, overwritten), not busy or away.
+    (re.compile(r"file is not a database|database disk image is malformed"),
+     "the file is damaged, not a SQLite database trimtab can use; it is left as it is: restore it from a copy, or "
+     "move it aside and trimtab starts a new store"),
 )
 POSTGRES_DRIVER = "postgresql+psycopg"  # the driver trimtab installs (psycopg 3)
 
@@ -169,8 +173,8 @@ def shared_engine(url: str) -> Engine:
 
 
 def release_engine(engine: Engine) -> None:
-    """One user of a :func:`shared_engine` is done with it; the last one disposes it. An engine that was not
-    shared is disposed at once."""
+    """One user of a :func:`shared_engine` is done with it; the last one checkpoints the WAL of a SQLite store
+    (:func:`checkpoint_wal`) and disposes it. An engine that was not shared is disposed at once."""
     with _shared_lock:
         for key, entry in list(_shared.items()):
             if entry[0] is engine:
@@ -179,7 +183,34 @@ def release_engine(engine: Engine) -> None:
                     return
                 del _shared[key]
                 break
+    checkpoint_wal(engine)
     engine.dispose()
+
+
+CHECKPOINT_BUSY_MS = 2000  # how long a stop waits for another process's reader to let the checkpoint finish
+
+
+def checkpoint_wal(engine: Engine) -> bool:
+    """Copy a SQLite store's WAL into the database file and truncate it (``wal_checkpoint(TRUNCATE)``), so that
+    after a clean stop ``trimtab.db`` alone holds the data: a user who copies the file they see copies the store,
+    not a 4 KiB header whose rows sit in ``trimtab.db-wal``. True when done (always on PostgreSQL: nothing to do);
+    False, logged, when another process's reader kept it from finishing (its next checkpoint does it)."""
+    import logging
+
+    if engine.dialect.name != "sqlite" or (engine.url.database or ":memory:") == ":memory:":
+        return True
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={CHECKPOINT_BUSY_MS}")
+            busy, _, _ = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
+    except SQLAlchemyError as exc:
+        logging.getLogger(__name__).warning("WAL checkpoint of %s failed: %s", mask_url(engine.url), _reason(exc))
+        return False
+    if busy:
+        logging.getLogger(__name__).warning("WAL checkpoint of %s not finished: another process is reading it; the "
+                                            "data stays in %s-wal until the next checkpoint",
+                                            mask_url(engine.url), engine.url.database)
+    return not busy
 
 
 def wal_pages_for(database: str, page_bytes: int) -> int:

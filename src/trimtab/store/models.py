@@ -341,3 +341,16 @@ job_events = Table(
     Column("detail", JSON, nullable=False),
     Index(None, "job_id", "ts_ms"),
 )
+
+# What the store knows of each node's clock (trimtab.store.clocks): when it was last heard from by the receiver's
+# clock — even when its batches are refused — its skew (receiver's clock − node's clock), and when a batch of it was
+# last refused for being dated ahead. Apart from ``nodes``, so the ingest path's node upsert stays as it is.
+node_clocks = Table(
+    "node_clocks",
+    metadata,
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    Column("heard_ms", BigInteger, nullable=False),  # receiver's clock, refreshed at least once a minute
+    Column("clock_skew_ms", BigInteger),  # receiver − node; NULL: not measured (an agent that sends no clock)
+    Column("refused_ms", BigInteger),  # receiver's clock when a batch was last refused for its clock; NULL: never
+    Column("refused_detail", String(512)),  # why, in the ingest's own words
+)

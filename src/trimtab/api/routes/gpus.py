@@ -12,6 +12,7 @@ from trimtab.api.deps import NOT_FOUND, READ, get_ctx
 from trimtab.api.errors import invalid
 from trimtab.api.schemas import (MAX_EPOCH_MS, NO_CONTROL_CHARS, GpuOut, GpusOut, LatestOut, NodeOut, NodesOut,
                                  PointOut, SamplesOut)
+from trimtab.store.clocks import node_clocks_by_host
 from trimtab.store.queries import LatestSample, gpu_window, list_gpus, list_nodes
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
@@ -24,15 +25,24 @@ def node_query(description: str = "Only this node (host name as its agent report
 
 
 @router.get("/nodes", response_model=NodesOut, responses=READ, summary="List nodes",
-            description="Every node that has sent readings, with its GPU count and first/last time seen; "
-                        "simulated nodes say so.")
+            description="Every node that has sent readings (also one whose every batch was refused for its clock), "
+                        "with its GPU count, first/last time seen, when it was last heard from, its clock skew "
+                        "against the receiver and why batches were refused; simulated nodes say so.")
 def nodes(ctx: ApiContext = Depends(get_ctx)) -> NodesOut:
     counts: dict[str, int] = {}
     for gpu in list_gpus(ctx.engine):
         counts[gpu.hostname] = counts.get(gpu.hostname, 0) + 1
-    out = [NodeOut(hostname=n.hostname, simulated=n.simulated, scenario=n.scenario, driver_version=n.driver_version,
-                   nvml_version=n.nvml_version, first_seen_ms=n.first_seen_ms, last_seen_ms=n.last_seen_ms,
-                   gpu_count=counts.get(n.hostname, 0)) for n in list_nodes(ctx.engine)]
+    clocks = node_clocks_by_host(ctx.engine)
+    out = []
+    for n in list_nodes(ctx.engine):
+        clock = clocks.get(n.hostname)
+        out.append(NodeOut(hostname=n.hostname, simulated=n.simulated, scenario=n.scenario,
+                           driver_version=n.driver_version, nvml_version=n.nvml_version,
+                           first_seen_ms=n.first_seen_ms, last_seen_ms=n.last_seen_ms,
+                           gpu_count=counts.get(n.hostname, 0), heard_ms=clock and clock.heard_ms,
+                           clock_skew_s=clock and clock.clock_skew_s, clock_off=bool(clock and clock.off),
+                           clock_refused_ms=clock and clock.refused_ms,
+                           clock_refused_detail=clock and clock.refused_detail))
     return NodesOut(simulated=any(n.simulated for n in out), nodes=out)
 
 

@@ -8,11 +8,13 @@ from importlib import metadata
 from fastapi import APIRouter, Depends
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import get_ctx
 from trimtab.api.metrics import render_metrics
 from trimtab.api.schemas import HealthOut, PlanningFailureOut
+from trimtab.store.clocks import clocks_in_question
 from trimtab.store.queries import store_health
 
 router = APIRouter(tags=["operations"])
@@ -29,10 +31,12 @@ def version() -> str:
 @router.get("/healthz", response_model=HealthOut, summary="Liveness and store reachability",
             description="ok when the store answers a trivial query, else 503 with status degraded (an outage) or "
                         "failed (a component refuses its configuration, e.g. the agent's store or token). Degraded "
-                        "with 200 while the rebalancer fails to plan a live job: planning_failures names each job "
-                        "and its last error (GET /v1/jobs/{name} has more). Also says the "
-                        "version, the mode (up/server), whether any known node is simulated, and the status of the "
-                        "agent, writer and rebalancer around the API. No authentication.",
+                        "with 200 while the rebalancer fails to plan a live job (planning_failures names each job "
+                        "and its last error; GET /v1/jobs/{name} has more), and when a node's clock is off or its "
+                        "batches are refused for it (`clocks` names it: this server works, what it shows of that "
+                        "node does not). Also says the version, the mode (up/server), whether any known node is "
+                        "simulated, and the status of the agent, writer and rebalancer around the API. No "
+                        "authentication.",
             responses={503: {"model": HealthOut, "description": "The store is unreachable, or a component failed."}})
 def healthz(ctx: ApiContext = Depends(get_ctx)):
     store = store_health(ctx.engine)
@@ -41,13 +45,14 @@ def healthz(ctx: ApiContext = Depends(get_ctx)):
     components = _components(ctx)
     failed = any(isinstance(c, dict) and c.get("state") == "failed" for c in components.values())
     planning = _planning_failures(ctx) if reachable else []
-    status = "failed" if failed else ("degraded" if not reachable or planning else "ok")
+    clocks = _clocks(ctx) if reachable else []
+    status = "failed" if failed else ("degraded" if not reachable or planning or clocks else "ok")
     health = HealthOut(status=status, store_reachable=reachable, version=version(),
                        mode=ctx.mode, simulated=simulated, uptime_s=round(time.time() - ctx.started_ms / 1000, 3),
-                       components=components, planning_failures=planning)
-    if status == "ok" or (status == "degraded" and reachable):  # a job the planner fails on: the API still serves
-        return health
-    return JSONResponse(health.model_dump(mode="json"), status_code=503)
+                       components=components, planning_failures=planning, clocks=clocks)
+    # a job the planner fails on, or a node's wrong clock, degrades what is shown, not this server: still 200
+    down = failed or not reachable
+    return health if not down else JSONResponse(health.model_dump(mode="json"), status_code=503)
 
 
 def _planning_failures(ctx: ApiContext) -> list[PlanningFailureOut]:
@@ -69,6 +74,16 @@ def _planning_failures(ctx: ApiContext) -> list[PlanningFailureOut]:
         return out
     except Exception:  # noqa: BLE001 - the probe answers; the store's own check says whether it is reachable
         return []
+
+
+def _clocks(ctx: ApiContext) -> list[str]:
+    """A line per node whose clock is off or whose batches were refused for it lately (trimtab.store.clocks)."""
+    try:
+        now_ms = int(time.time() * 1000)
+        nodes = clocks_in_question(ctx.engine, now_ms)
+    except SQLAlchemyError as exc:
+        return [f"node clocks unavailable: {' '.join(str(exc).split())[:200]}"]
+    return [f"node {n.hostname}: {n.describe(now_ms)}" for n in nodes]
 
 
 def _components(ctx: ApiContext) -> dict:
