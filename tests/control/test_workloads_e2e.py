@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import pytest
 
-from bench.workloads import GOAL_STEPS, WORKLOADS, run, score
+from bench.workloads import GOAL_STEPS, WORKLOADS, neighbour_score, run, score
 from trimtab.control.service import Rebalancer
 
 
 # prefetch, then sync, without the queue's mark: the 60-step goal missed either way (BENCHMARKS.md)
 TWO_KNOBS = ("queue_sync", "queue_bank")
+# issue 38's: scored on their own goals below (a neighbour's, a search that goes on)
+ISSUE_38 = ("neighbour", "comm_noisy", "non_monotone_noisy", "slowdown_at_move", "mix")
 
 
-@pytest.mark.parametrize("key", [k for k in WORKLOADS if k not in TWO_KNOBS])
+@pytest.mark.parametrize("key", [k for k in WORKLOADS if k not in TWO_KNOBS + ISSUE_38])
 def test_workload_reaches_its_best_static_setting_within_60_steps(sqlite_api, key):
     w = WORKLOADS[key]()
     sqlite_api.ctx.after_report = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules).after_report
@@ -85,3 +87,20 @@ def test_a_queue_that_never_fills_is_not_made_deeper_and_one_that_fills_now_and_
     assert tried.rollbacks >= 1 and tried.within > held.within, tried.line()
     bursty = _scored(sqlite_api, "queue_bursty", rules, "bursty-on")
     assert bursty.changes >= 2 and bursty.reached >= 0.95, bursty.line()  # 0 → 2, then deeper was tried
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_neighbour_that_takes_memory_mid_run_costs_one_oom_at_most_and_the_batch_stays_under_the_lowered_line(
+        sqlite_api, seed):
+    """Another process takes part of the GPU mid-run (``bench/job_models.py: neighbour``): the job reports the free
+    memory it sees, the line comes down by what the neighbour holds, and after the OOM its arrival may cause (the
+    hook halves the batch) no raise goes back into a second one; the batch fits under the line within 5 steps of
+    the arrival, at ≥ 90 % of the best static setting that is safe beside the neighbour."""
+    w = WORKLOADS["neighbour"]()
+    sqlite_api.ctx.after_report = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules).after_report
+    out = run(sqlite_api.http, sqlite_api.token("job"), w, seed=seed, job=f"neighbour-{seed}")
+    got = neighbour_score(w, out)
+    print(f"\n{got['line']}")
+    assert got["ooms_after_first"] == 0, got["line"]
+    assert got["lowered_after"] is not None and got["lowered_after"] <= 5, got["line"]
+    assert got["ratio"] >= 0.90, got["line"]

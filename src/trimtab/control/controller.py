@@ -177,13 +177,15 @@ def _memory_step(state: JobState, rules: RuleSet, readings: dict[str, Reading], 
     length = forecast.far_length(mfit, rules)
     at = "" if length is None or mfit.token_budget else f" at {length:.0f} tokens per sample"
     largest = mfit.largest_fitting(length)
+    others = f", lowered by {mfit.others_bytes / GIB:.1f} GiB other processes hold" if mfit.others_bytes > 0 else ""
     if largest <= current:
         nxt = current + 1
         return new, (f"memory predicted at {action.knob}={nxt:g}{at}: {mfit.predict(nxt, length) / GIB:.1f} GiB + "
-                     f"margin {mfit.margin_bytes / GIB:.1f} GiB, above the line ({mfit.line_bytes / GIB:.1f} GiB)")
+                     f"margin {mfit.margin_bytes / GIB:.1f} GiB, above the line ({mfit.line_bytes / GIB:.1f} GiB"
+                     f"{others})")
     if new > largest:
         policy.append(f"memory: {action.knob}={new:g} would need {mfit.predict(new, length) / GIB:.1f} GiB{at} (line "
-                      f"{mfit.line_bytes / GIB:.1f} GiB less {mfit.margin_bytes / GIB:.1f} GiB margin): "
+                      f"{mfit.line_bytes / GIB:.1f} GiB{others} less {mfit.margin_bytes / GIB:.1f} GiB margin): "
                       f"{largest:g} fits")
         new = float(largest)
     policy.append({"memory_prediction": mfit.evidence(new, length)})

@@ -188,6 +188,8 @@ class Hook:
         if step is not None:
             self._step = int(step)
         step_no, boundary = self._step, self._boundaries
+        # The values the step ran at, before this boundary moves any (an OOM's halving included): the report's label.
+        ran_at = dict(self._knobs.values)
         step_time_s = self._timer.step_time_s(now_s) if step_time_s is None else max(0.0, float(step_time_s))
         phases = self._timer.close_step(step_no, step_time_s, phases_s)
         changes, agreed = self._changes.agree(boundary)
@@ -195,7 +197,8 @@ class Hook:
         resolved_us = self._probe.resolve()
         try:
             self._outbox.report(step_no, boundary, step_time_s, phases, samples, tokens, now_s,
-                                latency_us if latency_us is not None else resolved_us, memory, rollout_s, framework)
+                                latency_us if latency_us is not None else resolved_us, memory, rollout_s, framework,
+                                ran_at)
         except Exception:  # a bug in bookkeeping must not stop training; say it once
             self._say("report", "trimtab: could not build the step report", exc_info=True)
         self._changes.apply(changes, agreed, applied_at_step=step_no + 1)
