@@ -388,6 +388,7 @@ def slowdown_at_a_move() -> Workload:
     all fast) — the slowdown is the host's, not the move's: the move must not be charged with it."""
     base = eval_bound()
     seen = {"start": None, "slow_from": None, "i": -1}
+    made: list[Workload] = []
 
     def step(k, i, rng):
         if i <= seen["i"]:  # a new run or static measurement
@@ -396,11 +397,13 @@ def slowdown_at_a_move() -> Workload:
         if seen["start"] is None:
             seen["start"] = dict(k)
         elif seen["slow_from"] is None and dict(k) != seen["start"]:
-            seen["slow_from"] = i
+            seen["slow_from"] = made[0].moved_at = i  # the job moved: a value measured worse before may be retried
         t, phases, n = base.step(k, i, rng)
         slow = 1.3 if seen["slow_from"] is not None else 1.0
         return t * slow, {p: v * slow for p, v in phases.items()}, n
-    return Workload("host slows ×1.3 as the first move lands (prefetch)", base.knobs, step, base.grid, steps=160)
+    made.append(Workload("host slows ×1.3 as the first move lands (prefetch)", base.knobs, step, base.grid,
+                         steps=160))
+    return made[0]
 
 
 def mix() -> Workload:

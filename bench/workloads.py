@@ -211,8 +211,8 @@ def neighbour_score(w: Workload, out: dict) -> dict:
     first = next((i for i in out["oom_steps"] if i >= other.arrives), None)
     after_first = [i for i in out["oom_steps"] if first is not None and i > first]
     met = not after_first and lowered is not None and lowered <= 5 and delivered / rate(best) >= 0.90
-    line = (f"neighbour {other.gib:g} GiB at steps {other.arrives}–{other.leaves or 'end'}: {delivered / rate(best):.1%}"
-            f" of the best static safe beside it ({best}), fits under the line from {lowered} steps after it came, "
+    line = (f"neighbour {other.gib:g} GiB at steps {other.arrives}–{other.leaves or 'end'}: "
+            f"{delivered / rate(best):.1%} of the best static safe beside it ({best}), fits under the line from {lowered} steps after it came, "
             f"OOMs {len(out['oom_steps'])} ({len(after_first)} after the first)")
     return {"ratio": delivered / rate(best), "lowered_after": lowered, "ooms_after_first": len(after_first),
             "met": met, "line": line}

@@ -20,6 +20,10 @@ def per_sample(gib: float):
     return lambda b: 2 * GIB + b * gib * GIB
 
 
+def generating(n: int):
+    return steps(0, n, step_time=1.0, gen=0.9, ev=0.02, comm=0.01)
+
+
 def reporting(history, batch_of, peak_of, others_of=lambda s: None, knobs=True):
     """Steps whose batch (reported as the value they ran at), allocator peak and, where ``others_of`` gives a
     figure, the GPU's free memory beside that much held by another process."""
@@ -56,10 +60,10 @@ def test_others_are_total_less_free_less_the_jobs_own_reserved_the_most_of_the_n
 
 
 def test_a_neighbour_that_arrives_cuts_a_batch_that_no_longer_fits_beside_it():
-    """Batch 80 (122 GiB) fits alone; 30 GiB taken by another process leaves it no room under the line (no OOM
-    yet: 152 GiB > 141 would, but 122 + 15 fits) — the forecast lowers it to what fits beside the neighbour."""
+    """Batch 80 (122 GiB) fits alone; 15 GiB taken by another process leaves it no room under the line (no OOM
+    yet: 137 GiB fits under 141, but not under the line) — the forecast lowers it to what fits beside the neighbour."""
     the_job = job(batch=80, batch_max=128)
-    history = reporting(steps(0, 30, step_time=1.0, gen=0.9, ev=0.02, comm=0.01), lambda s: 40 if s < 10 else 80, per_sample(1.5),
+    history = reporting(generating(30), lambda s: 40 if s < 10 else 80, per_sample(1.5),
                         others_of=lambda s: 0 if s < 26 else 15 * GIB)
     p = plan(state(history, the_job, changes=[change(value=80, previous=40, applied_step=10)]), RULES)
     assert p.change is not None and p.change.rule == "memory_forecast", p.note
@@ -67,7 +71,7 @@ def test_a_neighbour_that_arrives_cuts_a_batch_that_no_longer_fits_beside_it():
     acts(p, "memory_forecast", "batch_size", 80, float(fitted.largest_fitting()))
     assert 2 * GIB + 1.5 * GIB * p.change.new_value + 15 * GIB <= 0.95 * TOTAL
     # Without the free memory the same steps plan nothing: the job's own peak is well under the line.
-    blind = reporting(steps(0, 30, step_time=1.0, gen=0.9, ev=0.02, comm=0.01), lambda s: 40 if s < 10 else 80, per_sample(1.5))
+    blind = reporting(generating(30), lambda s: 40 if s < 10 else 80, per_sample(1.5))
     unseen = plan(state(blind, the_job, changes=[change(value=80, previous=40, applied_step=10)]), RULES)
     assert unseen.change is None or unseen.change.rule != "memory_forecast", unseen.note
 

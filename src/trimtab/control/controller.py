@@ -35,6 +35,7 @@ from trimtab.contract.statuses import ADVISED, APPLIED, PENDING, SUPERSEDED
 from trimtab.control.follow_up import follow_up
 from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
+from trimtab.control.holds import result_of
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
 from trimtab.control.queue_use import queue_unused
@@ -43,7 +44,7 @@ from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window
                                   longest_period, period, window_evidence, window_wait)
 from trimtab.grading.rules import Action, ControllerSettings, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
-from trimtab.control.verdict import Sample, unsettled
+from trimtab.control.verdict import GAIN, Sample, unsettled
 from trimtab.grading.window import JobStep, screen, throughput, window
 from trimtab.store.decisions import StoredDecision
 
@@ -156,7 +157,9 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
             continue
         if follow is not None:
             policy.insert(0, f"following through: decision {follow.id} ({follow.knob} {follow.old_value:g} → "
-                             f"{follow.new_value:g}) measured a gain and the signal is still above "
+                             f"{follow.new_value:g}) measured "
+                             f"{'a gain' if result_of(follow) == GAIN else 'an unconfirmed gain'} and the signal is "
+                             f"still above "
                              f"{rule.follow_above:g} {rule.unit}"
                              + (f"; {follow.knob} is at its bound: the rule's next action" if followed_at_bound
                                 else ""))

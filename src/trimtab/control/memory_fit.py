@@ -136,7 +136,8 @@ class MemoryFit:
         out = {"model": self.model, "knob": self.knob, "batch": value,
                "predicted_gib": round(self.predict(value, length) / GIB, 3),
                "margin_gib": round(self.margin_bytes / GIB, 3), "line_gib": round(self.line_bytes / GIB, 3),
-               "others_gib": round(self.others_bytes / GIB, 3), "base_gib": round(self.base_bytes / GIB, 3), "per_sample_mib": round(self.per_sample_bytes / 2**20, 3),
+               "others_gib": round(self.others_bytes / GIB, 3), "base_gib": round(self.base_bytes / GIB, 3),
+               "per_sample_mib": round(self.per_sample_bytes / 2**20, 3),
                "per_token_kib": round(self.per_token_bytes / 2**10, 3), "stretches": len(self.points),
                "points_gib": {f"{p.value:g}" + (f"@{p.length:.0f}" if p.length else ""): round(p.peak_bytes / GIB, 3)
                               for p in recent}}
