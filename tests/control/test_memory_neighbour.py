@@ -11,6 +11,8 @@ import pytest
 from tests.support.plans import GIB, RULES, acts, change, job, state, steps
 from trimtab.control.controller import plan
 from trimtab.control.memory_fit import fit, others_bytes
+from trimtab.control.plan import Cadence, Wait
+from trimtab.control.service import Rebalancer
 
 TOTAL = 141 * GIB
 CTL = RULES.controller
@@ -97,3 +99,22 @@ def test_a_stretch_that_hit_an_oom_is_no_point_of_the_fit():
     history[6] = replace(history[6], mem_peak_bytes=5 * GIB)  # what was allocated before the failure
     f = fit(history, [], "batch_size", 32, CTL)
     assert len(f.points) == 9 and min(p.peak_bytes for p in f.points) == pytest.approx(34 * GIB)
+
+
+def test_a_report_that_shows_a_neighbour_arrived_is_planned_at_once_not_a_window_later(sqlite_engine):
+    """The rebalancer plans a job once per window (up to 20 fast steps); a report whose free memory shows another
+    process took more than the memory margin since the rank's last report is planned at once."""
+    rb, asked = Rebalancer(sqlite_engine), []
+    rb._request_plan = lambda the_job, forced=False: asked.append(forced)
+    the_job = job()
+    rb._cadence[the_job.name] = Cadence(the_job.updated_ms, 10, Wait(steps=20, seconds=100.0))  # a window away
+
+    def memory(held_gib: float) -> dict:
+        return {"total_bytes": TOTAL, "reserved_bytes": 60 * GIB, "free_bytes": TOTAL - 60 * GIB - held_gib * GIB}
+    for step, held in ((11, 0.0), (12, 1.0), (13, 2.0)):
+        rb.after_report(the_job, step, 1.0, memory=memory(held))
+    assert asked == []  # nothing moved beyond the margin: the window's wait stands
+    rb.after_report(the_job, 14, 1.0, memory=memory(30.0))
+    assert asked == [True]
+    rb.after_report(the_job, 15, 1.0, memory=memory(30.0), rank=0)
+    assert asked == [True]  # still there: no plan per report

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from trimtab.contract.knobs import is_token_budget
 from trimtab.contract.statuses import APPLIED
@@ -61,19 +61,26 @@ def ran_at(step: JobStep, knob: str) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def others_of(memory: Mapping[str, Any]) -> Optional[float]:
+    """Memory of the GPU another process holds, from one reading: total − free − the job's own (reserved, else
+    allocated, else the peak: reserved is what the allocator holds, and a larger own figure leaves less to the
+    others); None without free memory and the capacity."""
+    free, total = memory.get("free_bytes"), memory.get("total_bytes")
+    if free is None or not total:
+        return None
+    own = next((memory[k] for k in ("reserved_bytes", "allocated_bytes", "peak_allocated_bytes")
+                if memory.get(k) is not None), 0.0)
+    return max(0.0, float(total) - float(free) - float(own))
+
+
 def others_bytes(steps: Sequence[JobStep]) -> Optional[float]:
-    """Memory of the job's GPU that another process holds, from the newest readings of its free memory: total −
-    free − the job's own (reserved, else allocated, else the peak: the larger the own figure, the smaller the
-    others' — reserved is what the allocator holds); None when the job reports no free memory."""
+    """Memory of the job's GPU that another process holds: the most of the newest ``OTHERS_READINGS`` readings
+    (``others_of``); None when the job reports no free memory."""
     seen: list[float] = []
     for s in reversed(steps):
-        r = s.reported
-        free, total = r.get("free_bytes"), r.get("total_bytes")
-        if free is None or not total:
-            continue
-        own = next((r.get(k) for k in ("reserved_bytes", "allocated_bytes", "peak_allocated_bytes")
-                    if r.get(k) is not None), 0.0)
-        seen.append(max(0.0, float(total) - float(free) - float(own)))
+        held = others_of(s.reported)
+        if held is not None:
+            seen.append(held)
         if len(seen) >= OTHERS_READINGS:
             break
     return max(seen) if seen else None
