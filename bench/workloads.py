@@ -22,7 +22,12 @@ lent H200's host (a host that slows by itself, a host whose speed shifts in regi
 jobs with two knobs in series (prefetch, then sync; one whose prefetch raise leaves a bank that drains, as on the
 H200; one that reports its queue's high-water mark, as the reference pipeline does), and two bounded queues
 simulated batch by batch that report their high-water mark (one never fills past prefetch 1, one fills now and then
-between bursts of slow generation). The jobs are in ``bench/job_models.py``. A smoke run (no goal, a few seconds):
+between bursts of slow generation). Issue 38 adds a job with a neighbour on its GPU (another process takes 5–50 %
+of it at a step drawn from the seed; scored by ``neighbour_score`` on the steps it is there: OOMs after the first,
+steps until the batch fits under the line beside it, throughput against the best static setting safe beside it),
+a noisy two-rank communication-bound job, a noisy non-monotone batch curve, a host that slows ×1.3 at the step the
+first move lands, and a mix (batch and sync, a neighbour). The jobs are in ``bench/job_models.py``. A smoke run (no
+goal, a few seconds):
 ``python bench/workloads.py --seeds 1 --max-steps 40``.
 """
 

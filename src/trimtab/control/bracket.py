@@ -38,13 +38,14 @@ def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:
 
 
 def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: Optional[Sample],
-            firing: bool = False, strong: bool = False) -> Optional[str]:
+            firing: bool = False, strong: bool = False, fires: bool = False) -> Optional[str]:
     """Why this move may not be tried now (a value measured worse, or a no-gain direction, whose verdict still
     holds; a recently refused direction), else None. ``firing``: the rule that asks for the move fires — then a
     "no measurable gain" on a ladder closes the direction only after ``ladder_look_further`` more steps that way
     also gained nothing (one small rung, +0.8 % at sync 8 → 16, is not the top of a ladder whose best is 64).
     ``strong``: it is far above its line (``strong_above``) — a move sent back once on a verdict that could not tell
-    is made once more (``_flat_once``)."""
+    is made once more (``_flat_once``); ``fires``: it fires at all — such a move is made once more later
+    (``_reopened``)."""
     current = float(state.job.knobs[action.knob]["value"])
     way = 1 if new > current else -1
     for d in state.decisions:
@@ -58,8 +59,8 @@ def blocked(state: "JobState", rules: RuleSet, action: Action, new: float, now: 
             reason = evidence_of(d).get("refused_reason")
             return f"the job refused {action.knob} → {d.new_value:g} at decision {d.id} ({reason or 'no reason'})"
         if d.outcome == ROLLED_BACK and float(d.new_value) == new and still_holds(state, rules, d, now):
-            if strong and _flat_once(state, d):
-                continue  # could not tell, and the rule still fires strongly at the known setting: once more
+            if (strong and _flat_once(state, d)) or _reopened(state, rules, d, fires):
+                continue  # could not tell, and the rule still fires (strongly, or long after): once more
             return f"{action.knob}={new:g} was rolled back at decision {d.id}"
         if d.outcome == KEPT and result_of(d) == GAIN and float(d.old_value) == new \
                 and still_holds(state, rules, d, now):
@@ -204,8 +205,16 @@ def _untried_top(state: "JobState", rules: RuleSet, action: Action, behind: floa
     return None if tried else value
 
 
+def _reopened(state: "JobState", rules: RuleSet, d: StoredDecision, fires: bool) -> bool:
+    """A flat top re-opened: ``d`` is the only verdict that sent its move back on a verdict that could not tell
+    (``_flat_once``), the rule that asks for the move still fires, and ``retry_after_s`` has passed since the
+    verdict: the move is measured once more. A two-rank job stood at sync 8 for 5 100 steps ("the top is flat
+    there") with communication at 19.7 % of the step (act above 15): 0.69 of its best static (32)."""
+    return fires and _flat_once(state, d) and state.now_ms - verdict_ms(d) >= rules.controller.retry_after_s * 1000
+
+
 def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integer: bool,
-            now: Optional[Sample], strong: bool = False) -> tuple[Optional[float], Optional[str]]:
+            now: Optional[Sample], strong: bool = False, fires: bool = False) -> tuple[Optional[float], Optional[str]]:
     """The move after what the verdicts say (new None when nothing is left to try), with a note for the evidence:
 
     * a step that would reach or pass a value measured worse goes to the middle between the current value and
@@ -216,7 +225,8 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
     * a value that could not be told apart from the current one (no measurable gain, or back to the known setting
       on a lower estimate) ends the search on that side: the top is flat at what this job's noise can measure —
       unless the rule is still far above its line (``strong``) and that move went back so once only (two stalls
-      in one window read −59 … +44 % for a move worth +11 %): it is made once more."""
+      in one window read −59 … +44 % for a move worth +11 %): it is made once more; and once more, too, where the
+      rule still fires ``retry_after_s`` after that verdict (``_reopened``)."""
     current = float(state.job.knobs[action.knob]["value"])
     below, above = bounds(state, rules, action.knob, now)
     ahead, behind = (above, below) if action.direction > 0 else (below, above)
@@ -229,6 +239,10 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
         if strong and new == ahead.value and _flat_once(state, ahead.decision):
             return new, (f"{ahead.value:g} could not be told apart from {ahead.moved_from:g} (decision "
                          f"{ahead.decision.id}), but the signal is still far above its line: tried once more")
+        if new == ahead.value and _reopened(state, rules, ahead.decision, fires):
+            return new, (f"{ahead.value:g} could not be told apart from {ahead.moved_from:g} (decision "
+                         f"{ahead.decision.id}), but the signal still fires "
+                         f"{rules.controller.retry_after_s:g} s later: the flat top re-opened, tried once more")
         return None, (f"{ahead.value:g} could not be told apart from {ahead.moved_from:g} (decision "
                       f"{ahead.decision.id}): the top is flat there, nothing left to try on that side")
     where = f"between {current:g} and {ahead.value:g} (measured worse at decision {ahead.decision.id})"

@@ -138,7 +138,8 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
             bound = "max" if action.direction > 0 else "min"
             skipped.append(f"{action.describe()}: {action.knob} is at its {bound} ({spec[bound]:g})")
             continue
-        bracketed, note = bracket(state, rules, action, new, _integer_knob(spec), now, strong)
+        fires = readings[rule.name].fires
+        bracketed, note = bracket(state, rules, action, new, _integer_knob(spec), now, strong, fires)
         if note is not None:
             policy.append(note)
         if bracketed is None:
@@ -148,7 +149,7 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         # a geometric ladder (×/÷) whose rule still fires (strongly, where the rule says what strongly is) looks one
         # rung past a step that gained nothing; an additive one (prefetch +2) does not
         ladder = action.op in ("mul", "div") and readings[rule.name].fires and (rule.strong_above is None or strong)
-        why = (blocked(state, rules, action, new, now, firing=ladder, strong=strong)
+        why = (blocked(state, rules, action, new, now, firing=ladder, strong=strong, fires=fires)
                or queue_unused(state, rules, action.knob, current, new))
         if why is None and action.needs_memory_headroom and new > current:
             new, why = _memory_step(state, rules, readings, action, spec, new, policy)
