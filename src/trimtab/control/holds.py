@@ -6,7 +6,9 @@ than the verdict's effect and the job itself with it (its phase shares or tokens
 phase of training, lengths that grew; not a host that slows every step alike — for a verdict that was sure), or —
 for a move rolled back — when the known setting, measured again, reads no higher than the move did (the job slowed
 down while the move was measured: the loss was the job's; A, B, A′). While the job is elsewhere on the same knob the
-verdict still holds: nothing re-measured it. ``bracket.py`` reads it for where the next move may go.
+verdict still holds: nothing re-measured it. Until the known setting has been measured again after a move sent back
+on a loss (A′), the search waits (``known_unmeasured``): a host that slowed as the move landed is then told from the
+move. ``bracket.py`` reads it for where the next move may go.
 """
 
 from __future__ import annotations
