@@ -180,9 +180,10 @@ class Hook:
         ``step``: the job's own step number (default: counted from 0). ``phases_s``: phase seconds measured
         elsewhere (a framework's timers), added to the ``phase()`` blocks. ``step_time_s``: the step's duration as
         the framework timed it (default: wall time since the last boundary). ``memory``: allocator figures the
-        framework measured where the hook cannot (its workers' GPUs), merged over the hook's own. ``rollout_s``:
-        (slowest, mean) sample generation time, the rollout's long tail. ``framework``: what the framework logged
-        for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``, and a
+        framework measured where the hook cannot (its workers' GPUs), merged over the hook's own (a CPU job passes
+        ``free_bytes`` and ``total_bytes`` as it sees them: memory another process holds lowers the line raises plan
+        against). ``rollout_s``: (slowest, mean) sample generation time, the rollout's long tail. ``framework``:
+        what the framework logged for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``, and a
         prefetching job's ``queue_high_water`` (the most batches that waited unclaimed at once in the step)."""
         now_s = time.perf_counter()
         if step is not None:
