@@ -23,8 +23,9 @@ jobs with two knobs in series (prefetch, then sync; one whose prefetch raise lea
 H200; one that reports its queue's high-water mark, as the reference pipeline does), and two bounded queues
 simulated batch by batch that report their high-water mark (one never fills past prefetch 1, one fills now and then
 between bursts of slow generation). Issue 38 adds a job with a neighbour on its GPU (another process takes 5–50 %
-of it at a step drawn from the seed; scored by ``neighbour_score`` on the steps it is there: OOMs after the first,
-steps until the batch fits under the line beside it, throughput against the best static setting safe beside it),
+of it at a step drawn from the run's random seed; scored by ``neighbour_score`` on the steps it is there: OOMs
+after the first, steps until the batch fits under the line beside it, throughput against the best static setting
+safe beside it),
 a noisy two-rank communication-bound job, a noisy non-monotone batch curve, a host that slows ×1.3 at the step the
 first move lands, and a mix (batch and sync, a neighbour). The jobs are in ``bench/job_models.py``. A smoke run (no
 goal, a few seconds):
@@ -217,7 +218,8 @@ def neighbour_score(w: Workload, out: dict) -> dict:
     after_first = [i for i in out["oom_steps"] if first is not None and i > first]
     met = not after_first and lowered is not None and lowered <= 5 and delivered / rate(best) >= 0.90
     line = (f"neighbour {other.gib:g} GiB at steps {other.arrives}–{other.leaves or 'end'}: "
-            f"{delivered / rate(best):.1%} of the best static safe beside it ({best}), fits under the line from {lowered} steps after it came, "
+            f"{delivered / rate(best):.1%} of the best static safe beside it ({best}), fits under the line from "
+            f"{lowered} steps after it came, "
             f"OOMs {len(out['oom_steps'])} ({len(after_first)} after the first)")
     return {"ratio": delivered / rate(best), "lowered_after": lowered, "ooms_after_first": len(after_first),
             "met": met, "line": line}
