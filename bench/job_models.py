@@ -336,9 +336,9 @@ def neighbour() -> Workload:
     """A generation-bound job (0.3 s + 30 ms a sample, ±3 %) whose memory grows 1.5 GiB a sample (2 GiB base) on
     the 141 GiB GPU, reporting its allocator's peak and reserved bytes and the GPU's free memory every step. At a
     step drawn per run from its random seed (40–80) another process takes 5–50 % of the GPU, and in half the runs
-    leaves 60–100 steps later. Where the job's peak no longer fits beside it the step OOMs and the batch is halved from the next
-    step, as the hook does (the batch never goes back above the size that failed). Scored on the steps the
-    neighbour is there: OOMs after the first, steps until the batch fits under the line beside it, throughput
+    leaves 60–100 steps later. Where the job's peak no longer fits beside it the step OOMs and the batch is halved
+    from the next step, as the hook does (the batch never goes back above the size that failed). Scored on the
+    steps the neighbour is there: OOMs after the first, steps until the batch fits under the line beside it, throughput
     against the best static setting that is safe beside it (``bench/workloads.py: neighbour_score``)."""
     def step(k, i, rng):
         b = int(k["batch_size"])
