@@ -268,3 +268,19 @@ def test_a_flat_top_is_re_opened_once_while_the_rule_still_fires_long_after_its_
     again = plan(state(history, job(sync=8, sync_max=32), changes=twice,
                        decisions=[sent_back(5, NOW - 2 * retry_ms), sent_back(3, NOW - 4 * retry_ms)]), RULES)
     assert again.change is None or again.change.knob != "sync_every", again.note
+
+
+def test_a_flat_rung_ahead_does_not_end_the_search_before_the_top_the_levels_point_to_is_tried():
+    # The noisy non-monotone curve (peak 24, ±10 %), seed 9: 32 → 11 worse, 32 → 19 kept (unconfirmed), 19 → 29
+    # back to the known setting (+0.9 %, could not tell): "the top is flat there" left it at 19, 93.6 % of 24.
+    # The levels at 11, 19 and 29 put the top between 19 and 29: that value is tried once.
+    moves = [verdict(6, 32, 11, "rolled_back", 0.757, "worse"),
+             verdict(7, 32, 19, "kept", 1.034, "inconclusive", no_gain=True, unconfirmed_gain=True),
+             verdict(8, 19, 29, "rolled_back", 1.009, "inconclusive", back_to_known=True)]
+    p = at(19, moves)
+    assert p.change is not None and p.change.knob == "batch_size" and 19 < p.change.new_value < 29, p.note
+    assert any(n.startswith("bracket search, the top: the levels measured at 11, 19 and 29")
+               for n in p.evidence["step_policy"]), p.evidence
+    tried = at(19, moves + [verdict(9, 19, p.change.new_value, "rolled_back", 0.99, "inconclusive",
+                                    back_to_known=True)])
+    assert tried.change is None or tried.change.knob != "batch_size", tried.note  # tried once

@@ -189,15 +189,15 @@ def _flat_once(state: "JobState", d: StoredDecision) -> bool:
     return flat(d) and sum(flat(e) and same_move(e, d) for e in state.decisions) == 1
 
 
-def _untried_top(state: "JobState", rules: RuleSet, action: Action, behind: float, current: float, top: float,
+def _untried_top(state: "JobState", rules: RuleSet, action: Action, flat: float, current: float, top: float,
                  integer: bool) -> Optional[float]:
-    """The parabola's top between ``behind`` and ``current`` (rounded for an integer knob) where it is more than
-    ``bracket_min_gap_pct`` from both and no move of the knob went there yet (tried once: its verdict then ties it
-    to the others); None otherwise. A non-monotone curve whose best (24) lay between a flat rung (19) and the
+    """The parabola's top between a flat rung ``flat`` (either side) and ``current`` (rounded for an integer knob)
+    where it is more than ``bracket_min_gap_pct`` from both and no move of the knob went there yet (tried once: its
+    verdict then ties it to the others); None otherwise. A non-monotone curve whose best (24) lay between a flat rung (19) and the
     current value (32) was never tried in 941 steps: "nothing left" ended the search at 0.80 of the grid."""
     value = float(round(top)) if integer else top
     gap = math.log1p(rules.controller.bracket_min_gap_pct / 100.0)
-    lo, hi = min(behind, current), max(behind, current)
+    lo, hi = min(flat, current), max(flat, current)
     if not lo < value < hi or value <= 0 or any(abs(math.log(value / v)) < gap for v in (lo, hi) if v > 0):
         return None
     tried = any(d.knob == action.knob and d.new_value is not None and float(d.new_value) == value
@@ -243,6 +243,14 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
             return new, (f"{ahead.value:g} could not be told apart from {ahead.moved_from:g} (decision "
                          f"{ahead.decision.id}), but the signal still fires "
                          f"{rules.controller.retry_after_s:g} s later: the flat top re-opened, tried once more")
+        side = _top_side(state, rules, action, behind.value, current, ahead.value, now) \
+            if behind is not None and ahead.moved_from == current else None
+        peak = _untried_top(state, rules, action, current, ahead.value, side[1], integer) \
+            if side is not None and side[0] > 0 else None
+        if peak is not None:
+            return peak, (f"bracket search, the top: the levels measured at {behind.value:g}, {current:g} and "
+                          f"{ahead.value:g} put it near {side[1]:.3g}, where {ahead.value:g} could not be told apart "
+                          f"from {current:g}: {peak:g}, not tried yet")
         return None, (f"{ahead.value:g} could not be told apart from {ahead.moved_from:g} (decision "
                       f"{ahead.decision.id}): the top is flat there, nothing left to try on that side")
     where = f"between {current:g} and {ahead.value:g} (measured worse at decision {ahead.decision.id})"
