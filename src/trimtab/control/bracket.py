@@ -279,11 +279,16 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
     return forward, f"bracket search {where}: {forward:g}"
 
 
-def _gained(d: StoredDecision) -> bool:
-    """A kept gain, or a kept estimate above the dead band that the test could not confirm (an unconfirmed gain:
-    the direction stays open). The noisy two-rank job read sync 8 → 16 +2.8 % (88 % sure; +11 % true): held as
-    the end of the ladder, it stood at 94 % of sync 32 with communication still 11 % of the step."""
-    return result_of(d) == GAIN or bool(evidence_of(d).get("unconfirmed_gain"))
+def _gained(rule: Rule, d: StoredDecision) -> bool:
+    """A kept gain, or — on a geometric ladder (×/÷), as ``blocked`` looks one rung further on one — a kept estimate
+    above the dead band that the test could not confirm (an unconfirmed gain: the direction stays open). The noisy
+    two-rank job read sync 8 → 16 +2.8 % (88 % sure; +11 % true): held as the end of the ladder, it stood at 94 %
+    of sync 32 with communication still 11 % of the step. An additive step (prefetch +2) is not followed on one:
+    the bursty queue went 4 → 6 → 8 that way."""
+    if result_of(d) == GAIN:
+        return True
+    geometric = any(a.knob == d.knob and a.op in ("mul", "div") for a in rule.actions)
+    return geometric and bool(evidence_of(d).get("unconfirmed_gain"))
 
 
 def follows_through(state: "JobState", rule: Rule, reading: Reading) -> Optional[StoredDecision]:
@@ -304,7 +309,7 @@ def follows_through(state: "JobState", rule: Rule, reading: Reading) -> Optional
         # its act line at the old setting, would never ask again: the CPU pipeline stood at 64/0/1, 62–72 % of
         # the best static, after prefetch 0 → 2 read +28–30 % (100 % sure) on a before window still climbing.
         last = next((d for d in closed[1:] if not remeasured(d)), None)
-    if last is None or last.rule != rule.name or last.outcome != KEPT or not _gained(last):
+    if last is None or last.rule != rule.name or last.outcome != KEPT or not _gained(rule, last):
         return None
     if last.knob not in state.job.knobs or float(state.job.knobs[last.knob]["value"]) != float(last.new_value):
         return None
