@@ -193,8 +193,11 @@ def _untried_top(state: "JobState", rules: RuleSet, action: Action, flat: float,
                  integer: bool) -> Optional[float]:
     """The parabola's top between a flat rung ``flat`` (either side) and ``current`` (rounded for an integer knob)
     where it is more than ``bracket_min_gap_pct`` from both and no move of the knob went there yet (tried once: its
-    verdict then ties it to the others); None otherwise. A non-monotone curve whose best (24) lay between a flat rung (19) and the
+    verdict then ties it to the others); None otherwise, and on an additive step (prefetch +2: a few values, the
+    middle is the search's own step; the noisy prefetch job tried 5 and 6 past its best, 4, that way). A non-monotone curve whose best (24) lay between a flat rung (19) and the
     current value (32) was never tried in 941 steps: "nothing left" ended the search at 0.80 of the grid."""
+    if action.op == "add":
+        return None
     value = float(round(top)) if integer else top
     gap = math.log1p(rules.controller.bracket_min_gap_pct / 100.0)
     lo, hi = min(flat, current), max(flat, current)
