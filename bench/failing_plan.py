@@ -20,12 +20,17 @@ import time
 
 def run(seconds: float, every_s: float = 0.25) -> tuple[int, int, int, list[str]]:
     """(reports, plans tried, WARNING lines, the lines)."""
+    with tempfile.TemporaryDirectory(prefix="trimtab-failing-plan-") as tmp:
+        return _run(tmp, seconds, every_s)
+
+
+def _run(tmp: str, seconds: float, every_s: float) -> tuple[int, int, int, list[str]]:
     from trimtab.control import service as service_mod
     from trimtab.control.service import Rebalancer
     from trimtab.store import jobs as job_store
     from trimtab.store.engine import migrate, open_engine
 
-    engine = open_engine(f"sqlite:///{tempfile.mkdtemp(prefix='trimtab-failing-plan-')}/t.db")
+    engine = open_engine(f"sqlite:///{tmp}/t.db")
     migrate(engine)
     job, _ = job_store.register_job(engine, "grpo", 1, {}, ["node-a"],
                                     {"batch_size": {"value": 4, "min": 1, "max": 64}}, "auto", None, True)

@@ -30,6 +30,8 @@ class Workload:
     moved_at: Optional[int] = None                # the step where the job itself moves (a slowdown): a value
                                                   # measured worse before it may be tried again after it
     report: Optional[Callable[[], dict]] = None   # more top-level fields of the report of the step just modelled
+    neighbour: Optional[Callable[[int], "Neighbour"]] = None  # seed → another process's memory on the GPU; an OOM
+                                                  # then halves the batch as the hook does (a lost step, 0 samples)
 
 
 def _noisy(rng: random.Random, t: float, noise: float) -> float:
@@ -339,3 +341,112 @@ def periodic_heavy(every: int = 20, x: float = 10.0, phase: str = "validation") 
 
 WORKLOADS.update({"eval_10x_20": periodic_heavy, "eval_5x_50": lambda: periodic_heavy(50, 5.0),
                   "checkpoint_25x_40": lambda: periodic_heavy(40, 25.0, "checkpoint")})
+
+
+# -- issue 38: memory the job does not own, and searches that must go on past one verdict that cannot tell ---------
+
+@dataclass(frozen=True)
+class Neighbour:
+    """Another process on the job's GPU: it takes ``gib`` from step ``arrives`` until ``leaves`` (None: stays)."""
+    arrives: int
+    gib: float
+    leaves: Optional[int] = None
+
+    def held_gib(self, i: int) -> float:
+        return self.gib if self.arrives <= i and (self.leaves is None or i < self.leaves) else 0.0
+
+
+def neighbour() -> Workload:
+    """A generation-bound job (0.3 s + 30 ms a sample, ±3 %) whose memory grows 1.5 GiB a sample (2 GiB base) on
+    the 141 GiB GPU, reporting its allocator's peak and reserved bytes and the GPU's free memory every step. At a
+    step drawn per run from its random seed (40–80) another process takes 5–50 % of the GPU, and in half the runs
+    leaves 60–100 steps later. Where the job's peak no longer fits beside it the step OOMs and the batch is halved
+    from the next step, as the hook does (the batch never goes back above the size that failed). Scored on the
+    steps the neighbour is there: OOMs after the first, steps until the batch fits under the line beside it, throughput
+    against the best static setting that is safe beside it (``bench/workloads.py: neighbour_score``)."""
+    def step(k, i, rng):
+        b = int(k["batch_size"])
+        t = _noisy(rng, _batch_time(b), 0.03)
+        return t, {"generation": 0.9 * t, "update": 0.1 * t}, b
+
+    def arrival(seed: int) -> Neighbour:
+        rng = random.Random(seed * 7919 + 38)
+        arrives, share = rng.randint(40, 80), rng.uniform(0.05, 0.5)
+        return Neighbour(arrives, round(share * LIMIT_GIB, 1), arrives + rng.randint(60, 100) if rng.random() < 0.5
+                         else None)
+    return Workload("neighbour takes 5–50 % of the GPU (1.5 GiB/sample)",
+                    {"batch_size": {"value": 4, "min": 1, "max": 128}}, step,
+                    [{"batch_size": b} for b in range(4, 96, 4)], memory_gib=lambda k: 2.0 + 1.5 * k["batch_size"],
+                    steps=220, neighbour=arrival)
+
+
+def comm_bound_noisy() -> Workload:
+    """The two-rank communication-bound job as users run it: 0.25 s of compute at ±20 % a step, a 0.5 s all-reduce
+    every sync_every steps (at sync 8 communication is ~20 % of the step; 8 → 16 pays +11 %, 16 → 32 +6 %): one
+    rung read as flat must not end the ladder while the rule still fires. Best at the max, 32."""
+    def step(k, i, rng):
+        sync = int(k["sync_every"])
+        comm = 0.5 if (i + 1) % sync == 0 else 0.0
+        t = _noisy(rng, 0.25, 0.2) + comm
+        return t, {"generation": t - comm - 0.05, "update": 0.05, **({"communication": comm} if comm else {})}, 16
+    return Workload("communication-bound, noisy ±20 % (2 ranks)", {"sync_every": {"value": 1, "min": 1, "max": 32}},
+                    step, [{"sync_every": s} for s in (1, 2, 4, 8, 16, 32)], ranks=2, steps=160)
+
+
+def non_monotone_noisy() -> Workload:
+    """The non-monotone batch curve (peak 24, falling past 32) at ±10 % step noise from batch 4: its best must be
+    tried although a rung on the way reads flat."""
+    w = non_monotone()
+
+    def step(k, i, rng):
+        t, _, b = w.step(k, i, rng)
+        t = _noisy(rng, t, 0.1)
+        return t, {"generation": 0.9 * t, "update": 0.1 * t}, b
+    return Workload("non-monotone batch curve, noisy ±10 %", {"batch_size": {"value": 4, "min": 1, "max": 128}},
+                    step, w.grid, steps=160)
+
+
+def slowdown_at_a_move() -> Workload:
+    """The evaluation-bound prefetch job (prefetch 0 → 4 pays +43 %, ±3 %) on a host that slows ×1.3 for good at
+    the step the job's first move lands (the worst moment: the move's after window is all slow, its before window
+    all fast) — the slowdown is the host's, not the move's: the move must not be charged with it."""
+    base = eval_bound()
+    seen = {"start": None, "slow_from": None, "i": -1}
+    made: list[Workload] = []
+
+    def step(k, i, rng):
+        if i <= seen["i"]:  # a new run or static measurement
+            seen["start"], seen["slow_from"] = None, None
+        seen["i"] = i
+        if seen["start"] is None:
+            seen["start"] = dict(k)
+        elif seen["slow_from"] is None and dict(k) != seen["start"]:
+            seen["slow_from"] = made[0].moved_at = i  # the job moved: a value measured worse before may be retried
+        t, phases, n = base.step(k, i, rng)
+        slow = 1.3 if seen["slow_from"] is not None else 1.0
+        return t * slow, {p: v * slow for p, v in phases.items()}, n
+    made.append(Workload("host slows ×1.3 as the first move lands (prefetch)", base.knobs, step, base.grid,
+                         steps=160))
+    return made[0]
+
+
+def mix() -> Workload:
+    """Two knobs on one job, and a neighbour: the noisy communication-bound ladder (sync_every) on a job whose
+    generation grows with the batch (memory 2 GiB + 1.5 GiB a sample), another process arriving as in
+    ``neighbour``."""
+    def step(k, i, rng):
+        b, sync = int(k["batch_size"]), int(k["sync_every"])
+        comm = 0.5 if (i + 1) % sync == 0 else 0.0
+        compute = _noisy(rng, _batch_time(b), 0.1)
+        t = compute + comm
+        return t, {"generation": 0.9 * compute, "update": 0.1 * compute,
+                   **({"communication": comm} if comm else {})}, b
+    w = neighbour()
+    return Workload("mix: batch and sync, a neighbour arrives", {"batch_size": {"value": 4, "min": 1, "max": 128},
+                                                                 "sync_every": {"value": 1, "min": 1, "max": 32}},
+                    step, [{"batch_size": b, "sync_every": s} for b in range(8, 96, 8) for s in (1, 4, 16, 32)],
+                    memory_gib=w.memory_gib, steps=220, neighbour=w.neighbour)
+
+
+WORKLOADS.update({"neighbour": neighbour, "comm_noisy": comm_bound_noisy, "non_monotone_noisy": non_monotone_noisy,
+                  "slowdown_at_move": slowdown_at_a_move, "mix": mix})

@@ -22,7 +22,13 @@ lent H200's host (a host that slows by itself, a host whose speed shifts in regi
 jobs with two knobs in series (prefetch, then sync; one whose prefetch raise leaves a bank that drains, as on the
 H200; one that reports its queue's high-water mark, as the reference pipeline does), and two bounded queues
 simulated batch by batch that report their high-water mark (one never fills past prefetch 1, one fills now and then
-between bursts of slow generation). The jobs are in ``bench/job_models.py``. A smoke run (no goal, a few seconds):
+between bursts of slow generation). Issue 38 adds a job with a neighbour on its GPU (another process takes 5–50 %
+of it at a step drawn from the run's random seed; scored by ``neighbour_score`` on the steps it is there: OOMs
+after the first, steps until the batch fits under the line beside it, throughput against the best static setting
+safe beside it),
+a noisy two-rank communication-bound job, a noisy non-monotone batch curve, a host that slows ×1.3 at the step the
+first move lands, and a mix (batch and sync, a neighbour). The jobs are in ``bench/job_models.py``. A smoke run (no
+goal, a few seconds):
 ``python bench/workloads.py --seeds 1 --max-steps 40``.
 """
 
@@ -64,31 +70,47 @@ def run(http: httpx.Client, token: str, w: Workload, seed: int, job: str = "w",
     assert r.status_code == 201, r.text
     setting = {k: v["value"] for k, v in w.knobs.items()}
     rng = random.Random(seed)
-    history, ooms = [], 0
+    history, ooms, oom_steps = [], 0, []
+    other = w.neighbour(seed) if w.neighbour is not None else None
+    bounds = {k: dict(v) for k, v in w.knobs.items()}
     for i in range(w.steps if max_steps is None else min(w.steps, max_steps)):
         t, phases, samples = w.step(setting, i, rng)
-        memory = None
+        memory, ran_at, halved = None, dict(setting), False
         if w.memory_gib is not None:
-            peak = w.memory_gib(setting)
-            if peak > LIMIT_GIB:
+            peak, held = w.memory_gib(setting), (other.held_gib(i) if other is not None else 0.0)
+            if peak + held > LIMIT_GIB:
                 ooms += 1
-            memory = {"peak_allocated_bytes": int(min(peak, LIMIT_GIB) * GIB), "total_bytes": int(LIMIT_GIB * GIB),
-                      "num_ooms": ooms}
-        history.append((dict(setting), samples, t))
+                oom_steps.append(i)
+                halved = other is not None  # as the hook does: the step is lost, the batch halved from the next
+            peak = min(peak, LIMIT_GIB - held)
+            memory = {"peak_allocated_bytes": int(peak * GIB), "total_bytes": int(LIMIT_GIB * GIB), "num_ooms": ooms}
+            if other is not None:  # the job reads the GPU's free memory (torch.cuda.mem_get_info) beside its own
+                memory.update(reserved_bytes=int(peak * GIB), free_bytes=int((LIMIT_GIB - peak - held) * GIB))
+        if halved:
+            samples, failed = 0, int(setting["batch_size"])
+            setting["batch_size"] = max(1, failed // 2)
+            bounds["batch_size"].update(value=setting["batch_size"], max=min(bounds["batch_size"]["max"], failed - 1))
+        history.append((ran_at, samples, t))
         for rank in range(w.ranks):
             body = {"step": i, "rank": rank, "step_time_s": t, "phases": phases, "samples": samples // w.ranks,
-                    **(w.report() if w.report is not None else {})}
+                    "knobs": ran_at, **(w.report() if w.report is not None else {})}
             if memory is not None:
                 body["memory"] = memory
             r = http.post(f"/v1/jobs/{job}/reports", json=body, headers=auth)
             assert r.status_code == 200, r.text
+        if halved:  # the hook declares the new value and ceiling again (pending changes above it are cancelled)
+            r2 = http.post("/v1/jobs", json={**declaration, "knobs": {**bounds, **{
+                k: {**bounds[k], "value": setting[k]} for k in bounds}}}, headers=auth)
+            assert r2.status_code in (200, 201), r2.text
+            continue
         for c in r.json()["pending_changes"]:  # applied at the next boundary on every rank, then acknowledged
             setting[c["knob"]] = c["value"]
             for rank in range(w.ranks):
                 http.post(f"/v1/jobs/{job}/acks", json={"change_id": c["change_id"], "applied_at_step": i + 1,
                                                         "rank": rank}, headers=auth)
     decisions = http.get("/v1/decisions", params={"job": job, "limit": 200}).json()["decisions"]
-    return {"history": history, "decisions": decisions, "ooms": ooms}
+    return {"history": history, "decisions": decisions, "ooms": ooms, "oom_steps": oom_steps,
+            "neighbour": other}
 
 
 @dataclass
@@ -106,6 +128,7 @@ class Score:
     false_gains: list = None       # kept as a gain, but the static settings say the move gained nothing (< +1 %):
                                    # warm-up or noise credited to a change
     retried: list = None           # moves to a value measured worse with confidence before, the job not moved since
+    neighbour: Optional[dict] = None  # a workload with a neighbour on the GPU: neighbour_score's figures
 
     def line(self) -> str:
         return (f"{self.name}: reached {self.reached:.1%} of best static ({self.best}; the tail measured "
@@ -116,6 +139,8 @@ class Score:
 
     @property
     def met(self) -> bool:
+        if self.neighbour is not None:
+            return self.neighbour["met"]
         return (self.reached >= 0.95 and self.within is not None and self.within <= GOAL_STEPS and self.ooms == 0
                 and not self.kept_worse and not self.false_gains and not self.retried)
 
@@ -161,6 +186,45 @@ def score(w: Workload, out: dict) -> Score:
                  kept_worse, best_setting, out["history"][-1][0], false_gains, retried_losers(w, changes))
 
 
+LINE_PCT = 95.0  # rules.toml's memory_line_pct: a batch "fits beside the neighbour" with its peak under this
+
+
+def neighbour_score(w: Workload, out: dict) -> dict:
+    """A run with a neighbour on the GPU, over the steps it is there: OOMs after the first, steps from its arrival
+    until the batch fits under the line beside it (and stays there), and the throughput the settings delivered
+    (a step lost to an OOM delivers nothing) against the best static setting of the grid that is safe beside it."""
+    other, history = out["neighbour"], out["history"]
+    end = min(len(history), other.leaves or len(history))
+    level = {}
+
+    def rate(setting: dict) -> float:
+        key = tuple(sorted(setting.items()))
+        if key not in level:
+            level[key] = measure(w, setting, seed=7, n=640, first_step=GOAL_STEPS)
+        return level[key]
+
+    def fits(setting: dict, limit: float) -> bool:
+        return w.memory_gib(setting) + other.gib <= limit
+
+    safe = [g for g in w.grid if fits(g, LIMIT_GIB)]
+    best = max(safe, key=rate)
+    during = history[other.arrives:end]
+    lost = set(out["oom_steps"])
+    delivered = sum(n for _, n, _ in during) / sum(
+        (t if i + other.arrives in lost else n / rate(s)) for i, (s, n, t) in enumerate(during))
+    under = [fits(s, LIMIT_GIB * LINE_PCT / 100.0) for s, _, _ in during]
+    lowered = next((i for i in range(len(under)) if all(under[i:])), None)
+    first = next((i for i in out["oom_steps"] if i >= other.arrives), None)
+    after_first = [i for i in out["oom_steps"] if first is not None and i > first]
+    met = not after_first and lowered is not None and lowered <= 5 and delivered / rate(best) >= 0.90
+    line = (f"neighbour {other.gib:g} GiB at steps {other.arrives}–{other.leaves or 'end'}: "
+            f"{delivered / rate(best):.1%} of the best static safe beside it ({best}), fits under the line from "
+            f"{lowered} steps after it came, "
+            f"OOMs {len(out['oom_steps'])} ({len(after_first)} after the first)")
+    return {"ratio": delivered / rate(best), "lowered_after": lowered, "ooms_after_first": len(after_first),
+            "met": met, "line": line}
+
+
 def retried_losers(w: Workload, changes: list[dict]) -> list[dict]:
     """Moves to a value that an earlier verdict measured worse with confidence (rolled back on a sure loss, or the
     old value of a sure gain), with no move of the job itself (``moved_at``) between the start of that verdict's
@@ -199,8 +263,14 @@ def main() -> int:
         for seed in _seeds(args.seeds):
             for key in args.workloads.split(","):
                 w = WORKLOADS[key]()
-                s = score(w, run(http, token, w, seed, job=f"{key}-{seed}", max_steps=args.max_steps))
+                out = run(http, token, w, seed, job=f"{key}-{seed}", max_steps=args.max_steps)
+                s = score(w, out)
                 results.setdefault(key, []).append(s)
+                if w.neighbour is not None and args.max_steps is None:
+                    s.neighbour = neighbour_score(w, out)
+                    print(f"seed {seed}: {s.neighbour['line']}{'' if s.neighbour['met'] else '  ← goal missed'}",
+                          flush=True)
+                    continue
                 print(f"seed {seed}: {s.line()}{'' if s.met else '  ← goal missed'}", flush=True)
     print("\n| workload | runs | goal met | reached: mean [min, max] | tail measured: mean [min, max] | "
           "steps to within 5 %: median [max] | changes (mean) | rollbacks (mean) | OOMs | kept worse | "
@@ -218,6 +288,16 @@ def main() -> int:
               f"{statistics.fmean(s.rollbacks for s in scores):.1f} | {sum(s.ooms for s in scores)} | "
               f"{sum(len(s.kept_worse) for s in scores)} | {sum(len(s.false_gains) for s in scores)} | "
               f"{sum(len(s.retried) for s in scores)} |")
+    with_neighbour = {k: v for k, v in results.items() if v[0].neighbour is not None}
+    if with_neighbour:
+        print("\n| workload | runs | goal met | of the best static safe beside the neighbour: mean [min, max] | "
+              "steps until under the line: median [max] | OOMs after the first |")
+        print("|---|---:|---:|---|---|---:|")
+    for key, scores in with_neighbour.items():
+        lowered = [s.neighbour["lowered_after"] if s.neighbour["lowered_after"] is not None else 999 for s in scores]
+        print(f"| {scores[0].name} | {len(scores)} | {sum(s.met for s in scores)} | "
+              f"{spread([s.neighbour['ratio'] for s in scores])} | {statistics.median(lowered):g} [{max(lowered)}] | "
+              f"{sum(s.neighbour['ooms_after_first'] for s in scores)} |")
     if args.max_steps is not None:
         return 0  # a smoke run: too short for the goal
     return 0 if all(s.met for scores in results.values() for s in scores) else 1

@@ -121,7 +121,7 @@ def stored_steps(api) -> list[tuple[int, int]]:
 def test_a_batch_of_reports_is_stored_and_listed_and_a_resend_is_not_stored_twice(job_api):
     api = job_api
     calls = []
-    api.ctx.after_report = lambda job, step, step_time_s, earlier=(): calls.append((step, step_time_s, earlier))
+    api.ctx.after_report = lambda job, step, step_time_s, earlier=(), **_: calls.append((step, step_time_s, earlier))
     first = api.post(BATCHES, batch_of(10, 11, 12), scope="job")
     assert first.status_code == 200 and first.json() == {"stored": 3, "received": 3, "pending_changes": []}
     assert stored_steps(api) == [(12, 0), (11, 0), (10, 0)]

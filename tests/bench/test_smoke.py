@@ -31,7 +31,9 @@ class Smoke:
 
 
 SMOKE = {
+    "clock_steps.py": Smoke(("--ticks", "2", "--interval", "0.05"), "its clock is 3600 s behind"),
     "drifting_jobs.py": Smoke(("--smoke",), "% of the static batch"),
+    "failing_plan.py": Smoke(("--seconds", "3"), "plans tried"),
     "gpu_agreement.py": Smoke(("--help",), "--phase-s",
                               gpu="drives a known load on a real GPU against nvidia-smi dmon: its arguments only"),
     "gpu_phases.py": Smoke(("--smoke",), "smoke ok",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from tests.support.plans import RULES, acts, decision, job, nothing, state, steps
+from tests.support.plans import NOW, RULES, acts, decision, job, nothing, state, steps
 from trimtab.control.controller import plan
 from trimtab.store.jobs import StoredChange
 
@@ -240,3 +240,47 @@ def test_a_move_sent_back_on_a_verdict_that_could_not_tell_is_made_once_more_whi
     assert p.change is None or p.change.knob != "sync_every", p.note
     assert any("4 could not be told apart from 1 (decision 5): the top is flat there" in s
                for s in p.evidence.get("skipped", [])), p.evidence
+
+
+def test_a_flat_top_is_re_opened_once_while_the_rule_still_fires_long_after_its_verdict():
+    # Issue 38: a two-rank job stood at sync 8 for 5 100 steps ("the top is flat there": 8 → 16 could not be told
+    # apart from noise and went back) with communication 19.7 % of the step, act above 15: 0.69 of sync 32. While
+    # the rule still fires retry_after_s after that verdict, the move is made once more; a second such verdict ends it.
+    def sent_back(id: int, verdict_ms: int):
+        return decision(id=id, change_id=id, knob="sync_every", old=8, new=16, outcome="rolled_back",
+                        rule="communication_bound", ts_ms=verdict_ms - 60_000,
+                        evidence={"reading": {}, "knobs": {"batch_size": 1, "prefetch": 0, "sync_every": 16},
+                                  "back_to_known": True, "verdict_ms": verdict_ms,
+                                  "verdict": {"result": "inconclusive", "ratio": 0.99, "confidence_pct": 20.0}})
+
+    history = synced(160, 8, sync_s=0.5)  # 0.5 s of 2.5 s: communication 20 % (act above 15, strong above 40)
+    moves = [applied(3, "sync_every", 16, 8, 10), applied(4, "sync_every", 8, 16, 40)]
+    retry_ms = int(RULES.controller.retry_after_s * 1000)
+    recent = plan(state(history, job(sync=8, sync_max=32), changes=moves,
+                        decisions=[sent_back(3, NOW - retry_ms // 10)]), RULES)
+    assert recent.change is None or recent.change.knob != "sync_every", recent.note
+    assert any("the top is flat there" in s for s in recent.evidence.get("skipped", [])), recent.evidence
+    later = plan(state(history, job(sync=8, sync_max=32), changes=moves,
+                       decisions=[sent_back(3, NOW - retry_ms - 1000)]), RULES)
+    acts(later, "communication_bound", "sync_every", 8, 16)
+    assert any("the flat top re-opened" in n for n in later.evidence["step_policy"]), later.evidence
+    twice = moves + [applied(5, "sync_every", 16, 8, 60), applied(6, "sync_every", 8, 16, 80)]
+    again = plan(state(history, job(sync=8, sync_max=32), changes=twice,
+                       decisions=[sent_back(5, NOW - 2 * retry_ms), sent_back(3, NOW - 4 * retry_ms)]), RULES)
+    assert again.change is None or again.change.knob != "sync_every", again.note
+
+
+def test_a_flat_rung_ahead_does_not_end_the_search_before_the_top_the_levels_point_to_is_tried():
+    # The noisy non-monotone curve (peak 24, ±10 %), seed 9: 32 → 11 worse, 32 → 19 kept (unconfirmed), 19 → 29
+    # back to the known setting (+0.9 %, could not tell): "the top is flat there" left it at 19, 93.6 % of 24.
+    # The levels at 11, 19 and 29 put the top between 19 and 29: that value is tried once.
+    moves = [verdict(6, 32, 11, "rolled_back", 0.757, "worse"),
+             verdict(7, 32, 19, "kept", 1.034, "inconclusive", no_gain=True, unconfirmed_gain=True),
+             verdict(8, 19, 29, "rolled_back", 1.009, "inconclusive", back_to_known=True)]
+    p = at(19, moves)
+    assert p.change is not None and p.change.knob == "batch_size" and 19 < p.change.new_value < 29, p.note
+    assert any(n.startswith("bracket search, the top: the levels measured at 11, 19 and 29")
+               for n in p.evidence["step_policy"]), p.evidence
+    tried = at(19, moves + [verdict(9, 19, p.change.new_value, "rolled_back", 0.99, "inconclusive",
+                                    back_to_known=True)])
+    assert tried.change is None or tried.change.knob != "batch_size", tried.note  # tried once

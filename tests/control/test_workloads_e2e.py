@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import pytest
 
-from bench.workloads import GOAL_STEPS, WORKLOADS, run, score
+from bench.workloads import GOAL_STEPS, WORKLOADS, neighbour_score, run, score
 from trimtab.control.service import Rebalancer
 
 
 # prefetch, then sync, without the queue's mark: the 60-step goal missed either way (BENCHMARKS.md)
 TWO_KNOBS = ("queue_sync", "queue_bank")
+# issue 38's: scored on their own goals below (a neighbour's, a search that goes on)
+ISSUE_38 = ("neighbour", "comm_noisy", "non_monotone_noisy", "slowdown_at_move", "mix")
 
 
-@pytest.mark.parametrize("key", [k for k in WORKLOADS if k not in TWO_KNOBS])
+@pytest.mark.parametrize("key", [k for k in WORKLOADS if k not in TWO_KNOBS + ISSUE_38])
 def test_workload_reaches_its_best_static_setting_within_60_steps(sqlite_api, key):
     w = WORKLOADS[key]()
     sqlite_api.ctx.after_report = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules).after_report
@@ -33,10 +35,10 @@ def test_workload_reaches_its_best_static_setting_within_60_steps(sqlite_api, ke
     assert s.reached >= 0.95, s.line()
 
 
-def _scored(api, key: str, rules, job: str):
+def _scored(api, key: str, rules, job: str, seed: int = 11):
     w = WORKLOADS[key]()
     api.ctx.after_report = Rebalancer(api.ctx.engine, rules).after_report
-    s = score(w, run(api.http, api.token("job"), w, seed=11, job=job))
+    s = score(w, run(api.http, api.token("job"), w, seed=seed, job=job))
     print(f"\n{job}: {s.line()}")
     return s
 
@@ -106,3 +108,46 @@ def test_a_job_whose_lengths_drift_is_decided_on_within_30_steps_and_beats_the_s
     assert s["first_decision_step"] is not None and s["first_decision_step"] <= 30, s
     assert s["ooms_after_a_raise"] == 0, s
     assert s["of_static_pct"] >= of_static_pct, s
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_neighbour_that_takes_memory_mid_run_costs_one_oom_at_most_and_the_batch_stays_under_the_lowered_line(
+        sqlite_api, seed):
+    """Another process takes part of the GPU mid-run (``bench/job_models.py: neighbour``): the job reports the free
+    memory it sees, the line comes down by what the neighbour holds, and after the OOM its arrival may cause (the
+    hook halves the batch) no raise goes back into a second one; the batch fits under the line within 5 steps of
+    the arrival, at ≥ 90 % of the best static setting that is safe beside the neighbour."""
+    w = WORKLOADS["neighbour"]()
+    sqlite_api.ctx.after_report = Rebalancer(sqlite_api.ctx.engine, sqlite_api.ctx.rules).after_report
+    out = run(sqlite_api.http, sqlite_api.token("job"), w, seed=seed, job=f"neighbour-{seed}")
+    got = neighbour_score(w, out)
+    print(f"\n{got['line']}")
+    assert got["ooms_after_first"] == 0, got["line"]
+    assert got["lowered_after"] is not None and got["lowered_after"] <= 5, got["line"]
+    assert got["ratio"] >= 0.90, got["line"]
+
+
+def test_a_host_that_slows_as_a_good_move_lands_is_told_apart_from_the_move(sqlite_api):
+    """The host slows ×1.3 at the very step prefetch 0 → 2 (+18 %) lands: the move reads −9 %, surely, and goes
+    back. The next move of the knob waits until the known setting has been measured again (A, B, A′): it reads the
+    slowdown too, so the loss was the host's, and the move is made again — not the middle (1) that a loss at 2
+    would have put the search at, 76 % of the best static setting, for good."""
+    s = _scored(sqlite_api, "slowdown_at_move", sqlite_api.ctx.rules, "slow-at-move", seed=3)
+    assert s.reached >= 0.95 and s.within is not None and s.within <= GOAL_STEPS, s.line()
+    assert s.kept_worse == [] and s.retried == [], s.line()
+
+
+def test_an_unconfirmed_gain_on_a_ladder_is_followed_through_while_the_share_is_above_the_follow_line(sqlite_api):
+    """The noisy two-rank communication-bound job (±20 % steps): sync 8 → 16 (+11 % true) reads +2.8 %, 88 % sure —
+    kept as an unconfirmed gain. At 16 communication is 11 % of the step, under the act line (15) and above the
+    follow line (5): the ladder goes on to 32, its best, instead of ending at 94 % of it."""
+    s = _scored(sqlite_api, "comm_noisy", sqlite_api.ctx.rules, "comm-noisy", seed=1)
+    assert s.final == {"sync_every": 32} and s.reached >= 0.95, s.line()
+
+
+def test_a_non_monotone_curve_tries_the_top_its_measured_levels_point_to(sqlite_api):
+    """Peak 24, ±10 % noise: 16 → 64 worse, 32 kept, 45 worse, 11 worse, 19 flat against 32 — the parabola through
+    19, 32 and 45 puts the top near 24, between the flat rung and the current value: it is tried (once), not
+    "nothing left to try" at 19 or 32."""
+    s = _scored(sqlite_api, "non_monotone_noisy", sqlite_api.ctx.rules, "hump-noisy", seed=3)
+    assert s.reached >= 0.95 and s.within is not None, s.line()

@@ -123,6 +123,10 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
     _memory("peak_allocated_bytes", COUNT, "torch.cuda peak allocated bytes since the rank's previous sample (what "
                                            "this batch size needs at its high point)."),
     _memory("total_bytes", COUNT, "The rank's GPU memory capacity, bytes.", fold=LEAST),
+    _memory("free_bytes", COUNT, "Free memory on the rank's GPU as the job sees it (torch.cuda.mem_get_info's free; "
+                                 "a CPU job passes its own figure), bytes: total − free − the job's own reserved "
+                                 "bytes is memory another process holds, which lowers the line a raise plans "
+                                 "against.", fold=LEAST),
     _memory("fragmentation", FRACTION, "Free memory stranded in split blocks (torch's inactive_split_bytes) / "
                                        "reserved, a fraction 0–1 (healthy < 0.15)."),
     _memory("num_alloc_retries", COUNT, "Cumulative allocator retries (cudaMalloc after a cache flush) since the "
@@ -147,6 +151,9 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
     ReportField("logged", SCALARS, "The framework's own scalars logged at this step, by its names (TRL: step_time, "
                                    "num_tokens, completions/mean_length, reward, entropy, …; means over its logging "
                                    "window).", fold=MEAN_BY_NAME, framework=True),
+    ReportField("knobs", SCALARS, "The knob values the step ran at, by name (the hook's, read before the step's "
+                                  "boundary applies anything: after its own OOM halving too, which no change "
+                                  "records).", fold=SAME),
     ReportField("collective_latency_us", MICROSECONDS, "Small all-reduce latency probe, microseconds.", fold=MEDIAN),
     ReportField("pid", PID, "The rank's host PID.", fold=BY_RANK),
     ReportField("hostname", HOSTNAME, "The rank's node.", fold=BY_RANK),

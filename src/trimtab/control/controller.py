@@ -44,6 +44,7 @@ from trimtab.control.lost_steps import lost_steps, measured_throughput
 from trimtab.control import memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.drift import at_equal_length
+from trimtab.control.holds import result_of
 from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
 from trimtab.control.queue_use import queue_unused
@@ -52,7 +53,7 @@ from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window
                                   longest_period, period, window_evidence, window_wait)
 from trimtab.grading.rules import Action, ControllerSettings, Rule, RuleSet
 from trimtab.grading.signals import GpuWindow, JobContext, Reading, alloc_retries, gpu_reading, job_reading
-from trimtab.control.verdict import Sample, unsettled
+from trimtab.control.verdict import GAIN, Sample, unsettled
 from trimtab.grading.periodic import without_heavy
 from trimtab.grading.window import JobStep, screen, throughput, window
 from trimtab.store.decisions import StoredDecision
@@ -147,7 +148,8 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
             bound = "max" if action.direction > 0 else "min"
             skipped.append(f"{action.describe()}: {action.knob} is at its {bound} ({spec[bound]:g})")
             continue
-        bracketed, note = bracket(state, rules, action, new, _integer_knob(spec), now, strong)
+        fires = readings[rule.name].fires
+        bracketed, note = bracket(state, rules, action, new, _integer_knob(spec), now, strong, fires)
         if note is not None:
             policy.append(note)
         if bracketed is None:
@@ -157,7 +159,7 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         # a geometric ladder (×/÷) whose rule still fires (strongly, where the rule says what strongly is) looks one
         # rung past a step that gained nothing; an additive one (prefetch +2) does not
         ladder = action.op in ("mul", "div") and readings[rule.name].fires and (rule.strong_above is None or strong)
-        why = (blocked(state, rules, action, new, now, firing=ladder, strong=strong)
+        why = (blocked(state, rules, action, new, now, firing=ladder, strong=strong, fires=fires)
                or queue_unused(state, rules, action.knob, current, new))
         if why is None and action.needs_memory_headroom and new > current:
             new, why = _memory_step(state, rules, readings, action, spec, new, policy)
@@ -166,7 +168,9 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
             continue
         if follow is not None:
             policy.insert(0, f"following through: decision {follow.id} ({follow.knob} {follow.old_value:g} → "
-                             f"{follow.new_value:g}) measured a gain and the signal is still above "
+                             f"{follow.new_value:g}) measured "
+                             f"{'a gain' if result_of(follow) == GAIN else 'an unconfirmed gain'} and the signal is "
+                             f"still above "
                              f"{rule.follow_above:g} {rule.unit}"
                              + (f"; {follow.knob} is at its bound: the rule's next action" if followed_at_bound
                                 else ""))
@@ -187,13 +191,15 @@ def _memory_step(state: JobState, rules: RuleSet, readings: dict[str, Reading], 
     length = forecast.far_length(mfit, rules)
     at = "" if length is None or mfit.token_budget else f" at {length:.0f} tokens per sample"
     largest = mfit.largest_fitting(length)
+    others = f", lowered by {mfit.others_bytes / GIB:.1f} GiB other processes hold" if mfit.others_bytes > 0 else ""
     if largest <= current:
         nxt = current + 1
         return new, (f"memory predicted at {action.knob}={nxt:g}{at}: {mfit.predict(nxt, length) / GIB:.1f} GiB + "
-                     f"margin {mfit.margin_bytes / GIB:.1f} GiB, above the line ({mfit.line_bytes / GIB:.1f} GiB)")
+                     f"margin {mfit.margin_bytes / GIB:.1f} GiB, above the line ({mfit.line_bytes / GIB:.1f} GiB"
+                     f"{others})")
     if new > largest:
         policy.append(f"memory: {action.knob}={new:g} would need {mfit.predict(new, length) / GIB:.1f} GiB{at} (line "
-                      f"{mfit.line_bytes / GIB:.1f} GiB less {mfit.margin_bytes / GIB:.1f} GiB margin): "
+                      f"{mfit.line_bytes / GIB:.1f} GiB{others} less {mfit.margin_bytes / GIB:.1f} GiB margin): "
                       f"{largest:g} fits")
         new = float(largest)
     policy.append({"memory_prediction": mfit.evidence(new, length)})

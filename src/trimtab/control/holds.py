@@ -6,7 +6,9 @@ than the verdict's effect and the job itself with it (its phase shares or tokens
 phase of training, lengths that grew; not a host that slows every step alike — for a verdict that was sure), or —
 for a move rolled back — when the known setting, measured again, reads no higher than the move did (the job slowed
 down while the move was measured: the loss was the job's; A, B, A′). While the job is elsewhere on the same knob the
-verdict still holds: nothing re-measured it. ``bracket.py`` reads it for where the next move may go.
+verdict still holds: nothing re-measured it. Until the known setting has been measured again after a move sent back
+on a loss (A′), the search waits (``known_unmeasured``): a host that slowed as the move landed is then told from the
+move. ``bracket.py`` reads it for where the next move may go.
 """
 
 from __future__ import annotations
@@ -123,6 +125,36 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     again = state.persistence.sample(_at_known(state, rules, d, back), every)
     return again is not None and again.n >= known.n and again.mean_log <= min(after.mean_log, known.mean_log) \
         and changed_level(known, again, ctl, drift_sure_pct(d, ctl))
+
+
+def known_unmeasured(state: "JobState", rules: RuleSet, d: StoredDecision) -> Optional[str]:
+    """Why a search move past ``d`` waits, else None: ``d`` sent its move back on a loss beyond the dead band
+    that ``_drift_explains`` could still explain (retries left), the job stands at the known setting it went back
+    to with no other knob moved, and that setting has not yet been measured again over as many periods as ``d``'s
+    before window had (A′ incomplete). A host that slowed ×1.3 at the step a good move landed (prefetch 0 → 2,
+    +18 % true) read −9 % sure; moving on at once (0 → 1, the middle) left the job at 1 with 2 still "measured
+    worse": 76 % of the best static. A′ first tells the host's slowdown from the move's loss."""
+    ctl = rules.controller
+    ratio = (evidence_of(d).get("verdict") or {}).get("ratio")
+    known = Sample.from_evidence(evidence_of(d).get("before_sample"))
+    if d.outcome != ROLLED_BACK or remeasured(d) or known is None or not isinstance(ratio, (int, float)) \
+            or ratio > 1.0 - ctl.dead_band_pct / 100.0 or ctl.drift_retries <= 0:
+        return None
+    if sum(e.outcome == ROLLED_BACK and not remeasured(e) and same_move(e, d) for e in state.decisions) \
+            > ctl.drift_retries:
+        return None
+    current = {k: float(v["value"]) for k, v in state.job.knobs.items()}
+    if any(current.get(k) != v for k, v in left_at(d).items() if k in current):
+        return None  # elsewhere now: the known setting is not being re-measured
+    back = _rollback_of(state, d)
+    if back is None or back.applied_step is None:
+        return None
+    again = state.persistence.sample(_at_known(state, rules, d, back), period(state.job, rules))
+    periods = 0 if again is None else again.n
+    if periods >= known.n:
+        return None
+    return (f"{d.knob}={d.old_value:g} is being measured again since decision {d.id}'s rollback ({periods} of "
+            f"{known.n} periods): a slowdown of the host from then on would be read there too (A, B, A′)")
 
 
 def _rollback_of(state: "JobState", d: StoredDecision):

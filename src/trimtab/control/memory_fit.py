@@ -13,13 +13,20 @@ seen puts the base into the per-sample memory (an upper bound for a larger value
 (under ``memory_min_length_spread_pct``) put the per-sample memory into the per-token one (an upper bound for a
 longer length); several values whose peaks did not grow are flat (the largest peak). The prediction's margin is
 ``memory_margin_pct`` of the GPU plus the fit's largest recent under-prediction.
+
+Memory the job does not own lowers the line: where the job reports the GPU's free memory as it sees it
+(``free_bytes``), what is neither free nor the job's own reserved memory is another process's (a neighbour that
+took half the GPU mid-run), and the line is ``memory_line_pct`` of the GPU less that (``others_bytes``, the most of
+the newest ``OTHERS_READINGS`` readings: a neighbour still allocating reads low once). Each stretch is labelled with
+the knob value its steps report they ran at (``knobs``): the hook's own OOM halving records no change, and the
+steps after it were labelled with the size that failed.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from trimtab.contract.knobs import is_token_budget
 from trimtab.contract.statuses import APPLIED
@@ -29,6 +36,7 @@ from trimtab.store.jobs import StoredChange
 
 GIB = 2**30
 RECENT_WEIGHT = 0.25  # the fit's miss is read on stretches at least this recent (two half-lives)
+OTHERS_READINGS = 3  # memory others hold: the most of this many newest readings
 
 
 def knob_history(changes: Sequence[StoredChange], knob: str, now_value: float):
@@ -45,6 +53,37 @@ def knob_history(changes: Sequence[StoredChange], knob: str, now_value: float):
                 value = float(c.value)
         return value
     return at, {c.applied_step for c in applied}
+
+
+def ran_at(step: JobStep, knob: str) -> Optional[float]:
+    """The knob's value the step reports it ran at (None: the job does not report it)."""
+    value = (step.reported.get("knobs") or {}).get(knob)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def others_of(memory: Mapping[str, Any]) -> Optional[float]:
+    """Memory of the GPU another process holds, from one reading: total − free − the job's own (reserved, else
+    allocated, else the peak: reserved is what the allocator holds, and a larger own figure leaves less to the
+    others); None without free memory and the capacity."""
+    free, total = memory.get("free_bytes"), memory.get("total_bytes")
+    if free is None or not total:
+        return None
+    own = next((memory[k] for k in ("reserved_bytes", "allocated_bytes", "peak_allocated_bytes")
+                if memory.get(k) is not None), 0.0)
+    return max(0.0, float(total) - float(free) - float(own))
+
+
+def others_bytes(steps: Sequence[JobStep]) -> Optional[float]:
+    """Memory of the job's GPU that another process holds: the most of the newest ``OTHERS_READINGS`` readings
+    (``others_of``); None when the job reports no free memory."""
+    seen: list[float] = []
+    for s in reversed(steps):
+        held = others_of(s.reported)
+        if held is not None:
+            seen.append(held)
+        if len(seen) >= OTHERS_READINGS:
+            break
+    return max(seen) if seen else None
 
 
 def tokens_per_sample(step: JobStep) -> Optional[float]:
@@ -68,12 +107,13 @@ class MemoryFit:
     per_token_bytes: float        # per token per sample (a sample knob) or per token of the budget (a token knob)
     margin_bytes: float           # memory_margin_pct of the GPU + the fit's largest recent miss
     miss_bytes: float             # the fit's largest recent miss alone
-    line_bytes: float             # memory_line_pct of the GPU
+    line_bytes: float             # memory_line_pct of the GPU, less what other processes hold on it
     total_bytes: float
     length_now: Optional[float]   # tokens per sample now (the trend's value), None without tokens
     length_per_s: float           # the length's trend, tokens per sample per second of step time
     points: tuple[Point, ...]
     model: str
+    others_bytes: float = 0.0     # memory of the GPU another process holds (the line is lowered by it)
 
     @property
     def token_budget(self) -> bool:
@@ -103,7 +143,8 @@ class MemoryFit:
         out = {"model": self.model, "knob": self.knob, "batch": value,
                "predicted_gib": round(self.predict(value, length) / GIB, 3),
                "margin_gib": round(self.margin_bytes / GIB, 3), "line_gib": round(self.line_bytes / GIB, 3),
-               "base_gib": round(self.base_bytes / GIB, 3), "per_sample_mib": round(self.per_sample_bytes / 2**20, 3),
+               "others_gib": round(self.others_bytes / GIB, 3), "base_gib": round(self.base_bytes / GIB, 3),
+               "per_sample_mib": round(self.per_sample_bytes / 2**20, 3),
                "per_token_kib": round(self.per_token_bytes / 2**10, 3), "stretches": len(self.points),
                "points_gib": {f"{p.value:g}" + (f"@{p.length:.0f}" if p.length else ""): round(p.peak_bytes / GIB, 3)
                               for p in recent}}
@@ -117,7 +158,8 @@ class MemoryFit:
 def _points(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str, now_value: float,
             half_life_s: float) -> list[Point]:
     """One point per stretch of steps between two memory samples (the peak is reset at each sample), skipping a
-    stretch the knob moved in (the step a change took effect at ran partly at the old value)."""
+    stretch the knob moved in (the step a change took effect at ran partly at the old value) and one that hit an
+    OOM (its peak is what was allocated before the failure: less than the value needs, a lost step)."""
     at, applied_steps = knob_history(changes, knob, now_value)
     age_after: list[float] = []  # step time after each step, to the newest
     total = 0.0
@@ -126,15 +168,22 @@ def _points(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str
         total += s.step_time_s
     age_after.reverse()
     out, stretch = [], []
+    ooms_before = next((s.num_ooms for s in steps if s.num_ooms is not None), 0)
+    oom_in_stretch = False
     for i, s in enumerate(steps):
         stretch.append(s)
+        if s.num_ooms is not None:
+            oom_in_stretch |= s.num_ooms > ooms_before
+            ooms_before = s.num_ooms
         if s.mem_peak_bytes is None:
             continue
-        values = {at(x.step) for x in stretch}
+        values = {at(x.step) if ran_at(x, knob) is None else ran_at(x, knob) for x in stretch}
         lengths = [v for v in map(tokens_per_sample, stretch) if v is not None]
-        moved = any(x.step in applied_steps for x in stretch)
-        stretch = []
-        if moved or len(values) != 1 or None in values:
+        # (a step that reports its value ran at it all through; the step a change took effect at may not have)
+        moved = any(x.step in applied_steps and ran_at(x, knob) is None for x in stretch)
+        stretch, oom = [], oom_in_stretch
+        oom_in_stretch = False
+        if moved or oom or len(values) != 1 or None in values:
             continue
         weight = 0.5 ** (age_after[i] / half_life_s) if half_life_s > 0 else 1.0
         out.append(Point(values.pop(), max(lengths) if lengths else None, float(s.mem_peak_bytes), weight))
@@ -266,11 +315,13 @@ def fit(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str, no
     total = float(min(totals))
     base, per_sample, per_token, model = _fit_terms(pts, token_budget, ctl.memory_min_length_spread_pct)
     length_now, per_s = _length_trend(steps, ctl.memory_fit_half_life_s) if pts[0].length is not None else (None, 0.0)
-    mfit = MemoryFit(knob, base, per_sample, per_token, 0.0, 0.0, total * ctl.memory_line_pct / 100.0, total,
-                     length_now, per_s, tuple(pts), model)
+    others = others_bytes(steps) or 0.0
+    line = total * ctl.memory_line_pct / 100.0 - others
+    mfit = MemoryFit(knob, base, per_sample, per_token, 0.0, 0.0, line, total, length_now, per_s, tuple(pts), model,
+                     others)
     recent = [p for p in pts if p.weight >= RECENT_WEIGHT] or pts
     # Only a peak above the fit widens the margin: an over-prediction (an upper-bound model) is the safe side.
     miss = max(max(0.0, p.peak_bytes - mfit.predict(p.value, p.length)) for p in recent)
     margin = total * ctl.memory_margin_pct / 100.0 + miss
-    return MemoryFit(knob, base, per_sample, per_token, margin, miss, mfit.line_bytes, total, length_now, per_s,
-                     tuple(pts), model)
+    return MemoryFit(knob, base, per_sample, per_token, margin, miss, line, total, length_now, per_s, tuple(pts),
+                     model, others)

@@ -5,7 +5,9 @@ share of the GPU. A rule on it (``rules.memory_forecast``) lowers the knob *befo
 the largest value predicted to fit with the margin at ``memory_lower_lookahead_x`` times that look-ahead, so one
 planned, measured change covers a while — instead of waiting for the OOM. Raises go only as far as the same far
 look-ahead allows (the gap between the two is the hysteresis), and a raise still being measured is cut short
-when the forecast fires: memory before speed.
+when the forecast fires: memory before speed. Memory another process holds on the GPU (``MemoryFit.others_bytes``)
+counts in the signal: a neighbour that arrives makes the forecast fire at once where the job's own peak no longer
+fits beside it.
 """
 
 from __future__ import annotations
@@ -53,12 +55,13 @@ def reading(rule: Rule, state: JobState, rules: RuleSet) -> Reading:
     value = float(state.job.knobs[knob]["value"])
     length = near_length(mfit, rules)
     peak = mfit.predict(value, length) + mfit.miss_bytes
-    pct = 100.0 * peak / mfit.total_bytes
+    pct = 100.0 * (peak + mfit.others_bytes) / mfit.total_bytes
     grade = rule.grade(pct)
     ahead = rules.controller.memory_lookahead_s
     at = "" if length is None or mfit.token_budget else f" at {length:.0f} tokens per sample"
-    msg = (f"{knob}={value:g}: predicted peak {peak / GIB:.1f} GiB{at} within {ahead:g} s of steps = {pct:.1f} % "
-           f"of {mfit.total_bytes / GIB:.1f} GiB (act above {rule.act_above:g} %)")
+    others = f" + {mfit.others_bytes / GIB:.1f} GiB held by other processes" if mfit.others_bytes > 0 else ""
+    msg = (f"{knob}={value:g}: predicted peak {peak / GIB:.1f} GiB{at} within {ahead:g} s of steps{others} = "
+           f"{pct:.1f} % of {mfit.total_bytes / GIB:.1f} GiB (act above {rule.act_above:g} %)")
     return Reading(status=grade, value=pct, message=msg, detail={"forecast": mfit.evidence(value, length)}, **base)
 
 

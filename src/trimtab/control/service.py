@@ -30,13 +30,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import Engine
 
 from trimtab.control import plan_errors as errors
 from trimtab.control.controller import JobState, Plan, plan
 from trimtab.control.plan_errors import Backoff, PlanFailure, Stage, store_failure
+from trimtab.control.memory_fit import others_of
 from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
@@ -136,6 +137,7 @@ class Rebalancer:
         # an ack, a mode switch or a registration came in since (else it would reread the same window every second)
         self._seen: dict[str, tuple] = {}
         self._cadence: dict[str, Cadence] = {}  # job → when it is next worth planning
+        self._others: dict[tuple[str, int], float] = {}  # (job, rank) → memory others held at its last report
         self._queue = _PlanQueue()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -245,7 +247,8 @@ class Rebalancer:
         return cadence.wait.over(steps, seconds)
 
     def after_report(self, job: StoredJob, step: int, step_time_s: Optional[float] = None,
-                     earlier: Sequence[tuple[int, float]] = ()) -> None:
+                     earlier: Sequence[tuple[int, float]] = (), memory: Optional[Mapping[str, Any]] = None,
+                     rank: int = 0) -> None:
         """Called by the report route once a report is stored (``step_time_s``: the report's), and once per batch
         by the batch route (``step``: its newest new report; ``earlier``: its other new ones, (step, step_time_s) in
         step order). Queues the job for a plan only when its last plan said a window's worth of new steps could
@@ -254,6 +257,9 @@ class Rebalancer:
         rebalancer was never started). Every step of a batch counts toward the wait, and any may complete a step."""
         if job.mode == "off":
             return
+        if memory and self._neighbour_arrived(job, rank, memory):
+            self._request_plan(job, forced=True)
+            return
         cadence = self._cadence.get(job.name)
         if cadence is not None and cadence.updated_ms == job.updated_ms and step_time_s is not None \
                 and not cadence.count([*earlier, (step, step_time_s)]):
@@ -261,6 +267,18 @@ class Rebalancer:
         if job.ranks > 1 and not completes_a_step(self.engine, job.id, [step, *(s for s, _ in earlier)], job.ranks):
             return
         self._request_plan(job)
+
+    def _neighbour_arrived(self, job: StoredJob, rank: int, memory: Mapping[str, Any]) -> bool:
+        """The memory another process holds on the rank's GPU (``memory_fit.others_of``) rose by more than the
+        memory margin since the rank's last report: planned now, not a window later — the forecast cuts a batch
+        that no longer fits beside it before the next OOM (a window of fast steps is up to 20 steps)."""
+        held = others_of(memory)
+        if held is None:
+            return False
+        before = self._others.get((job.name, rank))
+        self._others[(job.name, rank)] = held
+        margin = self.rules.controller.memory_margin_pct / 100.0 * float(memory["total_bytes"])
+        return before is not None and held - before > margin
 
     def after_refusal(self, job: StoredJob) -> None:
         """Called by the refusal route: the refused change's decision is closed at the job's next plan, queued now."""

@@ -180,14 +180,17 @@ class Hook:
         ``step``: the job's own step number (default: counted from 0). ``phases_s``: phase seconds measured
         elsewhere (a framework's timers), added to the ``phase()`` blocks. ``step_time_s``: the step's duration as
         the framework timed it (default: wall time since the last boundary). ``memory``: allocator figures the
-        framework measured where the hook cannot (its workers' GPUs), merged over the hook's own. ``rollout_s``:
-        (slowest, mean) sample generation time, the rollout's long tail. ``framework``: what the framework logged
-        for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``, and a
+        framework measured where the hook cannot (its workers' GPUs), merged over the hook's own (a CPU job passes
+        ``free_bytes`` and ``total_bytes`` as it sees them: memory another process holds lowers the line raises plan
+        against). ``rollout_s``: (slowest, mean) sample generation time, the rollout's long tail. ``framework``:
+        what the framework logged for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``, and a
         prefetching job's ``queue_high_water`` (the most batches that waited unclaimed at once in the step)."""
         now_s = time.perf_counter()
         if step is not None:
             self._step = int(step)
         step_no, boundary = self._step, self._boundaries
+        # The values the step ran at, before this boundary moves any (an OOM's halving included): the report's label.
+        ran_at = dict(self._knobs.values)
         step_time_s = self._timer.step_time_s(now_s) if step_time_s is None else max(0.0, float(step_time_s))
         phases = self._timer.close_step(step_no, step_time_s, phases_s)
         changes, agreed = self._changes.agree(boundary)
@@ -195,7 +198,8 @@ class Hook:
         resolved_us = self._probe.resolve()
         try:
             self._outbox.report(step_no, boundary, step_time_s, phases, samples, tokens, now_s,
-                                latency_us if latency_us is not None else resolved_us, memory, rollout_s, framework)
+                                latency_us if latency_us is not None else resolved_us, memory, rollout_s, framework,
+                                ran_at)
         except Exception:  # a bug in bookkeeping must not stop training; say it once
             self._say("report", "trimtab: could not build the step report", exc_info=True)
         self._changes.apply(changes, agreed, applied_at_step=step_no + 1)

@@ -1,8 +1,11 @@
-"""Allocator statistics of the rank's GPU (fragmentation, retries, OOMs) and recognising an out-of-memory error.
+"""Allocator statistics of the rank's GPU (fragmentation, retries, OOMs), the GPU's free memory as the job sees it,
+and recognising an out-of-memory error.
 
 ``torch.cuda.memory_stats()`` costs ~150 µs on the H200, so it is read at most every
 ``every_s`` seconds and the result rides on the next report. NVML cannot see fragmentation: only the process's
-own caching allocator knows how much of what it reserved is actually allocated.
+own caching allocator knows how much of what it reserved is actually allocated. The free memory
+(``torch.cuda.mem_get_info``, one cudaMemGetInfo) is read with it: what is neither free nor this process's reserved
+memory is another process's (a neighbour on the GPU), and the rebalancer plans raises below what is left.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class MemorySampler:
 
     def __init__(self, every_s: float = 5.0, stats_fn: Optional[Callable[[], dict]] = None,
                  enabled_fn: Callable[[], bool] = cuda_in_use, reset_peak_fn: Optional[Callable[[], None]] = None,
-                 total_fn: Optional[Callable[[], Optional[int]]] = None):
+                 total_fn: Optional[Callable[[], Optional[int]]] = None,
+                 free_fn: Optional[Callable[[], Optional[int]]] = None):
         self.every_s = every_s
         self._stats_fn = stats_fn or torch.cuda.memory_stats
         # The peak is reset after each sample, so the next one is the peak of the steps since (at the batch size
@@ -36,6 +40,7 @@ class MemorySampler:
         self._reset_peak_fn = reset_peak_fn if reset_peak_fn is not None else (
             torch.cuda.reset_peak_memory_stats if stats_fn is None else (lambda: None))
         self._total_fn = total_fn if total_fn is not None else (_device_total if stats_fn is None else (lambda: None))
+        self._free_fn = free_fn if free_fn is not None else (_device_free if stats_fn is None else (lambda: None))
         self._enabled_fn = enabled_fn
         self._next_s = float("-inf")
         self._last_retries: Optional[int] = None
@@ -74,6 +79,7 @@ class MemorySampler:
             "reserved_bytes": reserved,
             "peak_allocated_bytes": int(peak) if peak is not None else None,
             "total_bytes": self._total_fn(),
+            "free_bytes": self._free_fn(),
             # Fragmentation = free memory stranded inside split blocks (usable only by allocations that fit the
             # holes) over reserved memory. Not 1 − allocated/reserved: at a step boundary the activations are
             # freed but stay cached, which reads 50–90 % "fragmented" on a perfectly healthy job.
@@ -88,6 +94,14 @@ class MemorySampler:
         }
         self._last_retries, self._last_ooms = retries, ooms
         return out
+
+
+def _device_free() -> Optional[int]:
+    """Free bytes of the current device as the driver counts them (every process's memory taken out)."""
+    try:
+        return int(torch.cuda.mem_get_info()[0])
+    except Exception:
+        return None
 
 
 def _device_total() -> Optional[int]:

@@ -90,9 +90,10 @@ def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = D
                 check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ReportAcceptedOut:
     job = _rank_of(ctx, name, check(), body.rank)  # the token first: one thread hop per report, not two
     _check_possible(ctx, job, body, job_store.newest_step(ctx.engine, job.id))
-    stored = job_store.add_report(ctx.engine, job.id, to_columns(body.model_dump()))
-    if stored and ctx.after_report is not None:
-        ctx.after_report(job, body.step, body.step_time_s)  # queues a plan (never runs one here)
+    report = body.model_dump()
+    stored = job_store.add_report(ctx.engine, job.id, to_columns(report))
+    if stored and ctx.after_report is not None:  # queues a plan (never runs one here)
+        ctx.after_report(job, body.step, body.step_time_s, memory=report.get("memory"), rank=body.rank)
     return ReportAcceptedOut(stored=stored, pending_changes=_pending(ctx, job))
 
 
@@ -138,7 +139,8 @@ def _after_batch(ctx: ApiContext, job: StoredJob, added: Sequence[ReportIn]) -> 
     completed its step, so one call decides what one per report would, with one store read at most."""
     by_step = sorted(added, key=lambda r: r.step)
     newest = by_step[-1]
-    ctx.after_report(job, newest.step, newest.step_time_s, earlier=[(r.step, r.step_time_s) for r in by_step[:-1]])
+    ctx.after_report(job, newest.step, newest.step_time_s, earlier=[(r.step, r.step_time_s) for r in by_step[:-1]],
+                     memory=newest.model_dump().get("memory"), rank=newest.rank)
 
 
 @router.get("/{name}/reports", response_model=ReportsOut, responses={**READ, **NOT_FOUND},
