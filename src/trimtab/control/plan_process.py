@@ -9,8 +9,9 @@ hands each plan — the store reads, the controller, the decision writes — to 
 interpreter and its own connection to the store, lowered in CPU priority (``NICE``) so that on a busy machine
 the kernel runs the API's threads first. The child is a :class:`~trimtab.control.service.Rebalancer` that was
 never started (it plans on the caller's thread); what it learnt (counters, the job's note, when it is next worth
-planning) comes back with each plan. SQLite's one writer is shared across the two processes by SQLite's own lock:
-the child's writes are each one short transaction after the plan is computed, never held while computing.
+planning) comes back with each plan. The child only reads: its writes are made by the parent, on the planning
+thread, at the API's priority (plan_writes.py: a low-priority process holding SQLite's write lock held every
+report's write up on a busy machine).
 
 Only a store another process can open qualifies (a file or a server, not ``:memory:``). A child that dies is
 replaced at the next plan; the plan it was running counts as an error.
@@ -28,16 +29,18 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sqlalchemy import Engine
 
+from trimtab.control.plan_writes import ForwardedWrites, child_writes, serve_write
 from trimtab.grading.rules import RuleSet
 from trimtab.store.jobs import StoredJob
 
 # How much lower the planning process runs in the kernel's eyes (nice(2) increment): the API's threads first.
 NICE = 10
 PARENT_CHECK_S = 0.2  # how often the child checks that its parent is alive
+WRITE_POLL_S = 0.005  # how often the planning thread looks for the child's writes and its result while it plans
 _COUNTERS = ("evaluations", "changes_queued", "advised", "kept", "rolled_back", "refused", "errors")
 _child: Any = None  # in the child: its never-started Rebalancer
 
@@ -73,7 +76,8 @@ def _exit_with(parent_pid: int) -> None:
     os._exit(0)
 
 
-def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid: int) -> None:
+def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid: int, writes_conn,
+                 setup: Optional[Callable[[Any], None]]) -> None:
     global _child
     from trimtab.control.service import Rebalancer
     from trimtab.store.engine import open_engine
@@ -91,6 +95,10 @@ def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid
         pass
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [planning process]: %(message)s")
     _child = Rebalancer(open_engine(url), rules)
+    if not child_writes():  # its writes made by the parent, at the API's priority (plan_writes.py)
+        _child.writes = ForwardedWrites(writes_conn)
+    if setup is not None:
+        setup(_child)
     # Start-up's objects out of the collector's sight, as daemon.settle_heap does for the API's process (which
     # this level may not import): a full collection that falls in a plan's write holds SQLite's lock its length.
     gc.collect()
@@ -128,16 +136,24 @@ def _jobs() -> list[StoredJob]:
 class PlanProcess:
     """The child process that runs a Rebalancer's plans (started at the first plan)."""
 
-    def __init__(self, engine: Engine, rules: RuleSet, nice: int = NICE):
+    def __init__(self, engine: Engine, rules: RuleSet, nice: int = NICE, writes: Any = None,
+                 child_setup: Optional[Callable[[Any], None]] = None):
+        """``writes``: what makes the child's writes here (the rebalancer's ``writes``; None: the child writes
+        itself); ``child_setup``: called in the child with its Rebalancer once it started (tests pause plans)."""
         self._args = (engine.url.render_as_string(hide_password=False), rules,
                       logging.getLogger("trimtab").getEffectiveLevel(), nice, os.getpid())
+        self._engine, self._writes, self._setup = engine, writes, child_setup
         self._pool: Optional[ProcessPoolExecutor] = None
+        self._conn = None  # this end of the pipe the child's writes come in on
         self.cpu_s = 0.0  # the CPU time of the plans the child made (the planning thread rests after it)
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:  # spawn, not fork: the API's threads hold locks a forked child would inherit
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_child, initargs=self._args)
+            context = multiprocessing.get_context("spawn")
+            # a new pipe for each child: a child that died half-way through a request leaves nothing in this one
+            self._conn, child_end = context.Pipe() if self._writes is not None else (None, None)
+            self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_start_child,
+                                             initargs=(*self._args, child_end, self._setup))
         return self._pool
 
     def pid(self) -> int:
@@ -146,7 +162,11 @@ class PlanProcess:
 
     def _call(self, fn, *args):
         try:
-            return self._executor().submit(fn, *args).result()
+            future = self._executor().submit(fn, *args)
+            while self._conn is not None and not future.done():  # the child's writes, made here meanwhile
+                if self._conn.poll(WRITE_POLL_S):
+                    serve_write(self._conn, self._writes, self._engine)
+            return future.result()
         except BrokenProcessPool:
             self._pool = None  # a new child at the next call
             raise

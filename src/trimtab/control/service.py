@@ -36,6 +36,7 @@ from trimtab.control.controller import JobState, Plan, plan
 from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
+from trimtab.control.plan_writes import child_writes
 from trimtab.control.plan import Cadence, period, steps_needed
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.window import first_probes, load_steps, steps_since
@@ -134,6 +135,7 @@ class Rebalancer:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._apart: Optional[PlanProcess] = None  # the process the plans run in (None: this one)
+        self.writes: Any = decision_store  # what writes the decisions (store/decisions.py's functions)
 
     # -- driving -------------------------------------------------------------------------------------------
 
@@ -141,7 +143,7 @@ class Rebalancer:
         """Plan on a thread of its own; ``own_process``: each plan in a child process (plan_process.py) where
         the store allows it, so plans do not share the API's interpreter lock (the daemon's choice)."""
         if own_process and can_plan_apart(self.engine):
-            self._apart = PlanProcess(self.engine, self.rules)
+            self._apart = PlanProcess(self.engine, self.rules, writes=None if child_writes() else self.writes)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="trimtab-rebalancer", daemon=True)
         self._thread.start()
@@ -335,32 +337,32 @@ class Rebalancer:
             fields: dict[str, Any] = {"throughput_after_samples_per_s": p.throughput_after}
             if p.applied_step is not None:
                 fields["applied_step"] = p.applied_step
-            decision_store.close_decision(engine, p.close, p.outcome or "kept", p.evidence, rollback=rollback,
-                                          **fields)
+            self.writes.close_decision(engine, p.close, p.outcome or "kept", p.evidence, rollback=rollback,
+                                       **fields)
             if p.outcome in ("rolled_back", "refused", "kept"):
                 setattr(self.stats, p.outcome, getattr(self.stats, p.outcome) + 1)
             log.info("rebalancer: job %s: %s", job.name, p.note)
         elif p.measuring is not None and p.applied_step is not None and p.applied_step != stored_applied_step:
             # (once: every plan while measuring would rewrite it, and SQLite has one writer for reports too)
-            decision_store.set_applied_step(engine, p.measuring, p.applied_step)
+            self.writes.set_applied_step(engine, p.measuring, p.applied_step)
         if p.change is not None:
             c = p.change
-            _, queued = decision_store.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value,
-                                                     c.reason, throughput_before_samples_per_s=p.throughput_before,
-                                                     advice=p.advice)
+            _, queued = self.writes.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value,
+                                                  c.reason, throughput_before_samples_per_s=p.throughput_before,
+                                                  advice=p.advice)
             counter = "changes_queued" if queued is not None else "advised"  # None: the job left auto meanwhile
             setattr(self.stats, counter, getattr(self.stats, counter) + 1)
             log.info("rebalancer: job %s%s: %s", job.name, "" if queued else " (left auto: advised)", p.note)
         elif p.advised is not None:
             c = p.advised
-            decision_store.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,
-                                        new_value=c.new_value, throughput_before_samples_per_s=p.throughput_before,
-                                        outcome="advised", advice=f"{c.reason}. {p.advice or ''}".strip())
+            self.writes.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,
+                                     new_value=c.new_value, throughput_before_samples_per_s=p.throughput_before,
+                                     outcome="advised", advice=f"{c.reason}. {p.advice or ''}".strip())
             self.stats.advised += 1
             log.info("rebalancer: job %s (advise): %s", job.name, p.note)
         elif p.advice_rule is not None:
-            decision_store.add_decision(engine, job.id, p.advice_rule, p.evidence, outcome="advised", advice=p.advice,
-                                        throughput_before_samples_per_s=p.throughput_before)
+            self.writes.add_decision(engine, job.id, p.advice_rule, p.evidence, outcome="advised", advice=p.advice,
+                                     throughput_before_samples_per_s=p.throughput_before)
             self.stats.advised += 1
             log.info("rebalancer: job %s: %s", job.name, p.note)
 
