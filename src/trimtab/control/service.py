@@ -35,6 +35,7 @@ from sqlalchemy import Engine
 from trimtab.control.controller import JobState, Plan, plan
 from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
+from trimtab.control.leadership import Leadership
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
 from trimtab.control.plan_writes import child_writes
 from trimtab.control.plan import Cadence, period, steps_needed
@@ -118,7 +119,9 @@ class _PlanQueue:
 
 class Rebalancer:
     def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0,
-                 plan_share: float = PLAN_SHARE):
+                 plan_share: float = PLAN_SHARE, leadership: Optional[Leadership] = None):
+        """``leadership``: a :class:`~trimtab.control.leadership.Leadership`; the rebalancer then plans only while
+        its server holds the planner's lease, and writes each decision fenced by it (None: it always plans)."""
         if not 0.0 < plan_share <= 1.0:
             raise ValueError(f"plan_share must be in (0, 1], not {plan_share!r}")
         self.engine = engine
@@ -135,7 +138,10 @@ class Rebalancer:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._apart: Optional[PlanProcess] = None  # the process the plans run in (None: this one)
-        self.writes: Any = decision_store  # what writes the decisions (store/decisions.py's functions)
+        self.leadership = leadership
+        self._term = 0  # the leadership term the cadences above were learnt in
+        # What writes the decisions (store/decisions.py's functions): fenced by the lease where there is one.
+        self.writes: Any = leadership.fenced_writes() if leadership is not None else decision_store
 
     # -- driving -------------------------------------------------------------------------------------------
 
@@ -157,12 +163,18 @@ class Rebalancer:
             self._thread.join(timeout_s)
         if self._apart is not None:
             self._apart.close()
+        if self.leadership is not None:  # after the last plan's writes: the lease is free for another server now
+            self.leadership.stop()
 
     def _run(self) -> None:
         """The planning thread: the queued jobs in turn, and a sweep of every live job each ``interval_s``."""
         next_sweep = time.monotonic() + self.interval_s
         while not self._stop.is_set():
             try:
+                if not self._leads():  # another server plans: wait for the lease (reports queue nothing here)
+                    self._queue.wake(drop=True)
+                    self._stop.wait(min(self.interval_s, 1.0))
+                    continue
                 queued = self._queue.take(max(0.0, next_sweep - time.monotonic()))
                 cpu_s = self._cpu_s()
                 if queued is not None:
@@ -177,6 +189,19 @@ class Rebalancer:
                 self._stop.wait(self._rest_s(self._cpu_s() - cpu_s))
             except Exception as exc:  # noqa: BLE001 - a bug here must not end planning for every job
                 self._failed("the planning thread", exc)
+
+    def _leads(self) -> bool:
+        """Whether this rebalancer may plan now: always without a leadership, else while its server holds the lease.
+        A new term forgets when each job is next worth planning: another server planned them meanwhile."""
+        if self.leadership is None:
+            return True
+        if not self.leadership.leading:
+            return False
+        if self.leadership.term != self._term:
+            self._term = self.leadership.term
+            self._cadence.clear()
+            self._seen.clear()
+        return True
 
     def _rest_s(self, plan_cpu_s: float) -> float:  # planning takes at most plan_share of a core (and the GIL)
         return plan_cpu_s * (1.0 - self.plan_share) / self.plan_share
@@ -203,7 +228,7 @@ class Rebalancer:
         """Plan ``job`` on the planning thread (on the caller's if the rebalancer was never started)."""
         if self._thread is None:
             self.evaluate(job, wait=False)
-        elif not self._stop.is_set():
+        elif not self._stop.is_set() and (self.leadership is None or self.leadership.leading):
             self._queue.put(job, forced)
 
     def run_once(self) -> None:
@@ -374,7 +399,8 @@ class Rebalancer:
         return {"state": "running" if alive else "stopped", "rules": len(self.rules.rules),
                 **{k: getattr(s, k) for k in ("evaluations", "changes_queued", "kept", "rolled_back", "refused",
                                               "advised", "errors", "last_error", "last_evaluation_ms")},
-                "queued": len(self.queued()), "jobs": dict(s.notes)}
+                "queued": len(self.queued()), "jobs": dict(s.notes),
+                **({"planner": self.leadership.status()} if self.leadership is not None else {})}
 
     def status_line(self) -> str:
         s = self.stats
