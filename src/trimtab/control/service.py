@@ -169,6 +169,8 @@ class Rebalancer:
     def _run(self) -> None:
         """The planning thread: the queued jobs in turn, and a sweep of every live job each ``interval_s``."""
         next_sweep = time.monotonic() + self.interval_s
+        if self._apart is not None and self.leadership is not None:
+            self._warm_up()
         while not self._stop.is_set():
             try:
                 if not self._leads():  # another server plans: wait for the lease (reports queue nothing here)
@@ -189,6 +191,14 @@ class Rebalancer:
                 self._stop.wait(self._rest_s(self._cpu_s() - cpu_s))
             except Exception as exc:  # noqa: BLE001 - a bug here must not end planning for every job
                 self._failed("the planning thread", exc)
+
+    def _warm_up(self) -> None:
+        """Start the planning process now, not at the first plan: a server that takes the lease over plans at its
+        first sweep instead of seconds later (spawning one took 2-5 s on a loaded 2-core machine)."""
+        try:
+            self._apart.pid()
+        except Exception as exc:  # noqa: BLE001 - it is started again at the first plan
+            self._failed("starting the planning process", exc)
 
     def _leads(self) -> bool:
         """Whether this rebalancer may plan now: always without a leadership, else while its server holds the lease.
