@@ -89,7 +89,9 @@ class HttpSink:
             if i != self.active:
                 log.warning("shipping to %s now (%s)", self.servers[i],
                             "the first server is back" if i == 0 else "; ".join(failures) or "failover")
-                self.failovers += i != 0
+                if i != 0:
+                    self.failovers += 1
+                    self._primary_tried = time.monotonic()  # it just failed: next try in primary_retry_s
                 self.active = i
             return inserted
         raise SinkUnavailable("; ".join(failures))

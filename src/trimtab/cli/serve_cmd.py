@@ -199,7 +199,9 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
 
     Give it the shared store with --db postgresql+psycopg://… . Agents may also write to that PostgreSQL
     directly (`trimtab agent --db …`); the server then serves their data too. The server runs the store's
-    rollups and retention.
+    rollups and retention. Several servers may share one PostgreSQL: all serve ingest and reads, exactly one plans
+    (the holder of the store's planner lease; GET /v1/planner names it), another takes over within seconds of its
+    death. On SQLite a second server serves without planning.
     """
     import time
 

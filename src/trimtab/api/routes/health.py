@@ -30,7 +30,8 @@ def version() -> str:
             description="ok when the store answers a trivial query, else 503 with status degraded (an outage) or "
                         "failed (a component refuses its configuration, e.g. the agent's store or token). Also says the "
                         "version, the mode (up/server), whether any known node is simulated, and the status of the "
-                        "agent, writer and rebalancer around the API. No authentication.",
+                        "agent, writer and rebalancer around the API (components.rebalancer.planner: which server "
+                        "plans, as GET /v1/planner says). No authentication.",
             responses={503: {"model": HealthOut, "description": "The store is unreachable, or a component failed."}})
 def healthz(ctx: ApiContext = Depends(get_ctx)):
     store = store_health(ctx.engine)
