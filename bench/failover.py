@@ -13,6 +13,8 @@ decision within 10 s of the kill, 0 duplicated.
 
     python bench/failover.py                      # 2 agents, 4 jobs, 20 s before the kill, 20 s after (~1 min)
     python bench/failover.py --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python bench/failover.py --pause-s 12          # SIGSTOP instead, SIGCONT 12 s later: the paused leader wakes
+                                                   # fenced (any decision it had in flight is refused, not doubled)
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ def main() -> int:
     ap.add_argument("--steps-per-s", type=float, default=8.0, help="reports per job per second (wall)")
     ap.add_argument("--before-s", type=float, default=20.0, help="run this long before the kill")
     ap.add_argument("--after-s", type=float, default=20.0, help="and this long after it")
+    ap.add_argument("--pause-s", type=float, default=0.0,
+                    help="SIGSTOP the planning server instead of killing it, and SIGCONT it this long after")
     args = ap.parse_args()
 
     schema = f"trimtab_failover_{secrets.token_hex(4)}"
@@ -173,10 +177,13 @@ def main() -> int:
                 before = conn.execute(text("SELECT COUNT(*) FROM decisions")).scalar_one()
             kill_ms = int(time.time() * 1000)
             killed = time.monotonic()
-            servers[leader].send_signal(signal.SIGKILL)
-            servers[leader].wait()
+            servers[leader].send_signal(signal.SIGSTOP if args.pause_s else signal.SIGKILL)
+            if not args.pause_s:
+                servers[leader].wait()
             takeover_s = next_decision_s = None
             while time.monotonic() - killed < args.after_s or next_decision_s is None:
+                if args.pause_s and time.monotonic() - killed >= args.pause_s and servers[leader].poll() is None:
+                    servers[leader].send_signal(signal.SIGCONT)  # it wakes believing it plans, until it renews
                 if time.monotonic() - killed > max(args.after_s, 60.0):
                     break
                 if takeover_s is None and httpx.get(f"{bases[other]}/v1/planner", timeout=5).json()["this_server_plans"]:
@@ -203,8 +210,12 @@ def main() -> int:
                 rows = dict(conn.execute(text(
                     "SELECT n.hostname, COUNT(*) FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id "
                     "JOIN nodes n ON n.id = g.node_id GROUP BY n.hostname")).all())
-            servers[other].send_signal(signal.SIGTERM)
-            servers[other].wait(30)
+            for server in servers:
+                if server.poll() is None:
+                    server.send_signal(signal.SIGCONT)
+                    server.send_signal(signal.SIGTERM)
+                    server.wait(30)
+            fenced = (tmp / f"server{leader}.log").read_text().count("does not hold the planner's lease")
     finally:
         stop.set()
         for proc in procs:
@@ -221,10 +232,13 @@ def main() -> int:
           f"{args.after_s:g} s after; cores: {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}; "
           f"{time.monotonic() - started:.0f} s in all")
     print(f"decisions: {before} before the kill, {total} in all")
-    print(f"killed the planning server (SIGKILL); the other took the lease after "
+    how = f"paused the planning server (SIGSTOP, SIGCONT {args.pause_s:g} s later)" if args.pause_s \
+        else "killed the planning server (SIGKILL)"
+    print(f"{how}; the other took the lease after "
           f"{'never' if takeover_s is None else f'{takeover_s:.1f} s'}; next decision after "
           f"{'none' if next_decision_s is None else f'{next_decision_s:.1f} s'}")
-    print("decisions duplicated: " + ", ".join(f"{k} {v}" for k, v in dup.items()))
+    print("decisions duplicated: " + ", ".join(f"{k} {v}" for k, v in dup.items()) +
+          f"; decision writes the former leader tried and the lease refused: {fenced}")
     for k, log in enumerate(logs):
         ticks = re.findall(r"stopped: .*?: (\d+) ticks", log)
         print(f"agent sim-{k}: {rows.get(f'sim-{k}', 0)} GPU samples stored, "
