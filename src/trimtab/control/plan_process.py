@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -40,7 +41,6 @@ from trimtab.store.jobs import StoredJob
 # How much lower the planning process runs in the kernel's eyes (nice(2) increment): the API's threads first.
 NICE = 10
 PARENT_CHECK_S = 0.2  # how often the child checks that its parent is alive
-WRITE_POLL_S = 0.005  # how often the planning thread looks for the child's writes and its result while it plans
 _COUNTERS = ("evaluations", "changes_queued", "advised", "kept", "rolled_back", "refused", "errors")
 _child: Any = None  # in the child: its never-started Rebalancer
 
@@ -163,13 +163,32 @@ class PlanProcess:
     def _call(self, fn, *args):
         try:
             future = self._executor().submit(fn, *args)
-            while self._conn is not None and not future.done():  # the child's writes, made here meanwhile
-                if self._conn.poll(WRITE_POLL_S):
-                    serve_write(self._conn, self._writes, self._engine)
+            if self._conn is not None:
+                self._serve_writes_until(future)
             return future.result()
         except BrokenProcessPool:
             self._pool = None  # a new child at the next call
             raise
+
+    def _serve_writes_until(self, future) -> None:
+        """Make the child's writes as they come, until ``future`` is done: asleep in between (woken by the pipe or
+        by the future's end through a pipe of its own, never polling: this thread shares the API's interpreter)."""
+        wake_r, wake_w = os.pipe()
+        woken = threading.Event()
+
+        def wake(_future) -> None:
+            os.write(wake_w, b"x")
+            woken.set()
+
+        future.add_done_callback(wake)
+        while not future.done():
+            if self._conn in multiprocessing.connection.wait([self._conn, wake_r]):
+                serve_write(self._conn, self._writes, self._engine)
+        # (the callback runs just after the future is done: its pipe is closed once it wrote, so that it never
+        # writes to a descriptor number reused meanwhile)
+        if woken.wait(5.0):
+            os.close(wake_r)
+            os.close(wake_w)
 
     def jobs(self) -> list[StoredJob]:
         """Every job, read by the child (the sweep's hundred jobs cost the API's interpreter nothing)."""
