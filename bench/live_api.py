@@ -54,13 +54,15 @@ def local_api(job_token_name: str, rules_file: Optional[str] = None) -> Iterator
 
 
 @contextmanager
-def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0) -> Iterator[tuple[str, str, int]]:
+def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0,
+                   env: Optional[dict] = None) -> Iterator[tuple[str, str, int]]:
     """A real `trimtab server` over ``db_url`` on loopback (ephemeral port), stopped at the end; yields its URL,
-    admin token, pid. Shared by the benches that load a server process (``report_latency.py``, ``server_load.py``)."""
+    admin token, pid. Shared by the benches that load a server process (``report_latency.py``, ``server_load.py``);
+    ``env``: variables the server gets on top of this process's."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "TRIMTAB_STATE_DIR": str(state_dir), "TRIMTAB_LOG_LEVEL": "warning"}
+    env = {**os.environ, "TRIMTAB_STATE_DIR": str(state_dir), "TRIMTAB_LOG_LEVEL": "warning", **(env or {})}
     server = subprocess.Popen([sys.executable, "-m", "trimtab.cli.main", "server", "--db", db_url,
                                "--port", str(port)], env=env, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -82,4 +84,8 @@ def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0) 
         yield base, token_file.read_text().strip(), server.pid
     finally:
         server.terminate()
-        server.wait(10)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:  # a stop slowed by a loaded machine must not lose the run's figures
+            server.kill()
+            server.wait(10)

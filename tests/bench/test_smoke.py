@@ -19,6 +19,8 @@ from typing import Optional
 
 import pytest
 
+from tests.store.conftest import pg_admin_or_skip
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -28,6 +30,7 @@ class Smoke:
     shows: str | tuple[str, ...]  # a line fragment (or several) the run's stdout must contain
     gpu: Optional[str] = None     # why the script's real path is not run here (it needs GPUs)
     via: Optional[str] = None     # a module of another script's, not run alone: the script whose run exercises it
+    postgres: bool = False        # needs the test PostgreSQL (TRIMTAB_TEST_PG_URL): skips without it, as the PG tests
 
 
 SMOKE = {
@@ -36,6 +39,8 @@ SMOKE = {
     "failing_plan.py": Smoke(("--seconds", "3"), "plans tried"),
     "gpu_agreement.py": Smoke(("--help",), "--phase-s",
                               gpu="drives a known load on a real GPU against nvidia-smi dmon: its arguments only"),
+    "failover.py": Smoke(("--smoke",), "decisions duplicated: same change 0, same window 0, two pending at once 0",
+                         postgres=True),
     "gpu_phases.py": Smoke(("--smoke",), "smoke ok",
                            gpu="phases of known GPU duration need CUDA: here the grading path on wall time only"),
     "hook_overhead.py": Smoke(("--config", "smoke", "--rounds", "1", "--block", "1", "--warmup", "0", "--daemon"),
@@ -82,6 +87,8 @@ SMOKE = {
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_each_bench_script_runs_at_a_tiny_size_and_leaves_no_temporary_files(script, tmp_path):
     smoke = SMOKE[script]
+    if smoke.postgres:
+        pg_admin_or_skip()
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1",

@@ -41,6 +41,8 @@ class ApiContext:
     after_report: Optional[Callable[..., None]] = None
     after_refusal: Optional[Callable[[StoredJob], None]] = None
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    # Which server plans and whether this one does (control/leadership.py; None: this process takes no part).
+    planner_status: Optional[Callable[[], dict[str, Any]]] = None
 
     def latest_gpus(self, max_age_s: float = 300.0) -> list[LatestSample]:
         """The newest sample of every GPU: from memory (fed by the local agent and by ingest), and from the store

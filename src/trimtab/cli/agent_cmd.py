@@ -33,6 +33,14 @@ def install_stop_handlers(stop: threading.Event, on_stop=None) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+class UrlListOption(click.Option):
+    """A repeatable option whose value may also be one string (trimtab.toml's ``server = "http://a, http://b"``):
+    click would take a string given to a repeatable option for a list of its characters."""
+
+    def type_cast_value(self, ctx, value):
+        return super().type_cast_value(ctx, [value] if isinstance(value, str) else value)
+
+
 def parse_gpu_list(value: Optional[str]) -> Optional[list[int]]:
     if not value:
         return None
@@ -44,8 +52,10 @@ def parse_gpu_list(value: Optional[str]) -> Optional[list[int]]:
 
 @click.command()
 @db_option
-@env_option("--server", "server_url", default=None, metavar="URL",
-            help="Ship batches to a `trimtab server` at URL (e.g. http://head:9460) instead of writing a store.")
+@env_option("--server", "server_url", cls=UrlListOption, multiple=True, metavar="URL[,URL…]",
+            help="Ship batches to a `trimtab server` at URL (e.g. http://head:9460) instead of writing a store. "
+                 "Several servers (comma-separated or the flag repeated; the env var and config key alike): a batch "
+                 "the first cannot take goes to the next, and shipping returns to the first once it answers.")
 @env_option("--token", default=None, help="Bearer token of scope 'agent' for --server.")
 @env_option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
             help="Read the --server token from this file (one line: the secret `trimtab token create` printed).")
@@ -61,7 +71,9 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
     order later. With --server the agent ships to a head node over HTTP instead of writing a store itself.
     """
     from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
+    from trimtab.agent.sinks import server_urls
 
+    server_url = server_urls(server_url)
     if server_url and db_url:
         raise click.UsageError("give --db (write a store) or --server (ship to a server), not both")
     token = checked_token(token, token_file)
@@ -98,8 +110,8 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
     exit_if_failed(runner)
 
 
-def _sink(db_url: str, server_url: Optional[str], token: Optional[str]):
-    """Where the agent's batches go: `--server URL` ships them over HTTP, else `--db URL` writes the store."""
+def _sink(db_url: str, server_url: list[str], token: Optional[str]):
+    """Where the agent's batches go: `--server URL[,URL…]` ships them over HTTP, else `--db URL` writes the store."""
     if server_url:
         from trimtab.agent.sinks import HttpSink
 

@@ -46,13 +46,18 @@ def _load_rules(rules_file):
 
 
 def _start_rebalancer(ctx, rules, enabled: bool):
-    """Give the API the rules (:func:`_load_rules`) and start the rebalancer."""
+    """Give the API the rules (:func:`_load_rules`) and start the rebalancer. It plans only while this process holds
+    the store's planner lease (control/leadership.py: several servers on one PostgreSQL, one plans), taken by
+    :func:`_lead` once the API listens."""
+    from trimtab.control.leadership import Leadership
     from trimtab.control.service import Rebalancer
 
     ctx.rules = rules
     if not enabled:
         return None
-    rebalancer = Rebalancer(ctx.engine, ctx.rules).start(own_process=True)  # plans off the API's interpreter lock
+    rebalancer = Rebalancer(ctx.engine, ctx.rules, leadership=Leadership(ctx.engine))
+    rebalancer.start(own_process=True)  # plans off the API's interpreter lock
+    ctx.planner_status = rebalancer.leadership.status
     ctx.after_report = rebalancer.after_report
     ctx.after_refusal = rebalancer.after_refusal
     return rebalancer
@@ -107,6 +112,14 @@ def _guard_bind(engine, host: str, sd: Path) -> None:
                    f"--scope job --out job.token` for a training job)", err=True)
 
 
+def _lead(rebalancer, host: str, port: int) -> None:
+    """Take the planner's lease (or follow the server that holds it), naming this server by where it answers."""
+    import socket
+
+    if rebalancer is not None and rebalancer.leadership is not None:
+        rebalancer.leadership.start(label=f"{socket.gethostname()} {host}:{port}")
+
+
 def _serve(ctx, host: str, port: int):
     from trimtab.api.app import create_app
     from trimtab.daemon import ApiServer, DaemonError, settle_heap
@@ -156,6 +169,7 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
     ctx.component_status = lambda: {"agent": runner.health(),
                                     "rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}
     api = _serve(ctx, host, port)
+    _lead(rebalancer, host, api.port)
     notifier = Notifier()
     stop = threading.Event()
     install_stop_handlers(stop, on_stop=notifier.stopping)
@@ -185,7 +199,9 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
 
     Give it the shared store with --db postgresql+psycopg://… . Agents may also write to that PostgreSQL
     directly (`trimtab agent --db …`); the server then serves their data too. The server runs the store's
-    rollups and retention.
+    rollups and retention. Several servers may share one PostgreSQL: all serve ingest and reads, exactly one plans
+    (the holder of the store's planner lease; GET /v1/planner names it), another takes over within seconds of its
+    death. On SQLite a second server serves without planning.
     """
     import time
 
@@ -204,6 +220,7 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
     rebalancer = _start_rebalancer(ctx, rules, rebalance)
     ctx.component_status = lambda: {"rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}
     api = _serve(ctx, host, port)
+    _lead(rebalancer, host, api.port)
     notifier = Notifier()
     stop = threading.Event()
     install_stop_handlers(stop, on_stop=notifier.stopping)

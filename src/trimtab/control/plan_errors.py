@@ -79,11 +79,13 @@ def _where(exc: BaseException) -> Optional[str]:
 
 
 def store_failure(engine: Engine, job: StoredJob, failure: PlanFailure, ctl: ControllerSettings,
-                  known: Optional[PlanFailure]) -> PlanFailure:
+                  known: Optional[PlanFailure], writes: Any = plan_status) -> PlanFailure:
     """``failure`` stored as the job's error event, with the store's count of failures in a row and its backoff
-    (they outlive a restart); a store that cannot take it: counted on from ``known``, the job's last failure."""
+    (they outlive a restart); a store that cannot take it: counted on from ``known``, the job's last failure.
+    ``writes``: what makes the write (the rebalancer's: in the planning process, the parent makes it,
+    plan_writes.py)."""
     try:
-        failures, delay_s = plan_status.record_failure(engine, job.id, failure.error(), ctl.plan_retry_min_s,
+        failures, delay_s = writes.record_failure(engine, job.id, failure.error(), ctl.plan_retry_min_s,
                                                        ctl.plan_retry_max_s)
     except Exception as exc:  # noqa: BLE001 - the store is down: the backoff goes on in memory
         log.debug("rebalancer: job %r: storing its plan failure failed: %s", job.name, exc)

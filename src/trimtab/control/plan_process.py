@@ -9,8 +9,9 @@ hands each plan — the store reads, the controller, the decision writes — to 
 interpreter and its own connection to the store, lowered in CPU priority (``NICE``) so that on a busy machine
 the kernel runs the API's threads first. The child is a :class:`~trimtab.control.service.Rebalancer` that was
 never started (it plans on the caller's thread); what it learnt (counters, the job's note, when it is next worth
-planning) comes back with each plan. SQLite's one writer is shared across the two processes by SQLite's own lock:
-the child's writes are each one short transaction after the plan is computed, never held while computing.
+planning) comes back with each plan. The child only reads: its writes are made by the parent, on the planning
+thread, at the API's priority (plan_writes.py: a low-priority process holding SQLite's write lock held every
+report's write up on a busy machine).
 
 Only a store another process can open qualifies (a file or a server, not ``:memory:``). A child that dies is
 replaced at the next plan; the plan it was running counts as an error.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -28,11 +30,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sqlalchemy import Engine
 
 from trimtab.control.plan_errors import CHILD_DIED, PlanFailure, Stage, store_failure
+from trimtab.control.plan_writes import ForwardedWrites, child_writes, serve_write
 from trimtab.grading.rules import RuleSet
 from trimtab.store.jobs import StoredJob
 
@@ -76,7 +79,8 @@ def _exit_with(parent_pid: int) -> None:
     os._exit(0)
 
 
-def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid: int) -> None:
+def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid: int, writes_conn,
+                 setup: Optional[Callable[[Any], None]]) -> None:
     global _child
     from trimtab.control.service import Rebalancer
     from trimtab.store.engine import open_engine
@@ -94,6 +98,10 @@ def _start_child(url: str, rules: RuleSet, log_level: int, nice: int, parent_pid
         pass
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [planning process]: %(message)s")
     _child = Rebalancer(open_engine(url), rules)
+    if not child_writes():  # its writes made by the parent, at the API's priority (plan_writes.py)
+        _child.writes = ForwardedWrites(writes_conn)
+    if setup is not None:
+        setup(_child)
     # Start-up's objects out of the collector's sight, as daemon.settle_heap does for the API's process (which
     # this level may not import): a full collection that falls in a plan's write holds SQLite's lock its length.
     gc.collect()
@@ -132,16 +140,24 @@ def _jobs() -> list[StoredJob]:
 class PlanProcess:
     """The child process that runs a Rebalancer's plans (started at the first plan)."""
 
-    def __init__(self, engine: Engine, rules: RuleSet, nice: int = NICE):
+    def __init__(self, engine: Engine, rules: RuleSet, nice: int = NICE, writes: Any = None,
+                 child_setup: Optional[Callable[[Any], None]] = None):
+        """``writes``: what makes the child's writes here (the rebalancer's ``writes``; None: the child writes
+        itself); ``child_setup``: called in the child with its Rebalancer once it started (tests pause plans)."""
         self._args = (engine.url.render_as_string(hide_password=False), rules,
                       logging.getLogger("trimtab").getEffectiveLevel(), nice, os.getpid())
+        self._engine, self._writes, self._setup = engine, writes, child_setup
         self._pool: Optional[ProcessPoolExecutor] = None
+        self._conn = None  # this end of the pipe the child's writes come in on
         self.cpu_s = 0.0  # the CPU time of the plans the child made (the planning thread rests after it)
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:  # spawn, not fork: the API's threads hold locks a forked child would inherit
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_child, initargs=self._args)
+            context = multiprocessing.get_context("spawn")
+            # a new pipe for each child: a child that died half-way through a request leaves nothing in this one
+            self._conn, child_end = context.Pipe() if self._writes is not None else (None, None)
+            self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_start_child,
+                                             initargs=(*self._args, child_end, self._setup))
         return self._pool
 
     def pid(self) -> int:
@@ -150,10 +166,33 @@ class PlanProcess:
 
     def _call(self, fn, *args):
         try:
-            return self._executor().submit(fn, *args).result()
+            future = self._executor().submit(fn, *args)
+            if self._conn is not None:
+                self._serve_writes_until(future)
+            return future.result()
         except BrokenProcessPool:
             self._pool = None  # a new child at the next call
             raise
+
+    def _serve_writes_until(self, future) -> None:
+        """Make the child's writes as they come, until ``future`` is done: asleep in between (woken by the pipe or
+        by the future's end through a pipe of its own, never polling: this thread shares the API's interpreter)."""
+        wake_r, wake_w = os.pipe()
+        woken = threading.Event()
+
+        def wake(_future) -> None:
+            os.write(wake_w, b"x")
+            woken.set()
+
+        future.add_done_callback(wake)
+        while not future.done():
+            if self._conn in multiprocessing.connection.wait([self._conn, wake_r]):
+                serve_write(self._conn, self._writes, self._engine)
+        # (the callback runs just after the future is done: its pipe is closed once it wrote, so that it never
+        # writes to a descriptor number reused meanwhile)
+        if woken.wait(5.0):
+            os.close(wake_r)
+            os.close(wake_w)
 
     def jobs(self) -> list[StoredJob]:
         """Every job, read by the child (the sweep's hundred jobs cost the API's interpreter nothing)."""
@@ -169,7 +208,8 @@ class PlanProcess:
             at = Stage(CHILD_DIED)
             rebalancer.after_plan(job.name, store_failure(rebalancer.engine, job, PlanFailure.of(exc, at),
                                                           rebalancer.rules.controller,
-                                                          rebalancer.stats.failing.get(job.name)))
+                                                          rebalancer.stats.failing.get(job.name),
+                                                          rebalancer.writes))
             raise
         self.cpu_s += out.cpu_s
         stats = rebalancer.stats

@@ -40,7 +40,9 @@ from trimtab.control.plan_errors import Backoff, PlanFailure, Stage, store_failu
 from trimtab.control.memory_fit import others_of
 from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
+from trimtab.control.leadership import Leadership
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
+from trimtab.control.plan_writes import RebalancerWrites, child_writes
 from trimtab.control.plan import Cadence, period, steps_needed
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.window import first_probes, load_steps, steps_since
@@ -124,7 +126,9 @@ class _PlanQueue:
 
 class Rebalancer:
     def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0,
-                 plan_share: float = PLAN_SHARE):
+                 plan_share: float = PLAN_SHARE, leadership: Optional[Leadership] = None):
+        """``leadership``: a :class:`~trimtab.control.leadership.Leadership`; the rebalancer then plans only while
+        its server holds the planner's lease, and writes each decision fenced by it (None: it always plans)."""
         if not 0.0 < plan_share <= 1.0:
             raise ValueError(f"plan_share must be in (0, 1], not {plan_share!r}")
         self.engine = engine
@@ -144,6 +148,10 @@ class Rebalancer:
         self._apart: Optional[PlanProcess] = None  # the process the plans run in (None: this one)
         self._backoff = Backoff(self.stats.failing)  # the jobs whose plans fail: when each is planned again
         self._said: dict[str, tuple] = {}  # job → the (note, gate) last stored for it (stored again when they change)
+        self.leadership = leadership
+        self._term = 0  # the leadership term the cadences above were learnt in
+        # What writes the decisions (store/decisions.py's functions): fenced by the lease where there is one.
+        self.writes: Any = RebalancerWrites(leadership.fenced_writes() if leadership is not None else decision_store)
 
     # -- driving -------------------------------------------------------------------------------------------
 
@@ -151,7 +159,7 @@ class Rebalancer:
         """Plan on a thread of its own; ``own_process``: each plan in a child process (plan_process.py) where
         the store allows it, so plans do not share the API's interpreter lock (the daemon's choice)."""
         if own_process and can_plan_apart(self.engine):
-            self._apart = PlanProcess(self.engine, self.rules)
+            self._apart = PlanProcess(self.engine, self.rules, writes=None if child_writes() else self.writes)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="trimtab-rebalancer", daemon=True)
         self._thread.start()
@@ -165,12 +173,20 @@ class Rebalancer:
             self._thread.join(timeout_s)
         if self._apart is not None:
             self._apart.close()
+        if self.leadership is not None:  # after the last plan's writes: the lease is free for another server now
+            self.leadership.stop()
 
     def _run(self) -> None:
         """The planning thread: the queued jobs in turn, and a sweep of every live job each ``interval_s``."""
         next_sweep = time.monotonic() + self.interval_s
+        if self._apart is not None and self.leadership is not None:
+            self._warm_up()
         while not self._stop.is_set():
             try:
+                if not self._leads():  # another server plans: wait for the lease (reports queue nothing here)
+                    self._queue.wake(drop=True)
+                    self._stop.wait(min(self.interval_s, 1.0))
+                    continue
                 queued = self._queue.take(max(0.0, next_sweep - time.monotonic()))
                 cpu_s = self._cpu_s()
                 if queued is not None:
@@ -185,6 +201,27 @@ class Rebalancer:
                 self._stop.wait(self._rest_s(self._cpu_s() - cpu_s))
             except Exception as exc:  # noqa: BLE001 - a bug here must not end planning for every job
                 self._failed("the planning thread", exc)
+
+    def _warm_up(self) -> None:
+        """Start the planning process now, not at the first plan: a server that takes the lease over plans at its
+        first sweep instead of seconds later (spawning one took 2-5 s on a loaded 2-core machine)."""
+        try:
+            self._apart.pid()
+        except Exception as exc:  # noqa: BLE001 - it is started again at the first plan
+            self._failed("starting the planning process", exc)
+
+    def _leads(self) -> bool:
+        """Whether this rebalancer may plan now: always without a leadership, else while its server holds the lease.
+        A new term forgets when each job is next worth planning: another server planned them meanwhile."""
+        if self.leadership is None:
+            return True
+        if not self.leadership.leading:
+            return False
+        if self.leadership.term != self._term:
+            self._term = self.leadership.term
+            self._cadence.clear()
+            self._seen.clear()
+        return True
 
     def _rest_s(self, plan_cpu_s: float) -> float:  # planning takes at most plan_share of a core (and the GIL)
         return plan_cpu_s * (1.0 - self.plan_share) / self.plan_share
@@ -215,7 +252,7 @@ class Rebalancer:
             return
         if self._thread is None:
             self.evaluate(job, wait=False)
-        elif not self._stop.is_set():
+        elif not self._stop.is_set() and (self.leadership is None or self.leadership.leading):
             self._queue.put(job, forced)
 
     def run_once(self) -> None:
@@ -316,7 +353,7 @@ class Rebalancer:
             at.stage = errors.RECORDING
             key = (result.note, result.gate)
             if self._said.get(job.name) != key:  # (a write per change of what it says, not per plan)
-                plan_status.record_plan(self.engine, fresh.id, at.step, result.note,
+                self.writes.record_plan(self.engine, fresh.id, at.step, result.note,
                                         result.gate.to_dict() if result.gate is not None else None)
                 self._said[job.name] = key
             return result, None
@@ -328,7 +365,7 @@ class Rebalancer:
             self.stats.errors += 1
             self.stats.last_error = f"job {job.name!r}: {failure.summary()}"[:300]
             return None, store_failure(self.engine, job, failure, self.rules.controller,
-                                       self.stats.failing.get(job.name))
+                                       self.stats.failing.get(job.name), self.writes)
 
     def after_plan(self, name: str, failure: Optional[PlanFailure]) -> None:
         """A plan of job ``name`` ended (``failure``: it raised): its backoff set or cleared (plan_errors.py)."""
@@ -401,32 +438,32 @@ class Rebalancer:
             fields: dict[str, Any] = {"throughput_after_samples_per_s": p.throughput_after}
             if p.applied_step is not None:
                 fields["applied_step"] = p.applied_step
-            decision_store.close_decision(engine, p.close, p.outcome or "kept", p.evidence, rollback=rollback,
-                                          **fields)
+            self.writes.close_decision(engine, p.close, p.outcome or "kept", p.evidence, rollback=rollback,
+                                       **fields)
             if p.outcome in ("rolled_back", "refused", "kept"):
                 setattr(self.stats, p.outcome, getattr(self.stats, p.outcome) + 1)
             log.info("rebalancer: job %s: %s", job.name, p.note)
         elif p.measuring is not None and p.applied_step is not None and p.applied_step != stored_applied_step:
             # (once: every plan while measuring would rewrite it, and SQLite has one writer for reports too)
-            decision_store.set_applied_step(engine, p.measuring, p.applied_step)
+            self.writes.set_applied_step(engine, p.measuring, p.applied_step)
         if p.change is not None:
             c = p.change
-            _, queued = decision_store.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value,
-                                                     c.reason, throughput_before_samples_per_s=p.throughput_before,
-                                                     advice=p.advice)
+            _, queued = self.writes.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value,
+                                                  c.reason, throughput_before_samples_per_s=p.throughput_before,
+                                                  advice=p.advice)
             counter = "changes_queued" if queued is not None else "advised"  # None: the job left auto meanwhile
             setattr(self.stats, counter, getattr(self.stats, counter) + 1)
             log.info("rebalancer: job %s%s: %s", job.name, "" if queued else " (left auto: advised)", p.note)
         elif p.advised is not None:
             c = p.advised
-            decision_store.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,
-                                        new_value=c.new_value, throughput_before_samples_per_s=p.throughput_before,
-                                        outcome="advised", advice=f"{c.reason}. {p.advice or ''}".strip())
+            self.writes.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,
+                                     new_value=c.new_value, throughput_before_samples_per_s=p.throughput_before,
+                                     outcome="advised", advice=f"{c.reason}. {p.advice or ''}".strip())
             self.stats.advised += 1
             log.info("rebalancer: job %s (advise): %s", job.name, p.note)
         elif p.advice_rule is not None:
-            decision_store.add_decision(engine, job.id, p.advice_rule, p.evidence, outcome="advised", advice=p.advice,
-                                        throughput_before_samples_per_s=p.throughput_before)
+            self.writes.add_decision(engine, job.id, p.advice_rule, p.evidence, outcome="advised", advice=p.advice,
+                                     throughput_before_samples_per_s=p.throughput_before)
             self.stats.advised += 1
             log.info("rebalancer: job %s: %s", job.name, p.note)
 
@@ -440,7 +477,8 @@ class Rebalancer:
                                               "advised", "errors", "last_error", "last_evaluation_ms")},
                 "queued": len(self.queued()), "jobs": dict(s.notes),
                 "failing": {name: {"failures": f.failures, "error": f.summary(), "retry_in_s": f.retry_in_s}
-                            for name, f in sorted(s.failing.items())}}
+                            for name, f in sorted(s.failing.items())},
+                **({"planner": self.leadership.status()} if self.leadership is not None else {})}
 
     def status_line(self) -> str:
         s = self.stats

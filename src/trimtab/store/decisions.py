@@ -1,20 +1,29 @@
 """The rebalancer's record: every decision with the rule that fired, its evidence, the change it made (if any)
 and how it turned out. The API lists it; the rebalancer files it with :func:`add_decision` (advice) or
 :func:`decide_change` (a change and its decision in one transaction, so a restart never finds one without the
-other) and closes it with :func:`close_decision`.
+other) and closes it with :func:`close_decision`. Each write takes ``fence``: called first in its transaction with
+the connection, it raises to refuse the write (a server that lost the planner's lease, control/leadership.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from trimtab.contract.statuses import ADVISED, PENDING
 from trimtab.store.engine import write_transaction
 from trimtab.store.jobs import StoredChange, now_ms, number, queue_change_in
 from trimtab.store.models import decisions, jobs
+
+Fence = Optional[Callable[[Connection], None]]
+
+
+def _fenced(conn: Connection, fence: Fence) -> Connection:
+    if fence is not None:
+        fence(conn)
+    return conn
 
 
 @dataclass(frozen=True)
@@ -35,21 +44,23 @@ class StoredDecision:
     advice: Optional[str]
 
 
-def add_decision(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, Any], **fields: Any) -> int:
+def add_decision(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, Any], fence: Fence = None,
+                 **fields: Any) -> int:
     """File a decision; ``fields`` are the optional columns (change_id, knob, old_value, …). Returns its id."""
     with write_transaction(engine) as conn:
+        _fenced(conn, fence)
         return conn.execute(insert(decisions).values(job_id=job_id, ts_ms=fields.pop("ts_ms", None) or now_ms(),
                                                      rule=rule, evidence=dict(evidence), **fields)
                             .returning(decisions.c.id)).scalar_one()
 
 
 def decide_change(engine: Engine, job_id: int, rule: str, evidence: Mapping[str, Any], knob: str, value: float,
-                  reason: str, **fields: Any) -> tuple[int, Optional[StoredChange]]:
+                  reason: str, fence: Fence = None, **fields: Any) -> tuple[int, Optional[StoredChange]]:
     """Queue a rebalancer change and file its decision (outcome "pending") atomically: (decision id, change). A job
     no longer in mode ``auto`` when the change would be queued (switched while the plan ran on the job as it had
     read it) gets the decision as advice and no change: (decision id, None) — advise starts nothing new."""
     with write_transaction(engine) as conn:
-        job = conn.execute(select(jobs.c.mode, jobs.c.knobs).where(jobs.c.id == job_id)).one()
+        job = _fenced(conn, fence).execute(select(jobs.c.mode, jobs.c.knobs).where(jobs.c.id == job_id)).one()
         if job.mode != "auto":
             advice = fields.pop("advice", None)
             said = f"{reason} (not applied: the job's mode is {job.mode})" + (f". {advice}" if advice else "")
@@ -66,12 +77,13 @@ def decide_change(engine: Engine, job_id: int, rule: str, evidence: Mapping[str,
 
 
 def close_decision(engine: Engine, decision_id: int, outcome: str, evidence: Mapping[str, Any],
-                   rollback: Optional[tuple[int, str, float, str]] = None, **fields: Any) -> Optional[StoredChange]:
+                   rollback: Optional[tuple[int, str, float, str]] = None, fence: Fence = None,
+                   **fields: Any) -> Optional[StoredChange]:
     """Set a pending decision's outcome (kept, rolled_back, superseded, cancelled) and evidence; with ``rollback``
     = (job id, knob, old value, reason) the change back is queued in the same transaction. Only a decision still
     "pending" is closed (a second closer finds nothing to do): the change back is then not queued twice."""
     with write_transaction(engine) as conn:
-        done = conn.execute(update(decisions).where(decisions.c.id == decision_id, decisions.c.outcome == PENDING)
+        done = _fenced(conn, fence).execute(update(decisions).where(decisions.c.id == decision_id, decisions.c.outcome == PENDING)
                             .values(outcome=outcome, evidence=dict(evidence), **fields)).rowcount
         if done and rollback is not None:
             job_id, knob, value, reason = rollback
@@ -79,9 +91,9 @@ def close_decision(engine: Engine, decision_id: int, outcome: str, evidence: Map
     return None
 
 
-def set_applied_step(engine: Engine, decision_id: int, step: int) -> None:
+def set_applied_step(engine: Engine, decision_id: int, step: int, fence: Fence = None) -> None:
     with write_transaction(engine) as conn:
-        conn.execute(update(decisions).where(decisions.c.id == decision_id).values(applied_step=step))
+        _fenced(conn, fence).execute(update(decisions).where(decisions.c.id == decision_id).values(applied_step=step))
 
 
 def list_decisions(engine: Engine, job_id: Optional[int], limit: int, offset: int) -> list[StoredDecision]:

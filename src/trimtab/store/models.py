@@ -354,3 +354,15 @@ node_clocks = Table(
     Column("refused_ms", BigInteger),  # receiver's clock when a batch was last refused for its clock; NULL: never
     Column("refused_detail", String(512)),  # why, in the ingest's own words
 )
+
+# Which server plans (control/leadership.py): one row, name "planner"; expires_ms in the database's clock; epoch
+# goes up at every takeover, and a decision is written only by the holder of the current epoch.
+planner_lease = Table(
+    "planner_lease",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("holder", String(200)),
+    Column("epoch", BigInteger, nullable=False, server_default=text("0")),
+    Column("expires_ms", BigInteger, nullable=False, server_default=text("0")),
+    Column("since_ms", BigInteger),
+)

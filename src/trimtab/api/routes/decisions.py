@@ -1,10 +1,11 @@
-"""The rebalancer's decisions with their evidence and outcome, newest first."""
+"""The rebalancer's decisions with their evidence and outcome, newest first; which server plans."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, Field
 
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, READ, Page, get_ctx, page
@@ -30,3 +31,25 @@ def decisions(job: Optional[str] = Query(None, min_length=1, max_length=128, pat
     jobs = [job_store.get_job(ctx.engine, name) for name in {d.job for d in rows}]
     simulated = any(h in simulated_hosts for j in jobs if j is not None for h in j.hostnames)
     return DecisionsOut(simulated=simulated, decisions=[DecisionOut(**vars(d)) for d in rows], next_offset=next_offset)
+
+
+class PlannerOut(BaseModel):
+    planning_server: Optional[str] = Field(description="The server that holds the planner's lease (host, address, "
+                                                       "pid); null while none holds a live one.")
+    epoch: int = Field(description="How many times the lease was taken (each takeover raises it).")
+    since_ms: Optional[int] = Field(None, description="When the planning server took the lease, epoch ms.")
+    expires_in_ms: Optional[int] = Field(None, description="How long the lease lasts unless renewed (every second).")
+    this_server: Optional[str] = Field(description="The answering server's name in the lease (null: it does not "
+                                                   "take part: no rebalancer).")
+    this_server_plans: bool = Field(description="Whether the answering server plans.")
+    error: Optional[str] = Field(None, description="Why the lease could not be read.")
+
+
+@router.get("/planner", response_model=PlannerOut, responses=READ, summary="Which server plans",
+            description="Several `trimtab server`s on one PostgreSQL serve ingest and reads together; exactly one "
+                        "plans: the holder of the store's planner lease, renewed every second. Another takes over "
+                        "within about 6 s of its death; a decision is written only under the lease.")
+def planner(ctx: ApiContext = Depends(get_ctx)) -> PlannerOut:
+    from trimtab.control.leadership import lease_status
+
+    return PlannerOut(**(ctx.planner_status() if ctx.planner_status is not None else lease_status(ctx.engine)))

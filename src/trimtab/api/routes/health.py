@@ -35,7 +35,8 @@ def version() -> str:
                         "and its last error; GET /v1/jobs/{name} has more), and when a node's clock is off or its "
                         "batches are refused for it (`clocks` names it: this server works, what it shows of that "
                         "node does not). Also says the version, the mode (up/server), whether any known node is "
-                        "simulated, and the status of the agent, writer and rebalancer around the API. No "
+                        "simulated, and the status of the agent, writer and rebalancer around the API "
+                        "(components.rebalancer.planner: which server plans, as GET /v1/planner says). No "
                         "authentication.",
             responses={503: {"model": HealthOut, "description": "The store is unreachable, or a component failed."}})
 def healthz(ctx: ApiContext = Depends(get_ctx)):
