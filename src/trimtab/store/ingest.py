@@ -31,6 +31,8 @@ from trimtab.store.engine import insert_for, sqlite_writer_turn
 from trimtab.store.models import (
     ROLLUP_STATE_ID,
     UNKNOWN_GPU_INDEX,
+    gpu_latest,
+    gpu_nvlink_latest,
     gpu_nvlink_samples,
     gpu_processes,
     gpu_samples,
@@ -112,6 +114,29 @@ def _rows(batch: Batch, node_id: int, ids: dict[str, int]) -> tuple[tuple[str, l
     )
 
 
+def _newest_rows(rows: list[tuple], key_at: tuple[int, ...]) -> list[tuple]:
+    """Of sample rows (gpu, time, …): the newest row of each key (the values at ``key_at``), the first one of a tie
+    as the sample insert keeps the first, sorted by key — every writer then locks the latest rows in the same
+    order, so two PostgreSQL writers of overlapping GPUs cannot deadlock."""
+    newest: dict[tuple, tuple] = {}
+    for row in rows:
+        key = tuple(row[i] for i in key_at)
+        held = newest.get(key)
+        if held is None or row[1] > held[1]:
+            newest[key] = row
+    return [newest[k] for k in sorted(newest)]
+
+
+def _latest_upsert(table, dialect: Dialect, key: Sequence[str], columns: Sequence[str]) -> "DriverStatement":
+    """``INSERT … ON CONFLICT (key) DO UPDATE`` of a latest-row table, taking the new row only when it is newer."""
+    stmt = insert_for(dialect, table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[table.c[k] for k in key],
+        set_={c: stmt.excluded[c] for c in columns if c not in key},
+        where=stmt.excluded.ts_ms > table.c.ts_ms)
+    return DriverStatement(stmt, dialect, columns)
+
+
 class DriverStatement:
     """A Core statement compiled once for a dialect, to run on that dialect's DB-API connection with rows given
     as tuples in ``columns`` order. Named parameters (psycopg's ``%(name)s``) are rewritten positional
@@ -175,6 +200,11 @@ class BatchWriter:
         self._pipelined = dialect.name == "postgresql"
         self._insert = {t.name: DriverStatement(insert_for(dialect, t).on_conflict_do_nothing(), dialect, _columns(t))
                         for t in (gpu_samples, host_samples, gpu_processes, health_events, gpu_nvlink_samples)}
+        # The latest-row tables take rows in the sample tables' column order (gpu, time[, link], metrics).
+        self._upsert_latest = {
+            "gpu_samples": (_latest_upsert(gpu_latest, dialect, ("gpu_id",), _columns(gpu_samples)), (0,)),
+            "gpu_nvlink_samples": (_latest_upsert(gpu_nvlink_latest, dialect, ("gpu_id", "link"),
+                                                  _columns(gpu_nvlink_samples)), (0, 2))}
         state = rollup_state.c
         self._lower_dirty = DriverStatement(
             update(rollup_state)
@@ -225,6 +255,10 @@ class BatchWriter:
                 # psycopg: all statements of the batch in one pipeline, i.e. one round trip instead of one each.
                 with driver.pipeline() if self._pipelined else nullcontext():
                     cursors = [self._insert[name].start_many(driver, rows) for name, rows in tables]
+                    for name, rows in tables:  # in the same transaction: the latest rows never lag the samples
+                        if name in self._upsert_latest and rows:
+                            upsert, key_at = self._upsert_latest[name]
+                            upsert.start_many(driver, _newest_rows(rows, key_at))
                     if samples:
                         # Late or replayed samples must be rolled up again. Last, so that on PostgreSQL a writer
                         # that lowers the mark holds the rollup_state row lock only until its commit.
