@@ -43,6 +43,10 @@ from trimtab.store.models import (
     rollup_state,
 )
 
+# What one BatchWriter remembers of the nodes and GPUs it filed (so a steady stream costs no lookups): at most this
+# many of each; past it, it forgets them all and looks up again the ones that still write. Host names that come and
+# go (pods) would otherwise grow it by one entry per name ever seen, in each of a server's ingest writers.
+MAX_REMEMBERED = 10_000
 # nodes.last_seen_ms is refreshed at most this often (in sample time): one upsert a minute instead of one a batch.
 LAST_SEEN_RESOLUTION_MS = 60_000
 
@@ -187,8 +191,9 @@ class BatchWriter:
     costs no lookups. One writer per thread; :meth:`close` returns the connection to the pool.
     """
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, max_remembered: int = MAX_REMEMBERED):
         self._engine = engine
+        self.max_remembered = max_remembered
         self._pooled = None  # the pool's proxy of the DB-API connection held between batches
         self._node_ids: dict[str, tuple[int, NodeInfo, int]] = {}  # hostname → (id, info filed, last_seen_ms)
         self._gpus: dict[str, _GpuRow] = {}
@@ -268,11 +273,15 @@ class BatchWriter:
         except BaseException:
             self._discard()
             raise
+        forget = (len(self._node_ids) + len(new_nodes) > self.max_remembered
+                  or len(self._gpus) + len(new_gpus) > self.max_remembered)
+        if forget:  # the next batches look up again what they name (one upsert or select each)
+            self._node_ids, self._gpus, self._ids = {}, {}, {}
         self._node_ids.update(new_nodes)  # only once committed: a rolled-back id must not be remembered
         if new_gpus:
             self._gpus.update(new_gpus)
             self._ids = {u: g.id for u, g in self._gpus.items()}
-        self._inventory = (node_id, list(batch.gpus))  # a copy: the caller may reuse its list
+        self._inventory = (None, []) if forget else (node_id, list(batch.gpus))  # a copy: the caller may reuse it
         offered = sum(len(rows) for _, rows in tables)
         return IngestResult(*inserted, duplicates=offered - sum(inserted))
 

@@ -212,7 +212,8 @@ def latest_nvlink_samples(engine: Engine, hostname: Optional[str] = None,
     ``gpu_nvlink_samples`` by its primary key, as :func:`latest_gpu_samples` does). GPUs without NVLink have no
     rows, so none here."""
     latest = gpu_nvlink_latest.c
-    columns = (*_LABEL_COLUMNS, latest.gpu_id, latest.ts_ms, latest.link, *(latest[m] for m in NVLINK_LINK_METRIC_NAMES))
+    columns = (*_LABEL_COLUMNS, latest.gpu_id, latest.ts_ms, latest.link,
+               *(latest[m] for m in NVLINK_LINK_METRIC_NAMES))
     query = _node_filter(select(*columns).join_from(gpus, nodes).join(gpu_nvlink_latest, latest.gpu_id == gpus.c.id),
                          hostname).order_by(nodes.c.hostname, gpus.c.gpu_index, latest.link)
     with engine.connect() as conn:
