@@ -79,6 +79,11 @@ SMOKE = {
     "report_batching.py": Smoke(("--step-ms", "5", "--rounds", "1", "--block", "20"), "paced (default)"),
     "report_latency.py": Smoke(("--smoke",), "planning / idle"),
     "server_load.py": Smoke(("--db", "sqlite", "--nodes", "1,2", "--seconds", "1"), "largest N with 0 drops"),
+    "soak.py": Smoke(("--nodes", "1", "--hours", "0.05", "--before-every", "1", "--repeat", "1"),
+                     ("slopes", "before 0012 vs now")),
+    "soak_before.py": Smoke(("--nodes", "1", "--hours", "0.05", "--before-every", "1", "--repeat", "1"),
+                            "before 0012 vs now", via="soak.py"),
+    "soak_memory.py": Smoke(("--nodes", "1", "--interval-s", "0.5", "--warm-s", "2", "--run-s", "4"), "grew most"),
     "store_ingest.py": Smoke(("--ticks", "20", "--repeats", "1", "--pg-url", ""), "sqlite"),
     "workloads.py": Smoke(("--seeds", "1", "--max-steps", "40"), "communication-bound"),
 }

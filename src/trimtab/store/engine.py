@@ -29,6 +29,13 @@ SQLITE_PRAGMAS: tuple[tuple[str, object], ...] = (
     ("temp_store", "MEMORY"),
     ("cache_size", -65536),
 )
+# All the memory SQLite may keep in one process, its connections' page caches above all (a soft limit: past it SQLite
+# recycles cached pages instead of taking more). Each connection may cache 64 MiB, and a server holds up to 15
+# pooled connections plus its writers: without a total, the caches of connections that read a large store grow to
+# ~1 GB between them (issue 39: the server's RSS still rose 7.6 MB/min after 15 minutes). ``TRIMTAB_SQLITE_MEMORY_MIB``
+# sets it (0: no limit); read when an engine opens.
+SQLITE_MEMORY_MIB_DEFAULT = 128
+SQLITE_MEMORY_ENV = "TRIMTAB_SQLITE_MEMORY_MIB"
 # The WAL's longest run between checkpoints, in pages: 10000 (~40 MiB) where the disk has room, less where it has not.
 WAL_PAGES_MAX, WAL_PAGES_MIN = 10_000, 100
 WAL_SHARE_OF_FREE = 8  # the WAL may take at most 1/8 of the free space at connect time
@@ -111,7 +118,8 @@ def open_engine(url: str) -> Engine:
     * ``busy_timeout=5000`` — agent, rollups and API may be separate processes: wait for the write lock.
     * ``foreign_keys=ON`` — SQLite ignores foreign keys unless asked.
     * ``temp_store=MEMORY`` and ``cache_size=-65536`` (64 MiB) — the rollups' GROUP BY and the window queries
-      sort and scan in memory instead of in temporary files and repeated page reads.
+      sort and scan in memory instead of in temporary files and repeated page reads; ``soft_heap_limit`` bounds
+      all connections of the process together (:data:`SQLITE_MEMORY_MIB_DEFAULT`, ``$TRIMTAB_SQLITE_MEMORY_MIB``).
     * ``wal_autocheckpoint`` up to 10000 pages (~40 MiB of 4 KiB pages, default 1000) — a time series rewrites
       the same right-hand b-tree pages on every commit; a longer WAL absorbs many versions of a page before a
       checkpoint copies it once, so checkpoints are ten times rarer at the price of a WAL file of tens of MiB.
@@ -266,7 +274,37 @@ def _create_private(path: Path) -> None:
     os.close(fd)
 
 
+def sqlite_memory_limit_bytes() -> int:
+    """The process-wide limit on SQLite's memory: ``$TRIMTAB_SQLITE_MEMORY_MIB`` or the default, in bytes (0: none).
+    A value that is not a whole number of MiB ≥ 0 is a :class:`StoreError` naming it."""
+    raw = os.environ.get(SQLITE_MEMORY_ENV, "").strip()
+    try:
+        mib = int(raw) if raw else SQLITE_MEMORY_MIB_DEFAULT
+    except ValueError:
+        mib = -1
+    if mib < 0:
+        raise StoreError(f"{SQLITE_MEMORY_ENV}={raw!r}: give SQLite's memory limit as whole MiB (0: no limit)",
+                         permanent=True)
+    return mib * 2**20
+
+
+def sqlite_memory_used_bytes() -> int | None:
+    """What SQLite holds in this process now (``sqlite3_memory_used`` of the library the sqlite3 module loaded:
+    memory outside Python's allocator, which tracemalloc never sees); None where it cannot be asked."""
+    import ctypes
+
+    import _sqlite3
+
+    try:
+        used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+    except (OSError, AttributeError):
+        return None
+    used.restype = ctypes.c_int64
+    return int(used())
+
+
 def _sqlite_engine(url: URL) -> Engine:
+    memory_limit = sqlite_memory_limit_bytes()
     database = url.database or ""
     if database and database != ":memory:" and not url.query.get("uri"):
         path = Path(database).expanduser()
@@ -286,6 +324,7 @@ def _sqlite_engine(url: URL) -> Engine:
         wal_pages = wal_pages_for(database, page_bytes)
         cursor.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
         cursor.execute(f"PRAGMA journal_size_limit={wal_pages * page_bytes}")
+        cursor.execute(f"PRAGMA soft_heap_limit={memory_limit}")  # process-wide: the last engine opened sets it
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -31,6 +31,8 @@ from trimtab.store.engine import insert_for, sqlite_writer_turn
 from trimtab.store.models import (
     ROLLUP_STATE_ID,
     UNKNOWN_GPU_INDEX,
+    gpu_latest,
+    gpu_nvlink_latest,
     gpu_nvlink_samples,
     gpu_processes,
     gpu_samples,
@@ -41,6 +43,10 @@ from trimtab.store.models import (
     rollup_state,
 )
 
+# What one BatchWriter remembers of the nodes and GPUs it filed (so a steady stream costs no lookups): at most this
+# many of each; past it, it forgets them all and looks up again the ones that still write. Host names that come and
+# go (pods) would otherwise grow it by one entry per name ever seen, in each of a server's ingest writers.
+MAX_REMEMBERED = 10_000
 # nodes.last_seen_ms is refreshed at most this often (in sample time): one upsert a minute instead of one a batch.
 LAST_SEEN_RESOLUTION_MS = 60_000
 
@@ -112,6 +118,29 @@ def _rows(batch: Batch, node_id: int, ids: dict[str, int]) -> tuple[tuple[str, l
     )
 
 
+def _newest_rows(rows: list[tuple], key_at: tuple[int, ...]) -> list[tuple]:
+    """Of sample rows (gpu, time, …): the newest row of each key (the values at ``key_at``), the first one of a tie
+    as the sample insert keeps the first, sorted by key — every writer then locks the latest rows in the same
+    order, so two PostgreSQL writers of overlapping GPUs cannot deadlock."""
+    newest: dict[tuple, tuple] = {}
+    for row in rows:
+        key = tuple(row[i] for i in key_at)
+        held = newest.get(key)
+        if held is None or row[1] > held[1]:
+            newest[key] = row
+    return [newest[k] for k in sorted(newest)]
+
+
+def _latest_upsert(table, dialect: Dialect, key: Sequence[str], columns: Sequence[str]) -> "DriverStatement":
+    """``INSERT … ON CONFLICT (key) DO UPDATE`` of a latest-row table, taking the new row only when it is newer."""
+    stmt = insert_for(dialect, table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[table.c[k] for k in key],
+        set_={c: stmt.excluded[c] for c in columns if c not in key},
+        where=stmt.excluded.ts_ms > table.c.ts_ms)
+    return DriverStatement(stmt, dialect, columns)
+
+
 class DriverStatement:
     """A Core statement compiled once for a dialect, to run on that dialect's DB-API connection with rows given
     as tuples in ``columns`` order. Named parameters (psycopg's ``%(name)s``) are rewritten positional
@@ -162,8 +191,9 @@ class BatchWriter:
     costs no lookups. One writer per thread; :meth:`close` returns the connection to the pool.
     """
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, max_remembered: int = MAX_REMEMBERED):
         self._engine = engine
+        self.max_remembered = max_remembered
         self._pooled = None  # the pool's proxy of the DB-API connection held between batches
         self._node_ids: dict[str, tuple[int, NodeInfo, int]] = {}  # hostname → (id, info filed, last_seen_ms)
         self._gpus: dict[str, _GpuRow] = {}
@@ -175,6 +205,11 @@ class BatchWriter:
         self._pipelined = dialect.name == "postgresql"
         self._insert = {t.name: DriverStatement(insert_for(dialect, t).on_conflict_do_nothing(), dialect, _columns(t))
                         for t in (gpu_samples, host_samples, gpu_processes, health_events, gpu_nvlink_samples)}
+        # The latest-row tables take rows in the sample tables' column order (gpu, time[, link], metrics).
+        self._upsert_latest = {
+            "gpu_samples": (_latest_upsert(gpu_latest, dialect, ("gpu_id",), _columns(gpu_samples)), (0,)),
+            "gpu_nvlink_samples": (_latest_upsert(gpu_nvlink_latest, dialect, ("gpu_id", "link"),
+                                                  _columns(gpu_nvlink_samples)), (0, 2))}
         state = rollup_state.c
         self._lower_dirty = DriverStatement(
             update(rollup_state)
@@ -225,6 +260,10 @@ class BatchWriter:
                 # psycopg: all statements of the batch in one pipeline, i.e. one round trip instead of one each.
                 with driver.pipeline() if self._pipelined else nullcontext():
                     cursors = [self._insert[name].start_many(driver, rows) for name, rows in tables]
+                    for name, rows in tables:  # in the same transaction: the latest rows never lag the samples
+                        if name in self._upsert_latest and rows:
+                            upsert, key_at = self._upsert_latest[name]
+                            upsert.start_many(driver, _newest_rows(rows, key_at))
                     if samples:
                         # Late or replayed samples must be rolled up again. Last, so that on PostgreSQL a writer
                         # that lowers the mark holds the rollup_state row lock only until its commit.
@@ -234,11 +273,15 @@ class BatchWriter:
         except BaseException:
             self._discard()
             raise
+        forget = (len(self._node_ids) + len(new_nodes) > self.max_remembered
+                  or len(self._gpus) + len(new_gpus) > self.max_remembered)
+        if forget:  # the next batches look up again what they name (one upsert or select each)
+            self._node_ids, self._gpus, self._ids = {}, {}, {}
         self._node_ids.update(new_nodes)  # only once committed: a rolled-back id must not be remembered
         if new_gpus:
             self._gpus.update(new_gpus)
             self._ids = {u: g.id for u, g in self._gpus.items()}
-        self._inventory = (node_id, list(batch.gpus))  # a copy: the caller may reuse its list
+        self._inventory = (None, []) if forget else (node_id, list(batch.gpus))  # a copy: the caller may reuse it
         offered = sum(len(rows) for _, rows in tables)
         return IngestResult(*inserted, duplicates=offered - sum(inserted))
 

@@ -121,6 +121,29 @@ gpu_nvlink_samples = Table(
     **_CLUSTERED,
 )
 
+# The newest reading of each GPU and of each NVLink link, kept current by ingest in the transaction that inserts
+# the samples (a newer time replaces the row; an equal or older one never does, so the row is the newest row of the
+# sample table, first write winning as there). Latest-sample reads (/metrics, /v1/gpus) then cost one row a GPU
+# whatever the history. Retention never touches them: a GPU whose raw rows aged out keeps the last reading it had
+# (readers judge its age); deleting the GPU deletes its row.
+gpu_latest = Table(
+    "gpu_latest",
+    metadata,
+    Column("gpu_id", Integer, _gpu_fk(), primary_key=True, autoincrement=False),
+    Column("ts_ms", BigInteger, nullable=False),
+    *_metric_columns(GPU_METRICS),
+)
+
+gpu_nvlink_latest = Table(
+    "gpu_nvlink_latest",
+    metadata,
+    Column("gpu_id", Integer, _gpu_fk(), nullable=False),
+    Column("link", Integer, nullable=False),
+    Column("ts_ms", BigInteger, nullable=False),
+    *_metric_columns(NVLINK_LINK_METRICS),
+    PrimaryKeyConstraint("gpu_id", "link"),
+)
+
 host_samples = Table(
     "host_samples",
     metadata,

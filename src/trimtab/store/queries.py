@@ -13,8 +13,9 @@ from sqlalchemy import Double, Engine, Select, cast, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from trimtab.contract.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, ROLLUP_METRIC_NAMES
-from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_nvlink_samples, gpu_rollup_1h,
-                                  gpu_rollup_1m, gpu_samples, gpus, host_samples, nodes)
+from trimtab.store.models import (HOUR_MS, MINUTE_MS, ROLLUP_VALUE_COLUMNS, gpu_latest, gpu_nvlink_latest,
+                                  gpu_nvlink_samples, gpu_rollup_1h, gpu_rollup_1m, gpu_samples, gpus, host_samples,
+                                  nodes)
 from trimtab.store.models import health_events as health_events_table
 
 Resolution = Literal["auto", "raw", "1m", "1h"]
@@ -176,37 +177,71 @@ def _label(row) -> dict:
 
 def latest_gpu_samples(engine: Engine, hostname: Optional[str] = None,
                        not_after_ms: Optional[int] = None) -> list[LatestSample]:
-    """The newest sample of every GPU (of ``hostname``), found by one backwards step on each GPU's primary key;
-    with ``not_after_ms`` the newest one not after it (a far-future sample must not hide the real ones)."""
-    s = gpu_samples.c
-    newest = select(func.max(gpu_samples.c.ts_ms)).where(gpu_samples.c.gpu_id == gpus.c.id)
-    if not_after_ms is not None:
-        newest = newest.where(gpu_samples.c.ts_ms <= not_after_ms)
-    newest = newest.correlate(gpus).scalar_subquery()
-    query = (select(*_LABEL_COLUMNS, s.ts_ms, *(s[m] for m in GPU_METRIC_NAMES))
-             .join_from(gpus, nodes).join(gpu_samples, (s.gpu_id == gpus.c.id) & (s.ts_ms == newest)))
-    query = _node_filter(query, hostname).order_by(nodes.c.hostname, gpus.c.gpu_index)
+    """The newest sample of every GPU (of ``hostname``), read from ``gpu_latest`` (one row a GPU, kept current by
+    ingest), so its cost does not grow with the samples stored. With ``not_after_ms`` the newest one not after it:
+    a far-future sample must not hide the real ones, so a GPU whose latest row is later is looked up by one
+    backwards step on its primary key in ``gpu_samples`` (rare: only a node with a wrong clock writes such rows).
+    A GPU keeps its latest reading after retention deleted its raw rows; callers judge its age."""
+    latest = gpu_latest.c
+    columns = (*_LABEL_COLUMNS, latest.gpu_id, latest.ts_ms, *(latest[m] for m in GPU_METRIC_NAMES))
+    query = _node_filter(select(*columns).join_from(gpus, nodes).join(gpu_latest, latest.gpu_id == gpus.c.id),
+                         hostname).order_by(nodes.c.hostname, gpus.c.gpu_index)
     with engine.connect() as conn:
         rows = conn.execute(query).mappings().all()
-    return [LatestSample(**_label(r), ts_ms=r["ts_ms"], metrics={m: r[m] for m in GPU_METRIC_NAMES}) for r in rows]
+        if not_after_ms is not None and any(r["ts_ms"] > not_after_ms for r in rows):
+            rows = [r if r["ts_ms"] <= not_after_ms else _sample_not_after(conn, r, not_after_ms) for r in rows]
+    return [LatestSample(**_label(r), ts_ms=r["ts_ms"], metrics={m: r[m] for m in GPU_METRIC_NAMES})
+            for r in rows if r is not None]
+
+
+def _sample_not_after(conn, latest_row, not_after_ms: int):
+    """The GPU of ``latest_row`` at its newest sample not after ``not_after_ms`` (a backwards step on the
+    (gpu, time) primary key), with the row's labels; None when it has none."""
+    s = gpu_samples.c
+    found = conn.execute(select(s.ts_ms, *(s[m] for m in GPU_METRIC_NAMES))
+                         .where(s.gpu_id == latest_row["gpu_id"], s.ts_ms <= not_after_ms)
+                         .order_by(s.ts_ms.desc()).limit(1)).mappings().first()
+    return None if found is None else {**latest_row, **found}
 
 
 def latest_nvlink_samples(engine: Engine, hostname: Optional[str] = None,
                           not_after_ms: Optional[int] = None) -> list[LatestLink]:
-    """Every link of every GPU at the GPU's newest per-link reading (a refresh reads all links at once), with
-    ``not_after_ms`` the newest one not after it. GPUs without NVLink have no rows, so none here."""
-    n = gpu_nvlink_samples.c
-    newest = select(func.max(n.ts_ms)).where(n.gpu_id == gpus.c.id)
-    if not_after_ms is not None:
-        newest = newest.where(n.ts_ms <= not_after_ms)
-    newest = newest.correlate(gpus).scalar_subquery()
-    query = (select(*_LABEL_COLUMNS, n.ts_ms, n.link, *(n[m] for m in NVLINK_LINK_METRIC_NAMES))
-             .join_from(gpus, nodes).join(gpu_nvlink_samples, (n.gpu_id == gpus.c.id) & (n.ts_ms == newest)))
-    query = _node_filter(query, hostname).order_by(nodes.c.hostname, gpus.c.gpu_index, n.link)
+    """Every link of every GPU at the GPU's newest per-link reading (a refresh reads all links at once: a link
+    whose newest reading is older than its GPU's newest is left out), from ``gpu_nvlink_latest``; with
+    ``not_after_ms`` the newest one not after it (a GPU whose links read later is looked up in
+    ``gpu_nvlink_samples`` by its primary key, as :func:`latest_gpu_samples` does). GPUs without NVLink have no
+    rows, so none here."""
+    latest = gpu_nvlink_latest.c
+    columns = (*_LABEL_COLUMNS, latest.gpu_id, latest.ts_ms, latest.link,
+               *(latest[m] for m in NVLINK_LINK_METRIC_NAMES))
+    query = _node_filter(select(*columns).join_from(gpus, nodes).join(gpu_nvlink_latest, latest.gpu_id == gpus.c.id),
+                         hostname).order_by(nodes.c.hostname, gpus.c.gpu_index, latest.link)
     with engine.connect() as conn:
         rows = conn.execute(query).mappings().all()
+        by_gpu: dict[int, list] = {}
+        for r in rows:
+            by_gpu.setdefault(r["gpu_id"], []).append(r)
+        out = []
+        for links in by_gpu.values():
+            if not_after_ms is not None and any(r["ts_ms"] > not_after_ms for r in links):
+                links = _links_not_after(conn, links[0], not_after_ms)
+            newest = max((r["ts_ms"] for r in links), default=None)
+            out += [r for r in links if r["ts_ms"] == newest]
     return [LatestLink(**_label(r), ts_ms=r["ts_ms"], link=r["link"],
-                       metrics={m: r[m] for m in NVLINK_LINK_METRIC_NAMES}) for r in rows]
+                       metrics={m: r[m] for m in NVLINK_LINK_METRIC_NAMES}) for r in out]
+
+
+def _links_not_after(conn, latest_row, not_after_ms: int) -> list[dict]:
+    """Every link of the GPU of ``latest_row`` at its newest per-link reading not after ``not_after_ms``."""
+    n = gpu_nvlink_samples.c
+    gpu_id = latest_row["gpu_id"]
+    newest = conn.execute(select(n.ts_ms).where(n.gpu_id == gpu_id, n.ts_ms <= not_after_ms)
+                          .order_by(n.ts_ms.desc()).limit(1)).scalar()
+    if newest is None:
+        return []
+    found = conn.execute(select(n.ts_ms, n.link, *(n[m] for m in NVLINK_LINK_METRIC_NAMES))
+                         .where(n.gpu_id == gpu_id, n.ts_ms == newest).order_by(n.link)).mappings().all()
+    return [{**latest_row, **f} for f in found]
 
 
 def gpu_aggregates(engine: Engine, start_ms: int, end_ms: int, hostname: Optional[str] = None) -> list[GpuAggregate]:
@@ -231,10 +266,12 @@ def gpu_aggregates(engine: Engine, start_ms: int, end_ms: int, hostname: Optiona
 
 
 def previous_sample_ms(engine: Engine, gpu_uuid: str, before_ms: int) -> Optional[int]:
-    """The time of the GPU's newest sample before ``before_ms`` (one backwards step on its primary key), or None."""
+    """The time of the GPU's newest sample before ``before_ms`` (one backwards step on its primary key), or None.
+    ORDER BY … LIMIT 1, not MAX over a join: PostgreSQL turns only a one-table MAX into an index step, and
+    otherwise reads every earlier sample of the GPU."""
     s = gpu_samples.c
-    query = (select(func.max(s.ts_ms)).join_from(gpu_samples, gpus, s.gpu_id == gpus.c.id)
-             .where(gpus.c.uuid == gpu_uuid, s.ts_ms < before_ms))
+    gpu_id = select(gpus.c.id).where(gpus.c.uuid == gpu_uuid).scalar_subquery()
+    query = select(s.ts_ms).where(s.gpu_id == gpu_id, s.ts_ms < before_ms).order_by(s.ts_ms.desc()).limit(1)
     with engine.connect() as conn:
         return conn.execute(query).scalar()
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from trimtab.api.context import ApiContext
 from trimtab.api.metrics.gpus import gpu_families, link_families
 from trimtab.api.metrics.jobs import job_families
 from trimtab.api.metrics.nodes import BALANCE_WINDOW_S, balance_families, node_families
+from trimtab.api.metrics.render import text_exposition
 from trimtab.api.metrics.scrape_errors import error_families, guarded
 from trimtab.api.metrics.store_reads import JobScrape, read_jobs, read_store
 
@@ -51,6 +51,4 @@ class TrimtabCollector:
 def render_metrics(ctx: ApiContext) -> bytes:
     """The exposition of ``ctx`` now (serve it with :data:`CONTENT_TYPE`). Blocking (store queries): call it
     from a sync route, which FastAPI runs in its thread pool."""
-    registry = CollectorRegistry(auto_describe=False)  # no describe(): register() must not run a collect()
-    registry.register(TrimtabCollector(ctx))
-    return generate_latest(registry)
+    return text_exposition(TrimtabCollector(ctx).collect())
