@@ -39,6 +39,7 @@ import httpx
 from trimtab.contract.knobs import ChangeAck, ChangeRefusal
 from trimtab.contract.step_report import MAX_REPORTS_PER_BATCH
 from trimtab.trainer.backlog import SPOOL_MAX_BYTES, Backlog
+from trimtab.trainer.servers import Servers
 
 log = logging.getLogger("trimtab.trainer")
 
@@ -73,10 +74,8 @@ class Reporter:
                  spool_max_bytes: int = SPOOL_MAX_BYTES, spool_name: Optional[str] = None):
         if not 1 <= batch_max <= MAX_REPORTS_PER_BATCH:
             raise ValueError(f"batch_max must be 1 to {MAX_REPORTS_PER_BATCH} reports, not {batch_max!r}")
-        self.servers, self.job = server_urls(server), job
-        self._current = 0  # the server in use (index in servers)
-        self._failures = 0  # connection failures in a row, over all servers
-        self._offline_since_s = 0.0
+        self._servers, self.job = Servers(server), job
+        self.servers = self._servers.urls
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._registration = registration
         self._register_if_missing = register_if_missing
@@ -98,7 +97,6 @@ class Reporter:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flush_deadline = float("inf")
-        self.offline = False
         self._said: set[str] = set()  # one-time log lines already written
         self._said_this_outage: set[str] = set()
         self._thread = threading.Thread(target=self._run, name=f"trimtab-reporter-{job}", daemon=True)
@@ -107,16 +105,15 @@ class Reporter:
     @property
     def server(self) -> str:
         """The server in use now."""
-        return self.servers[self._current]
+        return self._servers.current
 
     # -- the training thread's side: cheap, never blocks on the network or a disk -----------------------------
 
     def submit(self, report: dict) -> None:
         queued = self.backlog.put(report)
-        if queued in (1, self._batch_max, self.backlog.spill_at):
+        if queued in (1, self._batch_max):
             # The reporter idles until a first report comes, and a paced one waits out its interval unless a full
             # batch is in: a wake per step would hand the GIL to the reporter thread at every step of a fast job.
-            # Half a queue wakes it (even in a backoff) to move the queue to disk.
             self._wake.set()
 
     def ack(self, change_id: int, applied_at_step: int, rank: int) -> None:
@@ -187,12 +184,11 @@ class Reporter:
                     if left_s <= 0 or self.offline or not self._has_work():
                         return
                     time.sleep(min(backoff_s, left_s))
-                elif backoff_s > 0 and self._wait_out(backoff_s):
+                elif backoff_s > 0 and self._stop.wait(backoff_s):
                     continue  # close() came during the wait: the flushing rules above decide
                 began_s, self._reports_went = time.monotonic(), False
                 try:
-                    self.backlog.spill(away=self._failures > 0)
-                    http = clients[self._current]
+                    http = clients[self._servers.index]
                     outcome = self._register(http) if self._need_register else self._send_next(http)
                 except Exception:  # a bug here must not end the thread: the job would go silent for good
                     self._say("bug", logging.ERROR, "trimtab: reporter error (retrying)", exc_info=True)
@@ -210,25 +206,14 @@ class Reporter:
             for client in clients:
                 client.close()
 
-    def _wait_out(self, wait_s: float) -> bool:
-        """A backoff: waits ``wait_s``, moving the memory queue to disk whenever a submit says it is half full;
-        True when close() ended it."""
-        until_s = time.monotonic() + wait_s
-        while not self._stop.is_set():
-            left_s = until_s - time.monotonic()
-            if left_s <= 0:
-                return False
-            self._wake.wait(left_s)
-            self._wake.clear()
-            self.backlog.spill(away=self._failures > 0)
-        return True
-
     def _pace(self, until_s: float) -> None:
         """After a POST of reports, wait until ``until_s``: what a job of short steps reports meanwhile queues and
-        goes in the next POST. A registration, an ack, a full batch (a job reporting faster than ``batch_max`` an
-        interval must not fill the queue and drop; a backlog on disk) or close() ends the wait."""
+        goes in the next POST. A registration, an ack, a full batch in memory (a job reporting faster than
+        ``batch_max`` an interval must not fill the queue) or close() ends the wait. A backlog on disk goes paced
+        too (``batch_max`` an interval): after an outage every rank of every job sends its backlog at once, and a
+        server on the job's own node would take its cores from the job."""
         while not self._stop.is_set() and not self._acks and not self._need_register \
-                and self.backlog.pending < self._batch_max:
+                and self.backlog.memory_len < self._batch_max:
             left_s = until_s - time.monotonic()
             if left_s <= 0:
                 return
@@ -384,31 +369,35 @@ class Reporter:
     def _went_offline(self, why: str) -> str:
         """The server in use failed: the next one at once (FAILOVER) while some have not failed in a row, else
         RETRY (back off), said once an outage."""
-        self._failures += 1
-        failed = self.server
+        failed, was_offline = self.server, self._servers.offline
+        self.backlog.set_away(True)
+        all_failed = self._servers.failed()
         if len(self.servers) > 1:
-            self._current = (self._current + 1) % len(self.servers)
             self._say_once_an_outage(f"failover {failed}", "trimtab: server %s failed (%s); trying %s",
                                      failed, why, self.server)
-        if self._failures < len(self.servers):
+        if not all_failed:
             return FAILOVER
-        if not self.offline:
-            self.offline, self._offline_since_s = True, time.monotonic()
+        if not was_offline:
             log.warning("trimtab: server%s %s offline (%s); training continues: %s", "s" * (len(self.servers) > 1),
                         ", ".join(self.servers), why, self.backlog.describe())
         return RETRY
 
     def _came_online(self) -> str:
-        self._failures = 0
-        if self.offline:
-            self.offline = False
+        self.backlog.set_away(False)
+        was_offline = self._servers.offline
+        away_s = self._servers.answered()
+        if was_offline:
             b = self.backlog
             log.warning("trimtab: server %s back online after %.0f s; %d reports wait to be sent (%d bytes on "
-                        "disk), %d dropped and %d unconfirmed so far", self.server,
-                        time.monotonic() - self._offline_since_s, b.pending, b.spool_bytes, b.dropped, b.unconfirmed)
+                        "disk), %d dropped and %d unconfirmed so far", self.server, away_s, b.pending,
+                        b.spool_bytes, b.dropped, b.unconfirmed)
             self._said_this_outage.clear()
-            b.outage_over()
         return OK
+
+    @property
+    def offline(self) -> bool:
+        """Every server failed in a row (the last attempts); False again at the first answer."""
+        return self._servers.offline
 
     def _say_once_an_outage(self, key: str, msg: str, *args: Any) -> None:
         if key not in self._said_this_outage:
@@ -429,21 +418,3 @@ def _no_such_route(r: httpx.Response) -> bool:
     except (ValueError, AttributeError):
         return False
     return isinstance(detail, str) and detail.strip().lower() in NO_SUCH_ROUTE
-
-
-def server_urls(server: Union[str, Sequence[str]]) -> list[str]:
-    """``server`` as a list of base URLs: one, several separated by commas (``$TRIMTAB_SERVER``), or a list;
-    each http(s), none repeated. A clear ValueError for anything else (at attach, not on every retry)."""
-    parts = server.split(",") if isinstance(server, str) else list(server)
-    urls: list[str] = []
-    for part in parts:
-        url = str(part).strip().rstrip("/")
-        if not url:
-            continue
-        if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
-            raise ValueError(f"server URL {url!r}: it must start with http:// or https://")
-        if url not in urls:
-            urls.append(url)
-    if not urls:
-        raise ValueError(f"no server URL in {server!r}")
-    return urls
