@@ -58,13 +58,13 @@ def test_a_server_frozen_mid_run_gets_every_step_once_when_it_resumes_and_the_co
         wait_http(f"{base}/healthz", proc=server)
         # A memory queue of 64: the outage's few hundred reports must wait on disk.
         hook = attach("frozen", base, admin_secret(tmp_path / "state"), knobs=KNOBS, queue_max=64,
-                      spool_dir=str(tmp_path / "spool"), timeout_s=0.5, backoff_max_s=0.5)
+                      spool_dir=str(tmp_path / "spool"), timeout_s=0.5, backoff_max_s=2.0)
         run_steps(hook, 20)
         eventually(lambda: len(stored_rows(db, "frozen")) == 20, timeout_s=30)  # a loaded machine: a slow start
         server.send_signal(signal.SIGSTOP)  # its port still accepts; nothing answers: every POST times out
         try:
-            n, costs = run_for(hook, 3.0, sleep_s=0.01)
-            assert hook.stats["offline"] and hook.stats["spooled"] > 0 and n > 120
+            n, costs = run_for(hook, 5.0, sleep_s=0.01)
+            assert hook.stats["offline"] and hook.stats["spooled"] > 0 and n > 200
         finally:
             server.send_signal(signal.SIGCONT)
         run_steps(hook, 20)
