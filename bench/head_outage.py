@@ -11,6 +11,7 @@ stops, and the hook gets ``--drain-s`` to send what waits before it closes. Prin
   submitted == sent + rejected + dropped + unconfirmed + pending;
 * this process's RSS before the outage and at its peak, and the spool's bytes on disk at the peak (sampled every
   0.5 s, and the hook's own peak);
+* how long after SIGCONT the hook had caught up (at most half a second of steps waiting: the backlog sent, paced);
 * the step rate reached (a loaded machine may not hold ``--steps-per-s``) and ``step_end``'s cost (p50, p99, max)
   before, during and after the outage.
 
@@ -122,6 +123,7 @@ def main() -> int:
         step_s = 1.0 / args.steps_per_s
         busy_s = min(args.busy_ms / 1000.0, step_s)
         steps = 0
+        caught_up = max(1, int(args.steps_per_s / 2))  # reports waiting once the backlog is sent: ≤ 0.5 s of steps
         step_end_s: dict[str, list[float]] = {}
         t_start = time.monotonic()
         rss_before = 0
@@ -142,6 +144,8 @@ def main() -> int:
                     hook.step_end(samples=hook.knobs["batch_size"])
                     costs.append(time.perf_counter() - t0)
                     steps += 1
+                    if phase == "after" and "drained" not in marks and hook.stats["pending"] <= caught_up:
+                        marks["drained"] = time.monotonic()
                     next_t += step_s
                     time.sleep(max(0.0, next_t - time.monotonic()))
                 if phase == "outage":
@@ -151,7 +155,7 @@ def main() -> int:
             deadline = time.monotonic() + args.drain_s
             while hook.stats["pending"] and time.monotonic() < deadline:
                 time.sleep(0.2)
-            drained_s = time.monotonic() - marks["resumed"]
+            drained_s = marks.get("drained", time.monotonic()) - marks["resumed"]
             hook.close(timeout_s=5.0)
         finally:
             os.kill(pid, signal.SIGCONT)

@@ -249,7 +249,7 @@ class Backlog:
 
     def _spill_loop(self) -> None:
         while not self._closed:
-            self._spill_wake.wait(1.0)
+            self._spill_wake.wait()  # close() sets it too
             self._spill_wake.clear()
             if not self._closed:
                 try:
