@@ -204,6 +204,12 @@ class Backlog:
                 + (0 if self._flight_from == SPOOL else len(self._flight)))
 
     @property
+    def on_disk(self) -> int:
+        """Reports in the spool (sent before memory's)."""
+        spool = self._spool
+        return spool.records if spool is not None else 0
+
+    @property
     def memory_len(self) -> int:
         """Reports waiting in memory (not on disk, not in flight)."""
         return len(self._memory) + len(self._front)
