@@ -11,8 +11,9 @@ import httpx
 
 
 class FakeServer:
-    """An httpx MockTransport handler standing in for the API; ``mode`` says how it misbehaves ("old": a server
-    without the batch route, which FastAPI answers 404 "Not Found"; "old405": 405 "Method Not Allowed").
+    """An httpx MockTransport handler standing in for the API; ``mode`` says how it misbehaves ("down": nothing
+    listens, a connection error; "old": a server without the batch route, which FastAPI answers 404 "Not Found";
+    "old405": 405 "Method Not Allowed").
     ``bad_steps``: reports it refuses (422), a batch holding one whole. ``gate``: while set, each request waits
     for it to open (the reporter thread is held inside its request while the test queues reports)."""
 
@@ -26,6 +27,8 @@ class FakeServer:
         self.lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.mode == "down":  # nothing listens: the request never reaches a server (not recorded)
+            raise httpx.ConnectError("connection refused", request=request)
         body = json.loads(request.content) if request.content else {}
         with self.lock:
             self.requests.append((request.method, request.url.path, body))
@@ -64,3 +67,26 @@ class FakeServer:
 
 def messages(caplog, word: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if word in r.getMessage()]
+
+
+def delivered_in_order(server: FakeServer) -> list[int]:
+    """The steps of every report the server took, in the order they came (single and batched POSTs)."""
+    with server.lock:
+        posts = [(p, b) for m, p, b in server.requests if m == "POST"]
+    steps: list[int] = []
+    for path, body in posts:
+        if path.endswith("/report-batches"):
+            steps += [r["step"] for r in body["reports"]]
+        elif path.endswith("/reports"):
+            steps.append(body["step"])
+    return steps
+
+
+class ByHost:
+    """One httpx MockTransport handler for several fake servers, by the request's host (``{"a.invalid": …}``)."""
+
+    def __init__(self, servers: dict[str, FakeServer]):
+        self.servers = servers
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        return self.servers[request.url.host](request)

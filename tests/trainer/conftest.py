@@ -10,6 +10,12 @@ from trimtab.control.service import Rebalancer
 from trimtab.grading.rules import load_rules
 
 
+@pytest.fixture(autouse=True)
+def hook_spool_in_tmp(tmp_path, monkeypatch):
+    """A hook that spools its reports (a server away) does so under the test's tmp dir, not the state directory."""
+    monkeypatch.setenv("TRIMTAB_HOOK_SPOOL_DIR", str(tmp_path / "hook-spool"))
+
+
 @pytest.fixture(scope="session")
 def verl_ray():
     """One ``ray.init(num_cpus=2, include_dashboard=False)`` for the whole session (``verl_harness._ensure_ray``:

@@ -31,13 +31,14 @@ import os
 import re
 import threading
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import httpx
 
 from trimtab.contract.knobs import MAX_JOB_NAME, MAX_NAME, MODES as SERVER_MODES, NAME_PATTERN
 from trimtab.contract.roles import RolePlacement
 from trimtab.trainer.apply import KnobApplier, KnobChange
+from trimtab.trainer.backlog import SPOOL_MAX_BYTES
 from trimtab.trainer.dist import KnobSync, LatencyProbe, distributed, rank_and_world
 from trimtab.trainer.knob_agreement import ChangeCallback, KnobAgreement
 from trimtab.trainer.knobs import KnobSet, KnobSpecLike, Number
@@ -62,7 +63,9 @@ class Hook:
     probes (0: off) and ``probe_baseline_n`` probes in the baseline; ``memory_every_s`` between allocator reads;
     ``knob_sync_every`` steps between knob agreements (see ``dist.py``); ``local_gpu`` where CUDA is not in use
     in this process; ``oom_knob`` the knob ``oom_guard`` halves; ``cuda_events`` off to skip event records;
-    ``queue_max`` reports kept while the server is away; ``report_batch_max`` the most reports sent in one POST
+    ``queue_max`` reports kept in memory while the server is away, ``spool_dir`` / ``spool_max_bytes`` where and
+    how many bytes of older ones wait on disk (default ``$TRIMTAB_HOOK_SPOOL_DIR``, else ``hook-spool`` in the state
+    directory, 64 MiB; 0: no spool), see ``backlog.py``; ``report_batch_max`` the most reports sent in one POST
     (only reports that queued while the last POST was out go together; a job of few-ms steps cannot pay a POST per
     step, see ``server_link.py``; 1: one POST per report); ``report_min_interval_s`` the least time between two
     POSTs' starts (250 ms: steps shorter than that report in batches, a full batch at once; 0: as fast as the
@@ -77,12 +80,13 @@ class Hook:
     registered beside the device map (their nodes join the job's hostnames).
     """
 
-    def __init__(self, job: str, server: Optional[str] = None, token: Optional[str] = None, *,
+    def __init__(self, job: str, server: Optional[Union[str, Sequence[str]]] = None, token: Optional[str] = None, *,
                  device_map: Optional[Mapping[str, Sequence[int]]] = None,
                  knobs: Optional[Mapping[str, KnobSpecLike]] = None, mode: Optional[str] = None,
                  probe_every: int = 0, probe_baseline_n: int = 5, memory_every_s: float = 5.0,
                  knob_sync_every: int = 1, local_gpu: Optional[int] = None, oom_knob: str = "batch_size",
-                 cuda_events: bool = True, queue_max: int = 256, report_batch_max: int = 64,
+                 cuda_events: bool = True, queue_max: int = 256, spool_dir: Optional[str] = None,
+                 spool_max_bytes: int = SPOOL_MAX_BYTES, report_batch_max: int = 64,
                  report_min_interval_s: float = 0.25, timeout_s: float = 1.0,
                  backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
                  appliers: Optional[Mapping[str, KnobApplier]] = None,
@@ -120,7 +124,8 @@ class Hook:
                 registration=self._declaration() if self.rank == 0 else None,
                 on_pending=self._changes.stage if self.rank == 0 else None, queue_max=queue_max,
                 timeout_s=timeout_s, backoff_max_s=backoff_max_s, transport=transport, batch_max=report_batch_max,
-                min_interval_s=report_min_interval_s)
+                min_interval_s=report_min_interval_s, spool_dir=spool_dir, spool_max_bytes=spool_max_bytes,
+                spool_name=f"{job}.rank{self.rank}")
         if self.world_size > 1 and not distributed():
             log.warning("trimtab: RANK/WORLD_SIZE say %d ranks but torch.distributed is not initialised: knob "
                         "changes reach rank 0 only (attach after init_process_group)", self.world_size)
@@ -254,10 +259,13 @@ class Hook:
 
     @property
     def stats(self) -> dict:
-        """Counters for logs and tests: reports sent/dropped/rejected, offline, OOMs, the probe's baseline."""
+        """Counters for logs and tests: what became of the step reports (sent, of them stored new, already
+        stored and late; rejected; dropped and why; unconfirmed; pending; the spool's bytes — exact, see
+        ``backlog.py``), queued (reports and acks), the server in use, offline (every server away), OOMs, the
+        probe's baseline."""
         r = self._reporter
-        return {"sent": r.sent if r else 0, "dropped": r.dropped if r else 0, "rejected": r.rejected if r else 0,
-                "queued": r.queued if r else 0, "offline": bool(r and r.offline), "ooms": self.ooms,
+        reports = r.stats() if r else {"sent": 0, "dropped": 0, "rejected": 0, "offline": False}
+        return {**reports, "queued": r.queued if r else 0, "ooms": self.ooms,
                 "collective_baseline_us": self._probe.baseline_us, "collective_last_us": self._probe.last_us}
 
     # -- the job as the server knows it -----------------------------------------------------------------------
@@ -289,7 +297,8 @@ class Hook:
 
 
 def attach(job: str, server: Optional[str] = None, token: Optional[str] = None, **options) -> Hook:
-    """A :class:`Hook` for ``job``, reporting to ``server`` (None: standalone, no network at all). Call it on
+    """A :class:`Hook` for ``job``, reporting to ``server`` (None: standalone, no network at all; several URLs, as a
+    list or separated by commas: fail-over, see ``server_link.py``). Call it on
     every rank with the same knobs, after ``torch.distributed.init_process_group`` when the job uses it, and
     call ``step_end`` on every rank at every step (it may run a collective). Never blocks on the network:
     registration happens in the reporter thread. ``token`` defaults to ``$TRIMTAB_TOKEN``. Options: see

@@ -6,6 +6,15 @@ waits, never raises on a network problem); the thread retries with exponential b
 reports once the queue is full (counted), says once that the server is offline and once that it is back, and
 re-registers when the server answers 404 (it forgot the job: a fresh store, a restart from scratch).
 
+No report is lost to a head outage of hours: what cannot go waits in memory (the newest ``queue_max``) and, past
+half of that, on disk (:mod:`trimtab.trainer.backlog`, :mod:`trimtab.trainer.report_spool`; bounded by
+``spool_max_bytes``, said in the "offline" line), and goes when a server answers again, oldest first. A resend is
+idempotent: the server stores a (job, step, rank) once and its answer says how many of a batch were new, so the
+counts (``Backlog``) are exact. Several servers (a list, or URLs separated by commas): a connection failure, a
+timeout or a 5xx moves to the next at once; only when every one has failed in a row does the reporter back off. A
+knob change two servers relay (they share one store) is one change id: the hook applies it once
+(:mod:`trimtab.trainer.knob_agreement`).
+
 One report queued is one POST; several queued (steps shorter than a POST takes, or than ``min_interval_s``, 250 ms,
 between POSTs — a full batch of ``batch_max`` goes at once; a backlog after an outage) go in one POST of up to
 ``batch_max`` to the batch route. The reporter thread's CPU is mostly its HTTP requests (1.8–2.6 ms of CPU a POST, a
@@ -23,16 +32,18 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 import httpx
 
 from trimtab.contract.knobs import ChangeAck, ChangeRefusal
 from trimtab.contract.step_report import MAX_REPORTS_PER_BATCH
+from trimtab.trainer.backlog import SPOOL_MAX_BYTES, Backlog
+from trimtab.trainer.servers import Servers
 
 log = logging.getLogger("trimtab.trainer")
 
-OK, RETRY, DROP, UNKNOWN_JOB, NO_ROUTE = "ok", "retry", "drop", "unknown_job", "no_route"
+OK, RETRY, DROP, UNKNOWN_JOB, NO_ROUTE, FAILOVER = "ok", "retry", "drop", "unknown_job", "no_route", "failover"
 RETRY_STATUSES = {401, 403, 408, 425, 429}  # auth may be fixed by an admin; the others are transient
 # What FastAPI (Starlette) itself answers for a path or method no route serves: an older server without the batch
 # route. The API's own 404 for a job it does not know says "no job named …" (api/routes/jobs.py: find_job).
@@ -42,24 +53,29 @@ NO_SUCH_ROUTE = {"not found", "method not allowed"}
 class Reporter:
     """Posts reports for ``job`` to ``server`` from its own thread.
 
+    ``server``: a URL, several separated by commas, or a list of them (fail-over in that order, see the module).
     ``registration``: the ``POST /v1/jobs`` body this reporter declares (rank 0 of a job), or None (other ranks
     only post; rank 0 registers). ``register_if_missing``: declare only if the server does not know the job yet
     (a log tailer must not overwrite the knobs a hook inside the job declared). ``on_pending`` receives each
     successful report response's ``pending_changes`` list (rank 0 only). ``batch_max``: the most queued reports
     sent in one POST (1 to MAX_REPORTS_PER_BATCH; 1: one POST per report, never a batch). ``min_interval_s``: the
     least time from one POST's start to the next one's (0: none) — a job whose steps are longer posts each report
-    as it comes; a faster one's reports queue meanwhile and go together.
+    as it comes; a faster one's reports queue meanwhile and go together. ``queue_max``: reports kept in memory;
+    ``spool_dir`` / ``spool_max_bytes``: where and how much waits on disk beyond that (0: no spool) and
+    ``spool_name`` its directory's name (default: the job's).
     """
 
-    def __init__(self, server: str, job: str, token: Optional[str] = None, *,
+    def __init__(self, server: Union[str, Sequence[str]], job: str, token: Optional[str] = None, *,
                  registration: Optional[dict] = None, register_if_missing: bool = False,
                  on_pending: Optional[Callable[[list], None]] = None, queue_max: int = 256,
                  timeout_s: float = 1.0, backoff_max_s: float = 5.0,
                  transport: Optional[httpx.BaseTransport] = None, batch_max: int = 64,
-                 min_interval_s: float = 0.25):
+                 min_interval_s: float = 0.25, spool_dir: Optional[str] = None,
+                 spool_max_bytes: int = SPOOL_MAX_BYTES, spool_name: Optional[str] = None):
         if not 1 <= batch_max <= MAX_REPORTS_PER_BATCH:
             raise ValueError(f"batch_max must be 1 to {MAX_REPORTS_PER_BATCH} reports, not {batch_max!r}")
-        self.server, self.job = server.rstrip("/"), job
+        self._servers, self.job = Servers(server), job
+        self.servers = self._servers.urls
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._registration = registration
         self._register_if_missing = register_if_missing
@@ -71,32 +87,31 @@ class Reporter:
         self._backoff_max_s = backoff_max_s
         self._transport = transport
         self._lock = threading.Lock()
-        self._reports: deque = deque()
+        self.backlog = Backlog(queue_max, spool_name or job, spool_dir, spool_max_bytes)
         self._acks: deque = deque()
-        self._queue_max = queue_max
         self._batch_max = batch_max  # 1 once the server turned out to have no batch route
         self._min_interval_s = max(0.0, float(min_interval_s))
         self._reports_went = False  # the last send was reports (the next POST waits for min_interval_s)
         self._singly = 0  # reports at the queue's front to send one by one (a batch the server refused whole)
+        self._in_doubt = False  # the last failed POST may have reached the server (no answer, or a 5xx)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flush_deadline = float("inf")
-        self.offline = False
-        self.sent = self.dropped = self.rejected = 0
         self._said: set[str] = set()  # one-time log lines already written
+        self._said_this_outage: set[str] = set()
         self._thread = threading.Thread(target=self._run, name=f"trimtab-reporter-{job}", daemon=True)
         self._thread.start()
 
-    # -- the training thread's side: cheap, never blocks on the network --------------------------------------
+    @property
+    def server(self) -> str:
+        """The server in use now."""
+        return self._servers.current
+
+    # -- the training thread's side: cheap, never blocks on the network or a disk -----------------------------
 
     def submit(self, report: dict) -> None:
-        with self._lock:
-            if len(self._reports) >= self._queue_max:
-                self._reports.popleft()
-                self.dropped += 1
-            self._reports.append(report)
-            queued = len(self._reports)
-        if queued == 1 or queued >= self._batch_max:
+        queued = self.backlog.put(report)
+        if queued in (1, self._batch_max):
             # The reporter idles until a first report comes, and a paced one waits out its interval unless a full
             # batch is in: a wake per step would hand the GIL to the reporter thread at every step of a fast job.
             self._wake.set()
@@ -122,22 +137,45 @@ class Reporter:
         self._wake.set()
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Sends what is queued for at most ``timeout_s`` (giving up at the first failure), then stops."""
+        """Sends what is queued for at most ``timeout_s`` (giving up at the first failure), then stops; what is
+        still unsent is counted dropped ("closed") and said."""
         self._flush_deadline = time.monotonic() + timeout_s
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s + 1.5)
+        lost = self.backlog.close()
+        if lost:
+            log.warning("trimtab: closed with %d reports of job %s not sent (no server answered in time); they "
+                        "are lost (counted: dropped_by closed)", lost, self.job)
 
     @property
     def queued(self) -> int:
-        return len(self._reports) + len(self._acks)
+        return self.backlog.pending + len(self._acks)
+
+    @property
+    def sent(self) -> int:
+        return self.backlog.sent
+
+    @property
+    def dropped(self) -> int:
+        return self.backlog.dropped
+
+    @property
+    def rejected(self) -> int:
+        return self.backlog.rejected
+
+    def stats(self) -> dict:
+        """The report counts (:class:`~trimtab.trainer.backlog.Backlog`), the server in use and whether every
+        server is away."""
+        return {**self.backlog.stats(), "server": self.server, "offline": self.offline}
 
     # -- the reporter thread ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
         backoff_s = 0.0
-        with httpx.Client(base_url=self.server, headers=self._headers, timeout=self._timeout,
-                          transport=self._transport) as http:
+        clients = [httpx.Client(base_url=url, headers=self._headers, timeout=self._timeout,
+                                transport=self._transport) for url in self.servers]
+        try:
             while True:
                 if self._stop.is_set():
                     # Flushing: keep going while the server answers (a 404 before rank 0 registered is fine),
@@ -150,6 +188,7 @@ class Reporter:
                     continue  # close() came during the wait: the flushing rules above decide
                 began_s, self._reports_went = time.monotonic(), False
                 try:
+                    http = clients[self._servers.index]
                     outcome = self._register(http) if self._need_register else self._send_next(http)
                 except Exception:  # a bug here must not end the thread: the job would go silent for good
                     self._say("bug", logging.ERROR, "trimtab: reporter error (retrying)", exc_info=True)
@@ -158,16 +197,23 @@ class Reporter:
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
+                if outcome == FAILOVER:
+                    continue  # the next server at once
                 backoff_s = min(self._backoff_max_s, max(0.1, backoff_s * 2)) if outcome == RETRY else 0.0
                 if outcome == OK and self._reports_went:
                     self._pace(began_s + self._min_interval_s)
+        finally:
+            for client in clients:
+                client.close()
 
     def _pace(self, until_s: float) -> None:
         """After a POST of reports, wait until ``until_s``: what a job of short steps reports meanwhile queues and
-        goes in the next POST. A registration, an ack, a full batch (a job reporting faster than ``batch_max`` an
-        interval must not fill the queue and drop) or close() ends the wait."""
+        goes in the next POST. A registration, an ack, a full batch in memory when memory goes next (a job
+        reporting faster than ``batch_max`` an interval must not fill the queue) or close() ends the wait. A backlog
+        on disk goes paced too (``batch_max`` an interval, 256 reports/s by default: a 10-minute outage at 20 steps/s
+        is sent in about 50 s): after an outage every rank of every job sends its backlog at once."""
         while not self._stop.is_set() and not self._acks and not self._need_register \
-                and len(self._reports) < self._batch_max:
+                and (self.backlog.on_disk or self.backlog.memory_len < self._batch_max):
             left_s = until_s - time.monotonic()
             if left_s <= 0:
                 return
@@ -175,42 +221,46 @@ class Reporter:
             self._wake.clear()
 
     def _has_work(self) -> bool:
-        return bool(self._reports or self._acks or self._need_register)
+        return bool(self.backlog.pending or self._acks or self._need_register)
 
     def _send_next(self, http: httpx.Client) -> Optional[str]:
-        """Sends what comes next: an ack or refusal (first, one at a time), else the queued reports — several in
-        one POST when more than one is queued, else the one."""
+        """Sends what comes next: an ack or refusal (first, one at a time), else the oldest queued reports —
+        several in one POST when more than one is queued, else the one."""
         with self._lock:
-            batch: list[dict] = []
-            self._reports_went = not self._acks and bool(self._reports)
-            if self._acks:
-                kind, item = self._acks.popleft()
-            elif len(self._reports) > 1 and self._batch_max > 1 and not self._singly:
-                batch = [self._reports.popleft() for _ in range(min(self._batch_max, len(self._reports)))]
-            elif self._reports:
-                kind, item = "reports", self._reports.popleft()
-                self._singly = max(0, self._singly - 1)
-            else:
-                return None
-        return self._send_batch(http, batch) if batch else self._send_one(http, kind, item)
+            ack = self._acks.popleft() if self._acks else None
+        if ack is not None:
+            return self._send_ack(http, *ack)
+        reports = self.backlog.take(1 if self._singly or self._batch_max == 1 else self._batch_max)
+        self._reports_went = bool(reports)
+        if not reports:
+            return None
+        if len(reports) > 1:
+            return self._send_batch(http, reports)
+        self._singly = max(0, self._singly - 1)
+        return self._send_report(http, reports[0])
 
-    def _send_one(self, http: httpx.Client, kind: str, item: dict) -> str:
-        outcome, body = self._post(http, f"/v1/jobs/{self.job}/{kind}", item,
-                                   expect_pending=(kind == "reports"))
-        if outcome == OK:
-            self.sent += 1
-            if kind == "reports":
-                self._hand_pending(body)
-        elif outcome == UNKNOWN_JOB and kind != "reports":
+    def _send_ack(self, http: httpx.Client, kind: str, item: dict) -> str:
+        outcome, _ = self._post(http, f"/v1/jobs/{self.job}/{kind}", item, expect_pending=False)
+        if outcome == UNKNOWN_JOB:
             self._say("ack404", logging.WARNING, "trimtab: the server does not know change %s of job %s; "
                       "the %s is dropped", item["change_id"], self.job, kind[:-1])
+        elif outcome in (RETRY, FAILOVER):
+            with self._lock:
+                self._acks.appendleft((kind, item))
+        return outcome
+
+    def _send_report(self, http: httpx.Client, report: dict) -> str:
+        outcome, body = self._post(http, f"/v1/jobs/{self.job}/reports", report, expect_pending=True)
+        if outcome == OK:
+            self.backlog.confirmed(stored=1 if body.get("stored", True) else 0)
+            self._hand_pending(body)
         elif outcome == UNKNOWN_JOB:
-            self._requeue(kind, item)
+            self.backlog.failed(retried=False)
             return self._job_unknown()
         elif outcome == DROP:
-            self.rejected += 1
+            self.backlog.refused()
         else:
-            self._requeue(kind, item)
+            self.backlog.failed(retried=True, in_doubt=self._in_doubt)
         return outcome
 
     def _send_batch(self, http: httpx.Client, batch: list[dict]) -> str:
@@ -220,21 +270,23 @@ class Reporter:
         outcome, body = self._post(http, f"/v1/jobs/{self.job}/report-batches", {"reports": batch},
                                    expect_pending=True, batch=True)
         if outcome == OK:
-            self.sent += len(batch)
+            stored = body.get("stored")
+            self.backlog.confirmed(stored=stored if isinstance(stored, int) else len(batch))
             self._hand_pending(body)
             return OK
-        kept = self._requeue_reports(batch)
+        if outcome in (RETRY, FAILOVER):
+            self.backlog.failed(retried=True, in_doubt=self._in_doubt)
+            return outcome
+        self.backlog.failed(retried=False)  # the server answered and stored none of them: all or nothing
         if outcome == UNKNOWN_JOB:
             return self._job_unknown()
         if outcome == DROP:
-            self._singly = kept
+            self._singly = len(batch)
             return OK  # no backoff: the server answered, and the reports go again at once, one per POST
-        if outcome == NO_ROUTE:
-            self._batch_max = 1
-            self._say("no-batches", logging.WARNING, "trimtab: server %s has no batch route (an older trimtab); "
-                      "one POST per report from now on", self.server)
-            return OK
-        return outcome
+        self._batch_max = 1  # NO_ROUTE
+        self._say("no-batches", logging.WARNING, "trimtab: server %s has no batch route (an older trimtab); "
+                  "one POST per report from now on", self.server)
+        return OK
 
     def _hand_pending(self, body: dict) -> None:
         if self._on_pending is not None and body["pending_changes"]:
@@ -247,23 +299,6 @@ class Reporter:
         self._need_register = True
         # Re-register at once, unless we just did and the server still says 404: then do not hammer it.
         return RETRY if time.monotonic() - self._registered_at_s < 1.0 else OK
-
-    def _requeue(self, kind: str, item: dict) -> None:
-        if kind == "reports":
-            self._requeue_reports([item])
-            return
-        with self._lock:
-            self._acks.appendleft((kind, item))
-
-    def _requeue_reports(self, reports: list[dict]) -> int:
-        """Puts ``reports`` back at the queue's front, in order, as far as ``queue_max`` allows: the oldest of them
-        are dropped (counted) when newer reports filled the queue meanwhile (those are worth more). How many fit."""
-        with self._lock:
-            room = max(0, self._queue_max - len(self._reports))
-            kept = reports[len(reports) - room:] if room < len(reports) else reports
-            self.dropped += len(reports) - len(kept)
-            self._reports.extendleft(reversed(kept))
-            return len(kept)
 
     def _register(self, http: httpx.Client) -> str:
         with self._lock:
@@ -297,11 +332,14 @@ class Reporter:
     def _post(self, http: httpx.Client, path: str, item: dict, expect_pending: bool,
               batch: bool = False) -> tuple[str, Any]:
         """POSTs ``item``: (outcome, the answer's JSON when OK). ``batch``: a 404/405 from the framework itself
-        (no such route, not the API's "no job named …") is NO_ROUTE, and a refusal (DROP) is not said as a loss."""
+        (no such route, not the API's "no job named …") is NO_ROUTE, and a refusal (DROP) is not said as a loss.
+        A failure sets ``_in_doubt``: whether the server may have done it (anything but a connection never made)."""
         try:
             r = http.post(path, json=item)
         except httpx.HTTPError as exc:
+            self._in_doubt = not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
             return self._went_offline(f"{type(exc).__name__}: {exc}"), None
+        self._in_doubt = True
         if 200 <= r.status_code < 300:
             try:
                 body = r.json()
@@ -317,6 +355,7 @@ class Reporter:
             self._came_online()
             return UNKNOWN_JOB, None
         if r.status_code >= 500 or r.status_code in RETRY_STATUSES:
+            self._in_doubt = r.status_code >= 500
             return self._went_offline(f"HTTP {r.status_code}: {r.text[:200]}"), None
         self._came_online()
         if batch:  # not a loss: its reports go again one by one, and a refused one is said then
@@ -328,17 +367,42 @@ class Reporter:
         return DROP, None
 
     def _went_offline(self, why: str) -> str:
-        if not self.offline:
-            self.offline = True
-            log.warning("trimtab: server %s offline (%s); training continues, up to %d reports wait "
-                        "(oldest dropped first)", self.server, why, self._queue_max)
+        """The server in use failed: the next one at once (FAILOVER) while some have not failed in a row, else
+        RETRY (back off), said once an outage."""
+        failed, was_offline = self.server, self._servers.offline
+        self.backlog.set_away(True)
+        all_failed = self._servers.failed()
+        if len(self.servers) > 1:
+            self._say_once_an_outage(f"failover {failed}", "trimtab: server %s failed (%s); trying %s",
+                                     failed, why, self.server)
+        if not all_failed:
+            return FAILOVER
+        if not was_offline:
+            log.warning("trimtab: server%s %s offline (%s); training continues: %s", "s" * (len(self.servers) > 1),
+                        ", ".join(self.servers), why, self.backlog.describe())
         return RETRY
 
     def _came_online(self) -> str:
-        if self.offline:
-            self.offline = False
-            log.warning("trimtab: server %s back online (%d reports dropped so far)", self.server, self.dropped)
+        self.backlog.set_away(False)
+        was_offline = self._servers.offline
+        away_s = self._servers.answered()
+        if was_offline:
+            b = self.backlog
+            log.warning("trimtab: server %s back online after %.0f s; %d reports wait to be sent (%d bytes on "
+                        "disk), %d dropped and %d unconfirmed so far", self.server, away_s, b.pending,
+                        b.spool_bytes, b.dropped, b.unconfirmed)
+            self._said_this_outage.clear()
         return OK
+
+    @property
+    def offline(self) -> bool:
+        """Every server failed in a row (the last attempts); False again at the first answer."""
+        return self._servers.offline
+
+    def _say_once_an_outage(self, key: str, msg: str, *args: Any) -> None:
+        if key not in self._said_this_outage:
+            self._said_this_outage.add(key)
+            log.warning(msg, *args)
 
     def _say(self, key: str, level: int, msg: str, *args: Any, **kw: Any) -> None:
         if key not in self._said:

@@ -125,7 +125,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="trimtab verl-tail", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="verl's file-logger JSONL ($VERL_FILE_LOGGER_PATH)")
     parser.add_argument("--job", required=True)
-    parser.add_argument("--server", required=True)
+    parser.add_argument("--server", required=True,
+                        help="the trimtab server's URL; several separated by commas fail over in that order")
     parser.add_argument("--token", default=None, help="job token (default: $TRIMTAB_TOKEN)")
     parser.add_argument("--token-file", default=None,
                         help="read the job token from this file, one line (default: $TRIMTAB_TOKEN_FILE)")

@@ -26,7 +26,7 @@ Ray node) or environment (the process that runs ``fit``):
 =====================  =========================  ==========================================================
 Hydra override         environment                meaning
 =====================  =========================  ==========================================================
-``+trimtab.server``    ``TRIMTAB_SERVER``         the trimtab ``up``/``server`` URL (required)
+``+trimtab.server``    ``TRIMTAB_SERVER``         the trimtab ``up``/``server`` URL(s), by commas (required)
 ``+trimtab.job``       ``TRIMTAB_JOB``            the job's name (default: ``trainer.experiment_name``)
 ``+trimtab.token_file`` ``TRIMTAB_TOKEN_FILE``    a file holding a ``job`` token (or ``TRIMTAB_TOKEN``)
 ``+trimtab.mode``      ``TRIMTAB_MODE``           auto / advise / off at registration (default: the server's)
