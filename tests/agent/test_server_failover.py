@@ -134,3 +134,15 @@ def test_the_agent_command_takes_several_servers(how, tmp_path, monkeypatch):
     result = CliRunner().invoke(cli, args, env=env)
     assert result.exit_code == 0, result.output
     assert seen["servers"] == ["http://a:1", "http://b:2", "http://c:3"]
+
+
+def test_a_server_url_without_its_scheme_is_a_usage_error_naming_it(tmp_path):
+    """The agent and the hook read server URLs with one parser (``contract/servers.py``): ``head2:9460`` would be
+    posted to as a relative path, so the command refuses it up front, in one line, before sampling."""
+    from trimtab.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["agent", "--simulate", "1", "--token", "tt_x", "--spool-dir",
+                                      str(tmp_path / "spool"), "--server", "http://a:1,head2:9460"])
+    assert result.exit_code == 2, result.output
+    assert "'head2:9460': it must start with http:// or https://" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

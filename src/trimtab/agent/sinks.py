@@ -10,6 +10,7 @@ import time
 from typing import Callable, Optional, Sequence, Union
 
 from trimtab.contract.readings import Batch
+from trimtab.contract.servers import server_urls
 from trimtab.contract.sink import BatchRefused, SinkMisconfigured, SinkUnavailable
 
 log = logging.getLogger("trimtab.agent")
@@ -17,20 +18,6 @@ log = logging.getLogger("trimtab.agent")
 
 PRIMARY_RETRY_S = 10.0  # while shipping to a later server, how often the first one is tried again
 CONNECT_TIMEOUT_S = 3.0  # a server that does not accept the connection this fast is skipped for the next one
-
-
-def server_urls(values: Union[str, Sequence[str], None]) -> list[str]:
-    """The server URLs of ``--server`` (repeated, comma-separated, or both; the same for TRIMTAB_SERVER and the
-    config key), in order, without repeats; each with its trailing slash removed."""
-    if values is None:
-        return []
-    out: list[str] = []
-    for value in [values] if isinstance(values, str) else values:
-        for url in str(value).replace(",", " ").split():
-            url = url.rstrip("/")
-            if url and url not in out:
-                out.append(url)
-    return out
 
 
 class HttpSink:

@@ -71,9 +71,12 @@ def agent(db_url, server_url, token, token_file, interval, simulate, scenario, s
     order later. With --server the agent ships to a head node over HTTP instead of writing a store itself.
     """
     from trimtab.agent.runner import Agent, SourceUnavailable, make_sources
-    from trimtab.agent.sinks import server_urls
+    from trimtab.contract.servers import server_urls
 
-    server_url = server_urls(server_url)
+    try:
+        server_url = server_urls(server_url)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--server") from exc
     if server_url and db_url:
         raise click.UsageError("give --db (write a store) or --server (ship to a server), not both")
     token = checked_token(token, token_file)

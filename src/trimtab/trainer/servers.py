@@ -8,20 +8,12 @@ from __future__ import annotations
 import time
 from typing import Sequence, Union
 
+from trimtab.contract.servers import server_urls as contract_server_urls
+
 
 def server_urls(server: Union[str, Sequence[str]]) -> list[str]:
-    """``server`` as a list of base URLs, each http(s), none repeated. A clear ValueError for anything else (at
-    attach, not on every retry)."""
-    parts = server.split(",") if isinstance(server, str) else list(server)
-    urls: list[str] = []
-    for part in parts:
-        url = str(part).strip().rstrip("/")
-        if not url:
-            continue
-        if not url.startswith(("http://", "https://")) or not url.split("://", 1)[1]:
-            raise ValueError(f"server URL {url!r}: it must start with http:// or https://")
-        if url not in urls:
-            urls.append(url)
+    """The URLs of ``server`` (``trimtab.contract.servers``); at least one, else ValueError."""
+    urls = contract_server_urls(server)
     if not urls:
         raise ValueError(f"no server URL in {server!r}")
     return urls
