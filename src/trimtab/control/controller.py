@@ -13,7 +13,8 @@ Order of business (one change in flight per job, each measured before the next):
    for the job to apply it, then judge it by a t-test on the per-period throughputs before and after it — kept (a
    gain, or an unconfirmed one above the dead band) or rolled back (a loss, or nothing shown above the dead band:
    back to the known setting).
-3. Any other change pending (an admin's, a rollback) → wait.
+3. Any other change pending (an admin's, a rollback) → wait. A batch bound by memory (``memory_follow.py``: its
+   raise gained and was cut by the memory fit) moves to the memory line at every step, before any window.
 4. A window of steps after the last applied change (+ settle + cooldown) → grade every rule on it; the first rule
    (by priority) that fires — or follows its last measured gain through below its line (``follow_above``) — and
    has an action it may take acts (``auto``) or advises (``advise``). Where the action goes is ``history.py``'s:
