@@ -59,7 +59,7 @@ def test_a_batch_bound_by_memory_rises_to_the_line_at_once_as_lengths_shrink():
     p = plan(state(history, job(batch=60, batch_max=512), changes=changes, decisions=decisions), RULES)
     expected = int(ROOM // (400 * 4.5 * MIB))
     acts(p, "memory_forecast", "batch_size", 60, expected)
-    assert FOLLOW in p.evidence and p.wait.steps == 1 and p.wait.seconds == CTL.memory_follow_every_s
+    assert FOLLOW in p.evidence and p.wait.steps == 1 and p.wait.seconds == 0
 
 
 def test_a_raise_rolled_back_or_kept_flat_does_not_bind_the_batch_by_memory():
@@ -91,7 +91,7 @@ def test_a_memory_bound_batch_is_lowered_for_its_next_steps_as_lengths_grow():
     assert p.change is not None and p.change.new_value < 60 and FOLLOW in p.evidence, p.note
     ahead = CTL.memory_follow_lookahead_steps * 0.5
     at = p.evidence["memory_prediction"]["tokens_per_sample_at"]
-    assert at == pytest.approx(480 + 3 * 59 + 3 / 0.5 * (ahead + CTL.memory_follow_every_s), abs=3)  # not 5 s
+    assert at == pytest.approx(480 + 3 * 59 + 3 / 0.5 * ahead, abs=3)  # sized for its next steps, not 5 s
 
 
 def test_a_following_move_is_kept_once_the_job_ran_at_it():

@@ -329,8 +329,8 @@ def plan(state: JobState, rules: RuleSet,
     kept, heavy = without_heavy(kept, ctl.periodic_heavy_x, ctl.periodic_min_repeats)
     state = replace(state, steps=kept) if excluded or heavy else state
     result = _plan(state, rules, placement)
-    if state.job.mode == "auto" and memory_follow.bound_knob(state, rules) is not None:
-        result.wait = memory_follow.cadence(rules)  # the memory line is followed at every step
+    if memory_follow.bound_knob(state, rules) is not None:
+        result.wait = Wait(steps=1)  # the memory line is followed at every step
     decided = result.change or result.advised or result.advice_rule or result.close is not None
     if excluded and decided:
         result.evidence = {**result.evidence, "excluded_steps": excluded[-20:], "excluded_steps_count": len(excluded)}

@@ -86,21 +86,12 @@ def bound_knob(state: JobState, rules: RuleSet) -> Optional[str]:
 
 def follow_ahead_s(state: JobState, rules: RuleSet) -> float:
     """How far ahead a knob that follows the memory line must fit: until its next move can land, the
-    ``memory_follow_lookahead_steps`` next steps at the median time of the newest ones and the
-    ``memory_follow_every_s`` between two plans (the forecast's own
+    ``memory_follow_lookahead_steps`` next steps at the median time of the newest ones (the forecast's own
     ``memory_lookahead_s`` covers a window and a verdict: 5 s sized the growing job's batch for 38 tokens per sample
     more than it ran at, 20 % under its line)."""
     recent = sorted(s.step_time_s for s in state.steps[-9:])
     median_s = recent[len(recent) // 2] if recent else 0.0
-    ctl = rules.controller
-    return ctl.memory_follow_lookahead_steps * median_s + ctl.memory_follow_every_s
-
-
-def cadence(rules: RuleSet) -> Wait:
-    """When a job whose batch follows the memory line is planned again: after a step and ``memory_follow_every_s``
-    of step time (every step of the drifting jobs' 0.2–0.8 s; not every 5 ms step of a fast job, each plan fitting
-    its memory over thousands of steps)."""
-    return Wait(steps=1, seconds=rules.controller.memory_follow_every_s)
+    return rules.controller.memory_follow_lookahead_steps * median_s
 
 
 def move(state: JobState, rules: RuleSet) -> Optional[Plan]:
@@ -144,7 +135,7 @@ def move(state: JobState, rules: RuleSet) -> Optional[Plan]:
                 "memory_prediction": mfit.evidence(new, length), "reading": reading.evidence(),
                 "knobs": {k: v["value"] for k, v in state.job.knobs.items()}, "mode": state.job.mode}
     change = NewChange(rule.name, knob, current, new, reason)
-    return Plan(note=reason, change=change, evidence=evidence, wait=cadence(rules))
+    return Plan(note=reason, change=change, evidence=evidence, wait=Wait(steps=1))
 
 
 def first_climb(state: JobState, rules: RuleSet, knob: str, current: float, by: float) -> Optional[float]:
@@ -203,7 +194,7 @@ def kept_once_run(state: JobState, rules: RuleSet, open_d: StoredDecision, appli
         return None
     return Plan(note=f"decision {open_d.id}: memory-following move kept (the job ran at it; not a throughput bet)",
                 close=open_d.id, outcome=KEPT, applied_step=applied_step,
-                evidence={**open_d.evidence, "verdict_ms": state.now_ms}, wait=cadence(rules))
+                evidence={**open_d.evidence, "verdict_ms": state.now_ms}, wait=Wait(steps=1))
 
 
-__all__ = ["CAPPED", "CLIMB", "FOLLOW", "after_window_x", "anchor", "bound", "bound_knob", "cadence", "first_climb", "first_window_x", "follow_ahead_s", "is_follow", "kept_once_run", "move"]
+__all__ = ["CAPPED", "CLIMB", "FOLLOW", "after_window_x", "anchor", "bound", "bound_knob", "first_climb", "first_window_x", "follow_ahead_s", "is_follow", "kept_once_run", "move"]

@@ -135,7 +135,6 @@ class ControllerSettings:
     memory_trend_short_s: float = 5.0
     memory_follow_min_pct: float = 3.0
     memory_follow_lookahead_steps: float = 4.0
-    memory_follow_every_s: float = 0.5
     memory_first_climb_rungs: int = 2
     memory_first_window_x: float = 0.5
     gpu_min_samples: int = 3
