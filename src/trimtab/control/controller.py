@@ -13,7 +13,8 @@ Order of business (one change in flight per job, each measured before the next):
    for the job to apply it, then judge it by a t-test on the per-period throughputs before and after it — kept (a
    gain, or an unconfirmed one above the dead band) or rolled back (a loss, or nothing shown above the dead band:
    back to the known setting).
-3. Any other change pending (an admin's, a rollback) → wait.
+3. Any other change pending (an admin's, a rollback) → wait. A batch bound by memory (``memory_follow.py``: its
+   raise gained and was cut by the memory fit) moves to the memory line at every step, before any window.
 4. A window of steps after the last applied change (+ settle + cooldown) → grade every rule on it; the first rule
    (by priority) that fires — or follows its last measured gain through below its line (``follow_above``) — and
    has an action it may take acts (``auto``) or advises (``advise``). Where the action goes is ``history.py``'s:
@@ -41,7 +42,7 @@ from trimtab.control import gates
 from trimtab.control.gates import Gate, expected_step, no_action_gate
 from trimtab.control.held import advised_gate, gated_follow_up
 from trimtab.control.lost_steps import lost_steps, measured_throughput
-from trimtab.control import memory_forecast as forecast
+from trimtab.control import memory_follow, memory_forecast as forecast
 from trimtab.control.bracket import blocked, bracket, follows_through
 from trimtab.control.drift import at_equal_length
 from trimtab.control.holds import result_of
@@ -144,6 +145,14 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         if strong and action.strong_by is not None and new != current:
             policy.append(f"strong evidence ({readings[rule.name].value:.1f} > {rule.strong_above:g} over the "
                           f"window and each half): step {action.strong_by:g} instead of {action.by:g}")
+        climbed = memory_follow.first_climb(state, rules, action.knob, current, action.by) \
+            if action.needs_memory_headroom and action.op == "mul" and not strong else None
+        if climbed is not None:
+            new = max(float(spec["min"]), min(float(spec["max"]), climbed))
+            policy.append(f"first climb: memory has room for {rules.controller.memory_first_climb_rungs} rungs of "
+                          f"×{action.by:g} at once ({current:g} → {new:g})")
+            policy.append({memory_follow.CLIMB: {"rungs": rules.controller.memory_first_climb_rungs,
+                                                 "window_x": rules.controller.memory_first_window_x}})
         if new == current:
             bound = "max" if action.direction > 0 else "min"
             skipped.append(f"{action.describe()}: {action.knob} is at its {bound} ({spec[bound]:g})")
@@ -192,6 +201,10 @@ def _memory_step(state: JobState, rules: RuleSet, readings: dict[str, Reading], 
     at = "" if length is None or mfit.token_budget else f" at {length:.0f} tokens per sample"
     largest = mfit.largest_fitting(length)
     others = f", lowered by {mfit.others_bytes / GIB:.1f} GiB other processes hold" if mfit.others_bytes > 0 else ""
+    bound = memory_follow.bound(state, rules, action.knob, mfit)
+    if bound is not None and new > largest:
+        return new, (f"{action.knob} is bound by memory since decision {bound.id}: it follows the memory line "
+                     f"(memory_follow.py), not rungs")
     if largest <= current:
         nxt = current + 1
         return new, (f"memory predicted at {action.knob}={nxt:g}{at}: {mfit.predict(nxt, length) / GIB:.1f} GiB + "
@@ -202,6 +215,7 @@ def _memory_step(state: JobState, rules: RuleSet, readings: dict[str, Reading], 
                       f"{mfit.line_bytes / GIB:.1f} GiB{others} less {mfit.margin_bytes / GIB:.1f} GiB margin): "
                       f"{largest:g} fits")
         new = float(largest)
+        policy.append({memory_follow.CAPPED: True})
     policy.append({"memory_prediction": mfit.evidence(new, length)})
     return new, None
 
@@ -272,9 +286,11 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
                      period=period(state.job, rules))
     gpus: Optional[Sequence[GpuWindow]] = None
     out = {}
+    # a knob that follows the memory line at every step needs to fit only until its next move
+    ahead_s = memory_follow.follow_ahead_s(state, rules) if memory_follow.bound_knob(state, rules) else None
     for rule in rules.rules:
         if rule.signal == forecast.SIGNAL:
-            out[rule.name] = forecast.reading(rule, state, rules)
+            out[rule.name] = forecast.reading(rule, state, rules, ahead_s)
         elif rule.scope == "job":
             out[rule.name] = job_reading(rule, win, ctx)
         else:
@@ -313,6 +329,8 @@ def plan(state: JobState, rules: RuleSet,
     kept, heavy = without_heavy(kept, ctl.periodic_heavy_x, ctl.periodic_min_repeats)
     state = replace(state, steps=kept) if excluded or heavy else state
     result = _plan(state, rules, placement)
+    if memory_follow.bound_knob(state, rules) is not None:
+        result.wait = Wait(steps=1)  # the memory line is followed at every step
     decided = result.change or result.advised or result.advice_rule or result.close is not None
     if excluded and decided:
         result.evidence = {**result.evidence, "excluded_steps": excluded[-20:], "excluded_steps_count": len(excluded)}
@@ -337,16 +355,22 @@ def _plan(state: JobState, rules: RuleSet,
         cut = _forecast_cuts_short(state, rules, open_d)
         return cut if cut is not None else gated_follow_up(state, rules, open_d)
     pending = [c for c in state.changes if c.status == PENDING]
+    followed = None if pending else memory_follow.move(state, rules)
+    if followed is not None:
+        return followed
     if pending:
         return Plan(note=f"change {pending[0].id} ({pending[0].source}) is in flight", wait=next_window,
                     gate=Gate(gates.IN_FLIGHT, missing=f"the job's acknowledgement of change {pending[0].id}"))
     last = last_applied(state)
     start = (settled_from(last, rules) + ctl.cooldown_steps) if last is not None else 0
     candidates = [s for s in state.steps if s.step >= start]
-    win = window(candidates, ctl.window_min_steps, ctl.window_min_s, ctl.window_max_steps, every,
-                 ctl.window_enough_steps)
+    first_x = memory_follow.first_window_x(state, rules) if last is None else 1.0
+    wctl = ctl if first_x == 1.0 else replace(ctl, window_min_s=ctl.window_min_s * first_x,
+                                               window_enough_steps=max(1, round(ctl.window_enough_steps * first_x)))
+    win = window(candidates, wctl.window_min_steps, wctl.window_min_s, wctl.window_max_steps, every,
+                 wctl.window_enough_steps)
     if win is None:
-        w = _collecting(candidates, ctl)
+        w = _collecting(candidates, wctl)
         return Plan(note=f"collecting a window (steps from {start})", wait=w, gate=Gate(
             gates.COLLECTING, window=window_evidence(candidates) if candidates else None,
             missing=f"{w.seconds:.1f} s more of step time or {w.enough_steps} more steps (a window from step {start})",

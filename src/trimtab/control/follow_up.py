@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
+from trimtab.control import memory_follow
 from trimtab.control.composition import composition
 from trimtab.control.drift import at_equal_length
 from trimtab.control.lost_steps import lost_note, lost_steps, measured_throughput
@@ -187,6 +188,9 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         # The job's ack moves its knob (a new registration key): planning resumes then, or after a window.
         return Plan(note=f"waiting for the job to apply change {change.id} ({change.knob} → {change.value})",
                     wait=Wait(steps=max(1, ctl.window_min_steps), seconds=ctl.window_min_s))
+    kept = memory_follow.kept_once_run(state, rules, open_d, change.applied_step)
+    if kept is not None:
+        return kept
     # What the job would have done without the change, where its lengths drift: every step read at the old
     # setting's reference length (drift.py), the before window and the after window alike.
     as_run = state.steps
@@ -195,11 +199,13 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     every = period(state.job, rules)
     first = own_verdict_from(change, rules, state.steps)
     after_steps = [s for s in state.steps if s.step >= first]
-    after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s, every, ctl.window_enough_steps)
+    x = memory_follow.after_window_x(open_d)  # a first climb: judged from a window as short as the one before it
+    after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s * x, every,
+                              max(1, round(ctl.window_enough_steps * x)))
     measuring = Plan(note=f"measuring throughput after change {change.id} (from step {first})",
                      applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None,
-                     wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s, every,
-                                        ctl.window_enough_steps))
+                     wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s * x, every,
+                                        max(1, round(ctl.window_enough_steps * x))))
     if not complete:
         return measuring
     state = replace(state, persistence=persistence(state, rules))  # a verdict's spreads widen by it (persistence.py)

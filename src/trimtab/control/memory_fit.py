@@ -37,6 +37,7 @@ from trimtab.store.jobs import StoredChange
 GIB = 2**30
 RECENT_WEIGHT = 0.25  # the fit's miss is read on stretches at least this recent (two half-lives)
 OTHERS_READINGS = 3  # memory others hold: the most of this many newest readings
+NEWEST_STEPS = 3     # the length now is never below the mean of this many newest steps' tokens per sample
 
 
 def knob_history(changes: Sequence[StoredChange], knob: str, now_value: float):
@@ -285,21 +286,45 @@ def _through_origin(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float
     return max(y / x for x, y in zip(xs, ys) if x > 0) if any(x > 0 for x in xs) else 0.0
 
 
-def _length_trend(steps: Sequence[JobStep], half_life_s: float) -> tuple[Optional[float], float]:
-    """(tokens per sample now, tokens per sample per second of step time) from the steps' lengths, weighted by age."""
+def _line_now(steps: Sequence[JobStep], half_life_s: float, within_s: float = math.inf) -> Optional[tuple[float, float]]:
+    """(tokens per sample now, tokens per sample per second of step time): a line through the lengths of the steps
+    within ``within_s`` of step time of the newest, weighted by age (``half_life_s``; 0: evenly); None without
+    three lengths."""
     pts, age = [], 0.0
     for s in reversed(steps):
+        if age > within_s:
+            break
         length = tokens_per_sample(s)
         if length is not None:
             pts.append((-age, length, 0.5 ** (age / half_life_s) if half_life_s > 0 else 1.0))
         age += s.step_time_s
-    if not pts:
-        return None, 0.0
     sol = _solve([[1.0, t] for t, _, _ in pts], [length for _, length, _ in pts], [w for _, _, w in pts]) \
         if len(pts) >= 3 else None
-    if sol is None:
-        return pts[0][1], 0.0
-    return max(0.0, sol[0]), sol[1]
+    return None if sol is None else (max(0.0, sol[0]), sol[1])
+
+
+def _length_trend(steps: Sequence[JobStep], half_life_s: float,
+                  short_s: float = 0.0) -> tuple[Optional[float], float]:
+    """(tokens per sample now, tokens per sample per second of step time). Now: the mean of the newest
+    ``NEWEST_STEPS`` steps' lengths (a line through minutes of lengths reads "now" off by the curve's bend: 30 tokens
+    high on a shrinking job whose steps shorten with it, and low at a turn from shrinking to growing — the
+    curriculum's OOMs, a raise sized for 131 tokens per sample at 153), or the short line's value where that line
+    grows and reads higher (the mean lags growth by a step or two). The trend: the steeper of two lines, one over
+    ``half_life_s`` of step time (steady: noise averages out) and one through the newest ``short_s`` of step time
+    alone, unweighted (a turn shows there first: a line weighted by age, even with a 10 s half-life, still read the
+    curriculum's lengths as shrinking 50 steps after they turned)."""
+    lengths = [x for x in map(tokens_per_sample, steps) if x is not None]
+    if not lengths:
+        return None, 0.0
+    newest = sum(lengths[-NEWEST_STEPS:]) / len(lengths[-NEWEST_STEPS:])
+    long_line = _line_now(steps, half_life_s)
+    short_line = _line_now(steps, 0.0, short_s) if short_s > 0 else None
+    if long_line is None:
+        return lengths[-1], 0.0
+    if short_line is None:
+        return newest, long_line[1]
+    now = max(newest, short_line[0]) if short_line[1] > 0 else newest
+    return now, max(long_line[1], short_line[1])
 
 
 def fit(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str, now_value: float,
@@ -314,7 +339,7 @@ def fit(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str, no
         pts = [p for p in pts if p.length is not None]  # stretches before the job reported tokens: another model
     total = float(min(totals))
     base, per_sample, per_token, model = _fit_terms(pts, token_budget, ctl.memory_min_length_spread_pct)
-    length_now, per_s = _length_trend(steps, ctl.memory_fit_half_life_s) if pts[0].length is not None else (None, 0.0)
+    length_now, per_s = _length_trend(steps, ctl.memory_fit_half_life_s, ctl.memory_trend_short_s) if pts[0].length is not None else (None, 0.0)
     others = others_bytes(steps) or 0.0
     line = total * ctl.memory_line_pct / 100.0 - others
     mfit = MemoryFit(knob, base, per_sample, per_token, 0.0, 0.0, line, total, length_now, per_s, tuple(pts), model,

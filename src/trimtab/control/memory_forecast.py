@@ -43,7 +43,9 @@ def far_length(mfit: MemoryFit, rules: RuleSet) -> Optional[float]:
     return mfit.length_ahead(ctl.memory_lookahead_s * max(1.0, ctl.memory_lower_lookahead_x))
 
 
-def reading(rule: Rule, state: JobState, rules: RuleSet) -> Reading:
+def reading(rule: Rule, state: JobState, rules: RuleSet, ahead_s: Optional[float] = None) -> Reading:
+    """The forecast ``memory_lookahead_s`` ahead (``ahead_s``: this far instead — a batch that follows the memory
+    line at every step needs to fit only until its next move, ``memory_follow.py``)."""
     base = dict(rule=rule.name, signal=rule.signal, unit=rule.unit)
     knob = forecast_knob(rule, state)
     if knob is None:
@@ -53,14 +55,14 @@ def reading(rule: Rule, state: JobState, rules: RuleSet) -> Reading:
         return Reading(status=NO_DATA, value=None, message="no allocator peaks or GPU capacity in the job's reports",
                        **base)
     value = float(state.job.knobs[knob]["value"])
-    length = near_length(mfit, rules)
+    length = near_length(mfit, rules) if ahead_s is None else mfit.length_ahead(ahead_s)
     peak = mfit.predict(value, length) + mfit.miss_bytes
     pct = 100.0 * (peak + mfit.others_bytes) / mfit.total_bytes
     grade = rule.grade(pct)
-    ahead = rules.controller.memory_lookahead_s
+    ahead = rules.controller.memory_lookahead_s if ahead_s is None else ahead_s
     at = "" if length is None or mfit.token_budget else f" at {length:.0f} tokens per sample"
     others = f" + {mfit.others_bytes / GIB:.1f} GiB held by other processes" if mfit.others_bytes > 0 else ""
-    msg = (f"{knob}={value:g}: predicted peak {peak / GIB:.1f} GiB{at} within {ahead:g} s of steps{others} = "
+    msg = (f"{knob}={value:g}: predicted peak {peak / GIB:.1f} GiB{at} within {ahead:.3g} s of steps{others} = "
            f"{pct:.1f} % of {mfit.total_bytes / GIB:.1f} GiB (act above {rule.act_above:g} %)")
     return Reading(status=grade, value=pct, message=msg, detail={"forecast": mfit.evidence(value, length)}, **base)
 

@@ -132,6 +132,11 @@ class ControllerSettings:
     memory_lookahead_s: float = 5.0
     memory_lower_lookahead_x: float = 1.0
     memory_min_length_spread_pct: float = 5.0
+    memory_trend_short_s: float = 5.0
+    memory_follow_min_pct: float = 3.0
+    memory_follow_lookahead_steps: float = 4.0
+    memory_first_climb_rungs: int = 2
+    memory_first_window_x: float = 0.5
     gpu_min_samples: int = 3
     probe_baseline_steps: int = 5
     period_knob: str = "sync_every"
