@@ -79,6 +79,7 @@ SMOKE = {
                            "--control-blocks", "1", "--paired-blocks", "1", "--paired-steps", "1"),
                           ("landed: final setting", "paired: the auto job", "measured right before the auto run")),
     "report_batching.py": Smoke(("--step-ms", "5", "--rounds", "1", "--block", "20"), "paced (default)"),
+    "raw_http.py": Smoke(("--smoke",), "planning / idle", via="report_latency.py"),
     "report_latency.py": Smoke(("--smoke",), "planning / idle"),
     "server_load.py": Smoke(("--db", "sqlite", "--nodes", "1,2", "--seconds", "1"), "largest N with 0 drops"),
     "soak.py": Smoke(("--nodes", "1", "--hours", "0.05", "--before-every", "1", "--repeat", "1"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from fastapi import APIRouter, Depends, HTTPException
+from starlette.concurrency import run_in_threadpool
 
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import (NOT_FOUND, READ, WRITE, Page, TokenCheck, get_ctx, page, require_scope,
@@ -86,9 +87,15 @@ def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn, newest: Opt
                          "following report. Scope: job — the job token that registered the job, or "
                          "an admin; 403 for any other job token, and for every job token when an admin "
                          "registered the job.")
-def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
-                check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ReportAcceptedOut:
-    job = _rank_of(ctx, name, check(), body.rank)  # the token first: one thread hop per report, not two
+async def post_report(body: ReportIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+                      check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ReportAcceptedOut:
+    # One hand-off to the thread pool per report: its store calls there, its response checked here, on the event
+    # loop (a ``def`` route's response is checked on the pool too: a second hand-off, issue 39).
+    return await run_in_threadpool(_store_report, body, name, ctx, check)
+
+
+def _store_report(body: ReportIn, name: str, ctx: ApiContext, check: TokenCheck) -> ReportAcceptedOut:
+    job = _rank_of(ctx, name, check(), body.rank)  # the token first, on the pool's thread
     _check_possible(ctx, job, body, job_store.newest_step(ctx.engine, job.id))
     report = body.model_dump()
     stored = job_store.add_report(ctx.engine, job.id, to_columns(report))
@@ -119,9 +126,13 @@ def _pending(ctx: ApiContext, job: StoredJob) -> list[PendingChangeOut]:
                          "changes, as a single report's does; the rebalancer plans on its own thread. 404 for an "
                          "unknown job. Scope: job — as for reports, only the job token that registered the job, or "
                          "an admin.")
-def post_report_batch(body: ReportBatchIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
-                      check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ReportBatchAcceptedOut:
-    job = job_for_write(ctx, name, check())  # the token first, on this thread (as for one report)
+async def post_report_batch(body: ReportBatchIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+                            check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ReportBatchAcceptedOut:
+    return await run_in_threadpool(_store_report_batch, body, name, ctx, check)  # one hand-off, as for one report
+
+
+def _store_report_batch(body: ReportBatchIn, name: str, ctx: ApiContext, check: TokenCheck) -> ReportBatchAcceptedOut:
+    job = job_for_write(ctx, name, check())  # the token first, on the pool's thread (as for one report)
     newest = job_store.newest_step(ctx.engine, job.id)
     for i, report in enumerate(body.reports):  # every report before anything is stored: all or nothing
         _check_possible(ctx, _with_rank(job, report.rank, ("body", "reports", i)), report, newest,
@@ -162,9 +173,13 @@ def list_reports(name: str = job_name_path(), pages: Page = Depends(page),
                          "404 for an unknown job; 422 naming change_id when the job has no such change, naming "
                          "rank when the job has no such rank. Scope: job — as for reports, only the job token "
                          "that registered the job, or an admin.")
-def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
-        check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ChangeOut:
-    job = _rank_of(ctx, name, check(), body.rank)  # the token first, on this thread (as for reports)
+async def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
+              check: TokenCheck = Depends(scope_checked_by_route("job"))) -> ChangeOut:
+    return await run_in_threadpool(_store_ack, body, name, ctx, check)  # one hand-off, as for reports
+
+
+def _store_ack(body: AckIn, name: str, ctx: ApiContext, check: TokenCheck) -> ChangeOut:
+    job = _rank_of(ctx, name, check(), body.rank)  # the token first, on the pool's thread (as for reports)
     change = job_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
     return change_out(_known(change, name, body.change_id))
 
