@@ -37,7 +37,7 @@ from trimtab.agent.nvml.structs import field_reader
 log = logging.getLogger(__name__)
 
 METRIC = "process_utilization"
-# Newest first: the v1 struct call (drivers from 550), then the older one; same samples, fields in another order.
+# Newest first: the v1 struct call (newer drivers), then the older one; the same samples, fields in another order.
 ACTIVITY_CALLS = ("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization")
 # Each call's sample struct and the fields read, in the struct's order (one C call reads them: ``structs``).
 _SAMPLE_STRUCTS = {
