@@ -20,6 +20,7 @@ GPU_IS_LOST = _real.NVML_ERROR_GPU_IS_LOST
 UNKNOWN = _real.NVML_ERROR_UNKNOWN
 TIMEOUT = _real.NVML_ERROR_TIMEOUT
 FUNCTION_NOT_FOUND = _real.NVML_ERROR_FUNCTION_NOT_FOUND
+NOT_FOUND = _real.NVML_ERROR_NOT_FOUND
 
 
 class FakeHandle:
@@ -47,6 +48,7 @@ class FakeNvml:
         self.last_field_ids: dict[int, list[tuple[int, int]]] = {}  # gpu → the (field id, scope) pairs last asked
         self.xid_queue: list[tuple[int, int]] = []  # (gpu index, xid) waiting in the event set
         self.memory_versions: list[Any] = []
+        self.activity_since: list[tuple[int, int]] = []  # (gpu, lastSeenTimeStamp) of each process-utilization call
         self.freed: list[str] = []
         self.module = self._build_module()
 
@@ -172,6 +174,13 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, h: FakeHandle) -> list:
         return self.nvmlDeviceGetComputeRunningProcesses_v3(h)
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, h: FakeHandle, last_seen_us: int) -> list:
+        self.activity_since.append((h.index, last_seen_us))
+        raise NVMLError(NOT_FOUND)  # no process busy since: the fake has no activity to tell (the simulated node has)
+
+    def nvmlDeviceGetProcessUtilization(self, h: FakeHandle, last_seen_us: int) -> list:
+        return self.nvmlDeviceGetProcessesUtilizationInfo(h, last_seen_us)
 
     def nvmlDeviceGetPcieThroughput(self, h: FakeHandle, counter: int) -> int:
         return 1000  # KB/s

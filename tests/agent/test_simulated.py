@@ -8,10 +8,13 @@ import dataclasses
 import pytest
 
 from trimtab.contract.readings import GPU_METRIC_NAMES
-from trimtab.agent.simulated import (NVLINK_PEAK_BYTES_PER_S, PCIE_PEAK_BYTES_PER_S, SCENARIOS, SimulatedNode)
+from trimtab.agent.scenarios import GPU_PROCESSES, STEP, device_roles, phase_at
+from trimtab.agent.simulated import (NVLINK_PEAK_BYTES_PER_S, PCIE_PEAK_BYTES_PER_S, PROCESS_EVERY_TICKS,
+                                     SAMPLES_PER_TICK, SCENARIOS, SimulatedNode)
 from trimtab.agent.source import Source
 
 TICKS = 400  # longer than the slowest oscillation period (240 ticks)
+PID_MAX_LIMIT = 2**22  # the largest PID a Linux host can give
 
 
 def run(node: SimulatedNode, ticks: int = TICKS):
@@ -44,7 +47,9 @@ def test_it_is_a_source_and_says_it_is_simulated():
 
 def test_same_seed_same_readings_whatever_the_clock():
     a = run(SimulatedNode(4, seed=7), 50)
-    b = [SimulatedNode(4, seed=7).readings_at(t, 1_000 * t) for t in range(50)]
+    every = PROCESS_EVERY_TICKS
+    b = [SimulatedNode(4, seed=7).readings_at(t, 1_000 * t, 1_000 * (t - every) if t >= every else None)
+         for t in range(50)]
     assert a == b
 
 
@@ -110,7 +115,10 @@ def test_extra_gpus_are_actor_shards():
 @pytest.mark.parametrize("n_gpus", [1, 2, 3, 4, 8])
 def test_every_reading_is_physical(scenario, n_gpus):
     for r in run(SimulatedNode(n_gpus, scenario=scenario, seed=n_gpus), 150):
-        assert len(r.gpu_samples) == n_gpus and not r.processes and not r.events
+        assert len(r.gpu_samples) == n_gpus and not r.events
+        for p in r.processes:
+            assert p.pid > PID_MAX_LIMIT and p.name.startswith("simulated ")
+            assert p.sm_util_pct is None or (0 <= p.mem_util_pct <= p.sm_util_pct <= 100 and p.util_samples > 0)
         for s in r.gpu_samples:
             assert all(getattr(s, name) is not None for name in GPU_METRIC_NAMES)
             for pct in (s.util_pct, s.sm_active_pct, s.sm_occupancy_pct, s.tensor_active_pct, s.dram_bw_util_pct):
@@ -149,3 +157,45 @@ def test_scenarios_are_exposed_by_name():
 def test_zero_gpus_is_refused():
     with pytest.raises(ValueError):
         SimulatedNode(0)
+
+
+def test_each_gpu_holds_its_roles_processes_every_few_ticks_labelled_simulated():
+    ticks = run(SimulatedNode(4, hostname="box"), 3 * PROCESS_EVERY_TICKS + 1)
+    with_rows = [t for t, r in enumerate(ticks) if r.processes]
+    assert with_rows == list(range(0, len(ticks), PROCESS_EVERY_TICKS))
+    for t in with_rows:
+        names = {}
+        for p in ticks[t].processes:
+            names.setdefault(p.gpu_uuid, []).append(p.name)
+            assert p.ts_ms == 1_000 * t and p.used_memory_bytes > 0
+        assert names == {f"GPU-sim-box-{i}": [f"simulated {n}" for n in GPU_PROCESSES[role]]
+                         for i, role in enumerate(device_roles(4))}
+    pids = {p.pid for t in with_rows for p in ticks[t].processes}
+    assert len(pids) == 6 and min(pids) > PID_MAX_LIMIT  # actor+ref on GPUs 0 and 1, critic, reward
+
+
+def test_the_first_process_rows_are_a_baseline_with_activity_unknown_not_zero():
+    first = run(SimulatedNode(4), 1)[0]
+    assert first.processes
+    for p in first.processes:
+        assert (p.sm_util_pct, p.mem_util_pct, p.util_samples, p.util_from_ms, p.util_to_ms) == (None,) * 5
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_a_gpus_processes_add_up_to_its_util_and_the_phase_says_which_one_works(scenario):
+    ticks = run(SimulatedNode(4, scenario=scenario, seed=5), 6 * PROCESS_EVERY_TICKS + 1)
+    for end in range(PROCESS_EVERY_TICKS, len(ticks), PROCESS_EVERY_TICKS):
+        covered = range(end - PROCESS_EVERY_TICKS + 1, end + 1)  # the ticks after the previous rows, this one too
+        for i, uuid in enumerate(s.gpu_uuid for s in ticks[end].gpu_samples):
+            rows = {p.name.split()[-1]: p for p in ticks[end].processes if p.gpu_uuid == uuid}
+            for p in rows.values():
+                assert (p.util_from_ms, p.util_to_ms) == (1_000 * (end - PROCESS_EVERY_TICKS), 1_000 * end)
+            # busy time (mean x samples) of the GPU's processes = the GPU's util summed over the covered ticks
+            busy = sum(p.sm_util_pct * p.util_samples for p in rows.values()) / SAMPLES_PER_TICK
+            assert busy == pytest.approx(sum(ticks[t].gpu_samples[i].util_pct for t in covered), rel=1e-9)
+            # each process has samples in exactly the ticks whose phase gives it a share of this GPU's work
+            for name, p in rows.items():
+                shares = [phase_at(t).share.get(name, 1.0) if len(rows) > 1 else 1.0 for t in covered]
+                assert p.util_samples == SAMPLES_PER_TICK * sum(share > 0 for share in shares)
+    ref_phases = [phase.name for phase in STEP if phase.share.get("ref", 0) > 0]
+    assert ref_phases and len(ref_phases) < len(STEP)  # the reference model idles in some phase: counts differ

@@ -183,3 +183,25 @@ def test_a_far_future_sample_in_the_store_or_snapshot_does_not_pin_the_live_view
     util = [line.rsplit(" ", 1)[1] for line in api.get("/metrics").text.splitlines()
             if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
     assert len(util) == len(latest) and set(util) == {"77.0"}, util
+
+
+@pytest.mark.parametrize("field, value", [("sm_util_pct", 101.0), ("mem_util_pct", -1.0), ("util_samples", -3),
+                                          ("util_from_ms", -5)])
+def test_process_activity_is_stored_and_served_and_an_impossible_one_gets_422(sqlite_api, field, value):
+    batch = recent_batch(seconds=1)
+    t = batch.gpu_samples[0].ts_ms
+    batch.processes = [GpuProcess(batch.gpus[0].uuid, t, 4242, 2**30, "python", 37.5, 12.0, 24, t - 5_000, t),
+                       GpuProcess(batch.gpus[1].uuid, t, 4243)]  # no activity known: nulls, never 0
+    bad = batch.to_dict()
+    bad["processes"][0][field] = value
+    r = sqlite_api.post("/v1/ingest", bad, scope="agent")
+    assert r.status_code == 422 and ["body", "processes", 0, field] in [e["loc"] for e in r.json()["detail"]]
+    ok = sqlite_api.ingest(batch)
+    assert ok.status_code == 200 and ok.json()["processes_inserted"] == 2
+    fields = ("pid", "sm_util_pct", "mem_util_pct", "util_samples", "util_from_ms", "util_to_ms")
+    served = [[{k: p[k] for k in fields} for p in sqlite_api.get(f"/v1/gpus/{g.uuid}/processes",
+                                                                  window_s=60).json()["processes"]]
+              for g in batch.gpus]
+    assert served == [[dict(zip(fields, (4242, 37.5, 12.0, 24, t - 5_000, t)))],
+                      [dict(zip(fields, (4243, None, None, None, None, None)))]]
+    assert sqlite_api.get("/v1/gpus/GPU-nope/processes").status_code == 404

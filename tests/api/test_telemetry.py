@@ -169,6 +169,7 @@ def test_every_response_with_a_simulated_nodes_data_says_so(api):
     gpus = api.get("/v1/gpus").json()
     assert gpus["simulated"] is True and all(g["simulated"] for g in gpus["gpus"])
     assert api.get(f"/v1/gpus/{uuid}/samples", window_s=60).json()["simulated"] is True
+    assert api.get(f"/v1/gpus/{uuid}/processes", window_s=60).json()["simulated"] is True
     balance = api.get("/v1/balance", window_s=60).json()
     assert balance["simulated"] is True and balance["reports"][0]["simulated"] is True
     events = api.get("/v1/events").json()

@@ -67,8 +67,11 @@ SMOKE = {
                                   gpu="its CPU run (2 gloo ranks) takes ~60 s on 2 busy cores: the plan only; "
                                       "tests/workload/test_pipeline_ddp.py runs the ranks and this script's helpers"),
     "nvml_tick.py": Smoke(("--fake-nvml", "--fake-gpus", "2", "--ticks", "4", "--naive-ticks", "0", "--wait", "sleep",
-                           "--hz", "50"), "ratio ours/bare",
+                           "--hz", "50"), ("ratio ours/bare", "ratio ours/ours without per-process"),
                           gpu="times real NVML calls: here against its stand-in (--fake-nvml)"),
+    "process_activity.py": Smoke(("--help",), "--seconds",
+                                 gpu="two CUDA processes on one GPU against the agent's per-process attribution: its "
+                                     "arguments only (without a GPU it exits 2 with one line)"),
     "pipeline_grid.py": Smoke(("--config", "smoke", "--batch-sizes", "1,4", "--prefetch", "0", "--sync-every", "1",
                                "--steps", "1", "--warmup", "0"), "the default"),
     "plan_cost.py": Smoke(("--rates", "21", "--seconds", "2"), "ratio"),

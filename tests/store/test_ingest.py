@@ -187,3 +187,26 @@ def test_a_store_connection_cut_mid_run_is_reported_as_unavailable_and_replaced(
     assert count(engine, gpu_samples) == 4
     admin.dispose()
     engine.dispose()
+
+
+def test_process_activity_round_trips_with_unknown_kept_null(engine):
+    """The simulated node's process rows, their per-process activity included, come back as written: the baseline's
+    unknown activity as NULL (never 0), the later intervals' means, sample counts and bounds exactly."""
+    from trimtab.agent.simulated import PROCESS_EVERY_TICKS, SimulatedNode
+
+    node = SimulatedNode(4, hostname="sim-a")
+    readings = [node.sample(T0_MS + 1_000 * t) for t in range(2 * PROCESS_EVERY_TICKS + 1)]
+    batch = Batch(node=NodeInfo(hostname="sim-a", simulated=True), gpus=node.inventory().gpus,
+                  gpu_samples=[s for r in readings for s in r.gpu_samples],
+                  processes=[p for r in readings for p in r.processes])
+    assert BatchWriter(engine).write(batch).processes_inserted == len(batch.processes) == 3 * 6
+    fields = ("ts_ms", "pid", "used_memory_bytes", "name", "sm_util_pct", "mem_util_pct", "util_samples",
+              "util_from_ms", "util_to_ms")
+    with engine.connect() as conn:
+        stored = conn.execute(select(gpus.c.uuid, *(gpu_processes.c[f] for f in fields)).join(gpus)
+                              .order_by(gpu_processes.c.ts_ms, gpu_processes.c.pid)).all()
+    expected = sorted((p.gpu_uuid, *(getattr(p, f) for f in fields)) for p in batch.processes)
+    assert [tuple(row) for row in stored] == sorted(expected, key=lambda row: (row[1], row[2]))
+    baseline = [row for row in stored if row.ts_ms == T0_MS]
+    assert baseline and all(row.sm_util_pct is None and row.util_samples is None for row in baseline)
+    assert all(row.sm_util_pct is not None and row.util_to_ms == row.ts_ms for row in stored if row.ts_ms > T0_MS)

@@ -2,7 +2,8 @@
 
 Roles follow a typical RL post-training device map: GPU 0 and 1 hold the actor and the reference model, GPU 2 the
 critic, GPU 3 the reward model; extra GPUs hold more actor shards. Each range is (low, high); the simulated node
-keeps every reading inside its range (see ``trimtab.agent.simulated``).
+keeps every reading inside its range (see ``trimtab.agent.simulated``). The processes on each GPU and the phases of
+the step (``STEP``) say which process does a GPU's work when: its per-process activity.
 """
 
 from __future__ import annotations
@@ -47,6 +48,54 @@ def device_roles(n_gpus: int) -> tuple[str, ...]:
     if n_gpus < 4:
         return _SMALL_MAPS[n_gpus]
     return _TYPICAL_MAP + ("actor",) * (n_gpus - 4)
+
+
+# The worker processes on a GPU of each role: an actor GPU also holds the reference model's process.
+GPU_PROCESSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"actor": ("actor", "ref"), "critic": ("critic",), "reward": ("reward",)})
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of the simulated RL step: ``ticks`` long; ``share``: per process role, its share of the busy time
+    of each GPU holding it. A GPU's processes share all of its busy time in every phase (its util is their work);
+    where a phase names none of a GPU's processes they share it evenly (the critic's and the reward model's GPUs
+    hold one process each, which does all of their work)."""
+
+    name: str
+    ticks: int
+    share: Mapping[str, float]
+
+
+# One step, repeated: the actor generates, the reference model scores the rollouts (log-probs), the actor trains.
+STEP: tuple[Phase, ...] = (
+    Phase("generate", 3, MappingProxyType({"actor": 1.0, "ref": 0.0})),
+    Phase("reference", 1, MappingProxyType({"actor": 0.0, "ref": 1.0})),
+    Phase("train", 2, MappingProxyType({"actor": 0.85, "ref": 0.15})),
+)
+STEP_TICKS = sum(p.ticks for p in STEP)
+
+
+def phase_at(tick: int) -> Phase:
+    """The phase of the step that tick ``tick`` falls in (tick 0 starts a step)."""
+    t = tick % STEP_TICKS
+    for phase in STEP:
+        if t < phase.ticks:
+            return phase
+        t -= phase.ticks
+    raise AssertionError("unreachable: t < STEP_TICKS")
+
+
+def process_shares(role: str, phase: Phase) -> dict[str, float]:
+    """Per process on a GPU of ``role``, its share of that GPU's busy time in ``phase`` (they add up to 1)."""
+    names = GPU_PROCESSES[role]
+    named = {p: phase.share[p] for p in names if p in phase.share}
+    if not named:
+        return {p: 1.0 / len(names) for p in names}
+    total = sum(named.values())
+    if total <= 0:
+        raise ValueError(f"phase {phase.name!r} gives no share of a {role} GPU's work to any of its processes")
+    return {p: named.get(p, 0.0) / total for p in names}
 
 
 _SCENARIOS = (

@@ -10,9 +10,11 @@ import math
 import socket
 from typing import Optional
 
+from trimtab.agent.activity import ActivityTally
 from trimtab.agent.pcie import pcie_peak_bytes_per_s
-from trimtab.contract.readings import GpuInfo, GpuSample, NvlinkSample, Readings
-from trimtab.agent.scenarios import NORMAL, SCENARIOS, RoleProfile, device_roles, get_scenario
+from trimtab.contract.readings import GpuInfo, GpuProcess, GpuSample, NvlinkSample, Readings
+from trimtab.agent.scenarios import (GPU_PROCESSES, NORMAL, SCENARIOS, RoleProfile, device_roles, get_scenario,
+                                     phase_at, process_shares)
 from trimtab.agent.source import Inventory
 
 __all__ = ["SCENARIOS", "SimulatedNode"]
@@ -29,6 +31,13 @@ NVLINK_LINK_EVERY_TICKS = 3
 IDLE_POWER_W, MAX_POWER_W = 70.0, 700.0
 MAX_SM_CLOCK_MHZ, CAPPED_SM_CLOCK_MHZ, IDLE_SM_CLOCK_MHZ = 1980, 1755, 345
 CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP = 0x1, 0x4  # NVML clock-event reason bits
+# Process rows every few ticks, as the NVML source reads the process list every 5 s at the default 1 s tick; each
+# carries the activity of the ticks since the previous rows, from SAMPLES_PER_TICK driver samples a tick (NVML's
+# sampling period is 1/6 s on the fastest products).
+PROCESS_EVERY_TICKS = 5
+SAMPLES_PER_TICK = 6
+# Simulated PIDs lie above Linux's largest possible PID (PID_MAX_LIMIT, 2^22): they can never name a real process.
+SIM_PID_BASE = 4_194_304 + 1_000_000
 
 _MASK64 = (1 << 64) - 1
 # One stream of noise per reading, so each wanders on its own.
@@ -66,9 +75,17 @@ class SimulatedNode:
     a few minutes at 1 Hz, its phase drawn per GPU) plus modest per-tick noise. GPUs are PCIe Gen5 x16, 80 GiB,
     18 NVLink links, GPM-capable, so every metric is populated. Every ``NVLINK_LINK_EVERY_TICKS``-th tick (from
     tick 0) also carries per-link NVLink readings: the GPU's NVLink TX and RX of that tick shared over its 18
-    links in fixed, uneven proportions drawn per (GPU, link), so the links of a GPU add up to its total. No
-    processes are reported: a simulated GPU has none, and making PIDs up would point at real host processes. No
-    health events either.
+    links in fixed, uneven proportions drawn per (GPU, link), so the links of a GPU add up to its total.
+
+    Processes (``scenarios.GPU_PROCESSES``): an actor GPU holds an actor and a reference-model process, the others
+    one process of their role, named "simulated <role>", with PIDs above the largest a Linux host can give
+    (``SIM_PID_BASE``), so they can never point at a real process. Every ``PROCESS_EVERY_TICKS``-th tick carries
+    their rows (the GPU's memory used, shared evenly) with the per-process activity of the ticks since the previous
+    rows, added up as the NVML source adds NVML's samples (``trimtab.agent.activity``): each tick, each process busy
+    in that tick's phase of the step (``scenarios.STEP``) gives ``SAMPLES_PER_TICK`` samples of its share of the
+    GPU's util (SM %) and DRAM bandwidth use (memory %); an idle one gives none, as NVML leaves idle processes out.
+    So a GPU's processes add up to its util, and which of them does the work follows the phase. Tick 0's rows are
+    the baseline (activity unknown, as the NVML source's first). No health events.
     """
 
     kind = "simulated"
@@ -90,18 +107,26 @@ class SimulatedNode:
         self._link_shares = [_shares([0.5 + _unit(seed, gpu, link, 0x11C) for link in range(NVLINK_LINKS)])
                              for gpu in range(n_gpus)]
         self._tick = 0
+        self._processes_from_ms: Optional[int] = None  # when the previous process rows were taken
+        pids = iter(range(SIM_PID_BASE, SIM_PID_BASE + 1_000_000))
+        self._pids = [{name: next(pids) for name in GPU_PROCESSES[role]} for role in self.roles]
 
     def inventory(self) -> Inventory:
         return Inventory(gpus=list(self._gpus), simulated=True, scenario=self.scenario.name)
 
     def sample(self, ts_ms: int) -> Readings:
-        readings = self.readings_at(self._tick, ts_ms)
+        readings = self.readings_at(self._tick, ts_ms, self._processes_from_ms)
+        if readings.processes:
+            self._processes_from_ms = ts_ms
         self._tick += 1
         return readings
 
-    def readings_at(self, tick: int, ts_ms: int) -> Readings:
-        """The readings of tick ``tick`` (what the tick-th ``sample()`` returns), stamped ``ts_ms``."""
+    def readings_at(self, tick: int, ts_ms: int, processes_from_ms: Optional[int] = None) -> Readings:
+        """The readings of tick ``tick`` (what the tick-th ``sample()`` returns), stamped ``ts_ms``;
+        ``processes_from_ms``: when the previous process rows were taken (None: these are the first)."""
         readings = Readings(gpu_samples=[self._gpu_sample(i, tick, ts_ms) for i in range(len(self._gpus))])
+        if tick % PROCESS_EVERY_TICKS == 0:
+            readings.processes = self._processes(tick, ts_ms, processes_from_ms, readings.gpu_samples)
         if tick % NVLINK_LINK_EVERY_TICKS == 0:
             readings.nvlink_samples = [
                 NvlinkSample(s.gpu_uuid, ts_ms, link, s.nvlink_tx_bytes_per_s * share, s.nvlink_rx_bytes_per_s * share)
@@ -111,6 +136,25 @@ class SimulatedNode:
     def close(self) -> None:
         """Nothing to release."""
 
+    def _processes(self, tick: int, ts_ms: int, from_ms: Optional[int], samples: list[GpuSample]) -> list[GpuProcess]:
+        """The process rows of tick ``tick`` with their activity since ``from_ms`` (the ticks after the previous
+        rows' tick, this one included)."""
+        rows = []
+        for i, (role, pids) in enumerate(zip(self.roles, self._pids)):
+            tally = ActivityTally()
+            if from_ms is not None:
+                tally.start(from_ms)
+                for t in range(max(1, tick - PROCESS_EVERY_TICKS + 1), tick + 1):
+                    util, dram = self._busy(i, t)
+                    for name, share in process_shares(role, phase_at(t)).items():
+                        for _ in range(SAMPLES_PER_TICK if share > 0 else 0):
+                            tally.add(pids[name], util * share, dram * share)
+                tally.answered(ts_ms)
+            shares, used = tally.take(), samples[i].mem_used_bytes // len(pids)
+            rows.extend(GpuProcess(samples[i].gpu_uuid, ts_ms, pid, used, f"simulated {name}", *shares.of(pid))
+                        for name, pid in pids.items())
+        return rows
+
     def _draw(self, tick: int, gpu: int, channel: str, bounds: tuple[float, float]) -> float:
         """A value in ``bounds``: mid-range, ±35 % of the range in a slow wave, ±15 % of it in noise."""
         c = _CHANNELS.index(channel)
@@ -119,6 +163,12 @@ class SimulatedNode:
         noise = 2 * _unit(self.seed, gpu, c, tick + 2) - 1
         lo, hi = bounds
         return lo + (hi - lo) * (0.5 + 0.35 * wave + 0.15 * noise)
+
+    def _busy(self, i: int, tick: int) -> tuple[float, float]:
+        """GPU ``i``'s util % and DRAM bandwidth use % at tick ``tick``, as its sample of that tick says them."""
+        p, draw = self._profiles[i], lambda channel, bounds: self._draw(tick, i, channel, bounds)
+        util = draw("util", p.util_pct)
+        return round(util, 1), round(min(100.0, util * draw("dram", p.dram_ratio)), 2)
 
     def _gpu_sample(self, i: int, tick: int, ts_ms: int) -> GpuSample:
         p, draw = self._profiles[i], lambda channel, bounds: self._draw(tick, i, channel, bounds)

@@ -178,13 +178,26 @@ class HostSample:
 
 @dataclass(frozen=True)
 class GpuProcess:
-    """A process holding a context on a GPU. PIDs are host PIDs."""
+    """A process holding a context on a GPU (or seen busy on it since the last process row). PIDs are host PIDs.
+
+    Its GPU activity over ``(util_from_ms, util_to_ms]`` (NVML's per-process utilization samples, see
+    ``trimtab.agent.nvml.activity``): ``sm_util_pct`` and ``mem_util_pct`` are the means over the
+    ``util_samples`` driver samples in which the process was busy; 0 with 0 samples when NVML answered for the
+    whole interval and never saw it busy. All five are None where the GPU cannot tell (unsupported, the first
+    interval after start, every call failed): unknown, never 0. ``used_memory_bytes`` is None for a process seen
+    busy that no longer held a context when the process list was read.
+    """
 
     gpu_uuid: str
     ts_ms: int
     pid: int
     used_memory_bytes: Optional[int] = None
     name: Optional[str] = None
+    sm_util_pct: Optional[float] = None
+    mem_util_pct: Optional[float] = None
+    util_samples: Optional[int] = None
+    util_from_ms: Optional[int] = None
+    util_to_ms: Optional[int] = None
 
 
 @dataclass(frozen=True)

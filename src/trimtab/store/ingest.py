@@ -80,6 +80,8 @@ class _GpuRow:
 _gpu_values = attrgetter("ts_ms", *GPU_METRIC_NAMES)
 _host_values = attrgetter("ts_ms", *HOST_METRIC_NAMES)
 _link_values = attrgetter("ts_ms", "link", *NVLINK_LINK_METRIC_NAMES)
+_process_values = attrgetter("ts_ms", "pid", "used_memory_bytes", "name", "sm_util_pct", "mem_util_pct",
+                             "util_samples", "util_from_ms", "util_to_ms")
 _ts = attrgetter("ts_ms")
 
 
@@ -111,7 +113,7 @@ def _rows(batch: Batch, node_id: int, ids: dict[str, int]) -> tuple[tuple[str, l
     return (
         ("gpu_samples", _finite([(ids[s.gpu_uuid], *_gpu_values(s)) for s in batch.gpu_samples])),
         ("host_samples", _finite([(node_id, *_host_values(h)) for h in batch.host_samples])),
-        ("gpu_processes", [(ids[p.gpu_uuid], p.ts_ms, p.pid, p.used_memory_bytes, p.name) for p in batch.processes]),
+        ("gpu_processes", _finite([(ids[p.gpu_uuid], *_process_values(p)) for p in batch.processes])),
         ("health_events", [(node_id, None if e.gpu_uuid is None else ids[e.gpu_uuid], e.gpu_uuid or "", e.ts_ms,
                             e.kind, e.xid, e.detail or "", _detail_hash(e.xid, e.detail or "")) for e in batch.events]),
         ("gpu_nvlink_samples", _finite([(ids[n.gpu_uuid], *_link_values(n)) for n in batch.nvlink_samples])),

@@ -163,6 +163,13 @@ gpu_processes = Table(
     Column("pid", BigInteger, nullable=False),
     Column("used_memory_bytes", BigInteger),
     Column("name", String(255)),
+    # Its GPU activity over (util_from_ms, util_to_ms]: mean SM % and memory % over its util_samples NVML samples
+    # (0 over 0 samples: idle while NVML answered); all NULL where unknown (trimtab.agent.activity). Migration 0020.
+    Column("sm_util_pct", Double),
+    Column("mem_util_pct", Double),
+    Column("util_samples", Integer),
+    Column("util_from_ms", BigInteger),
+    Column("util_to_ms", BigInteger),
     PrimaryKeyConstraint("gpu_id", "ts_ms", "pid"),
     Index(None, "ts_ms"),
     **_CLUSTERED,

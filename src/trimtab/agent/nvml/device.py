@@ -21,6 +21,7 @@ class Gpu:
     gpm: Any = None  # trimtab.agent.nvml.gpm.Gpm where GPM is used, else None
     slow: Any = None  # trimtab.agent.nvml.slow.SlowCache: what the background thread read last
     tick: Any = None  # trimtab.agent.nvml.tick.GpuTick: the calls of every tick, prepared once
+    activity: Any = None  # trimtab.agent.nvml.activity.ProcessActivity, or None when not read
 
     @property
     def uses_gpm(self) -> bool:

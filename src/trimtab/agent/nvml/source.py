@@ -1,9 +1,10 @@
 """``NvmlSource``: the ``Source`` protocol over NVML, built from the call layer and its readers.
 
 The tick makes only cheap calls (a few µs each on an H200), prepared once per GPU (``tick``), plus a GPM sample
-on Hopper and newer (``gpm``). What blocks or costs more is read off the tick: PCIe throughput on GPUs without GPM,
-NVLink sums and per-link counters by one background thread (``slow``); the process list every 5 s and XIDs every
-2 s (``xid``). Errors are sorted out in one place (``calls``).
+on Hopper and newer (``gpm``), and the per-process utilization samples since the last tick (``activity``). What
+blocks or costs more is read off the tick: PCIe throughput on GPUs without GPM, NVLink sums and per-link counters
+by one background thread (``slow``); the process list every 5 s (with each process's activity since the previous
+list) and XIDs every 2 s (``xid``). Errors are sorted out in one place (``calls``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
+from trimtab.agent.activity import NO_SHARES
+from trimtab.agent.nvml.activity import ProcessActivity
 from trimtab.agent.nvml.gpm import open_gpm
 from trimtab.agent.nvml.calls import NO_DRIVER_HINT, GpuLost, NvmlCalls, OnCall, load_pynvml
 from trimtab.agent.nvml.device import Gpu, describe
@@ -32,7 +35,9 @@ class NvmlSource:
     reads PCIe/NVLink throughput on GPUs without GPM and per-link NVLink on GPUs with links; ``None`` starts no
     thread (call ``refresh_slow_metrics()`` yourself). ``on_call(name, seconds)``: optional hook timed around
     every NVML call (for tests and benches); without it nothing is timed but the tick as a whole.
-    ``use_gpm=False`` takes the pre-Hopper path even where GPM exists (to compare the two). ``last_tick_cost_s``:
+    ``use_gpm=False`` takes the pre-Hopper path even where GPM exists (to compare the two).
+    ``process_activity=False`` makes no per-process utilization call (a bench's "without"; the process rows then
+    carry no activity). ``last_tick_cost_s``:
     wall time of the latest ``sample()``. Raises ``SourceUnavailable`` when there is no driver, library or GPU.
     """
 
@@ -40,9 +45,9 @@ class NvmlSource:
 
     def __init__(self, indices: Optional[Sequence[int]] = None, *,
                  slow_refresh_s: Optional[float] = DEFAULT_SLOW_REFRESH_S, on_call: Optional[OnCall] = None,
-                 use_gpm: bool = True):
+                 use_gpm: bool = True, process_activity: bool = True):
         self._calls = NvmlCalls(load_pynvml())
-        self._on_call, self._use_gpm = on_call, use_gpm
+        self._on_call, self._use_gpm, self._process_activity = on_call, use_gpm, process_activity
         self._gpus: list[Gpu] = []
         self._slow: Optional[SlowReader] = None
         self._xid: Optional[XidWatch] = None
@@ -87,6 +92,8 @@ class NvmlSource:
             except GpuLost:
                 pass  # stays in the inventory as far as it was read; the gpu_lost event says the rest
             gpu.tick = GpuTick(self._calls, gpu, self._on_call)
+            if self._process_activity:
+                gpu.activity = ProcessActivity(self._calls, gpu, self._on_call)
         self._xid.name(self._gpus)
         self._slow = SlowReader(self._calls, self._gpus, slow_refresh_s)
         self._slow.start()
@@ -116,8 +123,12 @@ class NvmlSource:
                 continue
             try:
                 sample = gpu.tick.sample(ts_ms)
+                activity = gpu.activity
+                if activity is not None:
+                    activity.read(ts_ms)
                 if processes is not None:
-                    read_processes(self._calls, gpu, ts_ms, processes, self._on_call)
+                    read_processes(self._calls, gpu, ts_ms, processes, self._on_call,
+                                   activity.take() if activity is not None else NO_SHARES)
                 if gpu.gpm is not None:
                     gpu.gpm.read(vars(sample))
                 else:
@@ -141,6 +152,10 @@ class NvmlSource:
         """For a bench: per GPU sampled, the (metric, bindings function, arguments) of the calls every tick makes
         now, GPM aside (``gpu.gpm`` says whether a tick also takes a GPM sample, and asks for which metrics)."""
         return [(g, g.tick.calls_made()) for g in self._gpus if not g.lost]
+
+    def activity_failed_calls(self) -> dict[int, int]:
+        """GPU index → per-process utilization calls that failed (errors other than unsupported or no sample)."""
+        return {g.index: g.activity.failed_calls for g in self._gpus if g.activity is not None}
 
     def refresh_slow_metrics(self) -> None:
         """Read PCIe throughput (blocking ~20 ms per call) and NVLink sums of every GPU without GPM, and per-link

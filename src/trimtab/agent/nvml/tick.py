@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
+from trimtab.agent.activity import NO_SHARES, Shares
 from trimtab.agent.nvml.calls import NvmlCalls, OnCall, timed
 from trimtab.agent.nvml.structs import field_reader
 from trimtab.contract.readings import GpuProcess, GpuSample
@@ -140,9 +141,15 @@ PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComput
 
 
 def read_processes(calls: NvmlCalls, gpu: Any, ts_ms: int, out: list[GpuProcess],
-                   on_call: Optional[OnCall] = None) -> None:
-    """Append the processes holding a context on ``gpu`` (host PIDs) to ``out``."""
+                   on_call: Optional[OnCall] = None, shares: Shares = NO_SHARES) -> None:
+    """Append the processes holding a context on ``gpu`` (host PIDs) to ``out``, each with its activity of the
+    interval ``shares`` covers, then the pids seen busy in it that hold no context any more (memory None): their
+    GPU time is not dropped."""
+    uuid, listed = gpu.info.uuid, set()
     for p in calls.call(gpu, "processes", PROCESS_CALLS, gpu.handle, on_call=on_call) or ():
-        used = getattr(p, "usedGpuMemory", None)
-        out.append(GpuProcess(gpu_uuid=gpu.info.uuid, ts_ms=ts_ms, pid=int(p.pid),
-                              used_memory_bytes=int(used) if used is not None else None))
+        pid, used = int(p.pid), getattr(p, "usedGpuMemory", None)
+        listed.add(pid)
+        out.append(GpuProcess(uuid, ts_ms, pid, int(used) if used is not None else None, None, *shares.of(pid)))
+    for pid, activity in shares.busy.items():
+        if pid not in listed:
+            out.append(GpuProcess(uuid, ts_ms, pid, None, None, *activity))

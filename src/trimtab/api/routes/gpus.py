@@ -1,4 +1,5 @@
-"""Nodes, GPUs with their latest sample, and one GPU's samples over a window (raw or rolled up)."""
+"""Nodes, GPUs with their latest sample, one GPU's samples over a window (raw or rolled up), and its process rows
+with their per-process activity."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, READ, get_ctx
 from trimtab.api.errors import invalid
+from trimtab.api.process_schemas import ProcessesOut, ProcessOut
 from trimtab.api.schemas import (MAX_EPOCH_MS, NO_CONTROL_CHARS, GpuOut, GpusOut, LatestOut, NodeOut, NodesOut,
                                  PointOut, SamplesOut)
 from trimtab.store.clocks import node_clocks_by_host
-from trimtab.store.queries import LatestSample, gpu_window, list_gpus, list_nodes
+from trimtab.store.processes import gpu_process_window
+from trimtab.store.queries import LatestSample, StoredGpu, gpu_window, list_gpus, list_nodes
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
 MAX_WINDOW_S = 400 * 86400  # as long as the 1-hour rollups are kept
@@ -98,6 +101,22 @@ def resolve_window(start_ms: Optional[int], end_ms: Optional[int], window_s: Opt
     return max(start_ms, 0), end_ms
 
 
+def time_window(
+    start_ms: Optional[int] = Query(None, ge=0, le=MAX_EPOCH_MS, description="Window start, epoch ms (inclusive)."),
+    end_ms: Optional[int] = Query(None, ge=0, le=MAX_EPOCH_MS, description="Window end, epoch ms (exclusive)."),
+    window_s: Optional[float] = Query(None, gt=0, le=MAX_WINDOW_S, description="Window length, seconds."),
+) -> tuple[int, int]:
+    """The [start, end) a request asks for (a dependency of the routes that read a window)."""
+    return resolve_window(start_ms, end_ms, window_s, int(time.time() * 1000))
+
+
+def _gpu_or_404(ctx: ApiContext, uuid: str) -> StoredGpu:
+    gpu = next((g for g in list_gpus(ctx.engine) if g.uuid == uuid), None)
+    if gpu is None:
+        raise HTTPException(404, f"no GPU with uuid {uuid!r}")
+    return gpu
+
+
 @router.get("/gpus/{uuid}/samples", response_model=SamplesOut, responses={**READ, **NOT_FOUND},
             summary="One GPU's samples over a window",
             description="Samples of one GPU in [start_ms, end_ms), given as any two of start_ms, end_ms and window_s "
@@ -106,17 +125,12 @@ def resolve_window(start_ms: Optional[int], end_ms: Optional[int], window_s: Opt
                         "At most max_points points, the latest ones (truncated says so). 404 for an unknown GPU.")
 def samples(
     uuid: str = Path(min_length=1, max_length=96, pattern=NO_CONTROL_CHARS, description="The GPU's UUID."),
-    start_ms: Optional[int] = Query(None, ge=0, le=MAX_EPOCH_MS, description="Window start, epoch ms (inclusive)."),
-    end_ms: Optional[int] = Query(None, ge=0, le=MAX_EPOCH_MS, description="Window end, epoch ms (exclusive)."),
-    window_s: Optional[float] = Query(None, gt=0, le=MAX_WINDOW_S, description="Window length, seconds."),
+    span: tuple[int, int] = Depends(time_window),
     resolution: Literal["auto", "raw", "1m", "1h"] = Query("auto", description="auto, raw, 1m or 1h."),
     max_points: int = Query(1000, ge=1, le=20000, description="At most this many points (the latest)."),
     ctx: ApiContext = Depends(get_ctx),
 ) -> SamplesOut:
-    start, end = resolve_window(start_ms, end_ms, window_s, int(time.time() * 1000))
-    gpu = next((g for g in list_gpus(ctx.engine) if g.uuid == uuid), None)
-    if gpu is None:
-        raise HTTPException(404, f"no GPU with uuid {uuid!r}")
+    (start, end), gpu = span, _gpu_or_404(ctx, uuid)
     try:
         series = gpu_window(ctx.engine, uuid, start, end, resolution=resolution, max_points=max_points)
     except LookupError:  # removed since the lookup above
@@ -126,3 +140,26 @@ def samples(
               for p in series.points]
     return SamplesOut(gpu_uuid=uuid, hostname=gpu.hostname, simulated=gpu.simulated, resolution=series.resolution,
                       start_ms=start, end_ms=end, truncated=series.truncated, points=points)
+
+
+@router.get("/gpus/{uuid}/processes", response_model=ProcessesOut, responses={**READ, **NOT_FOUND},
+            summary="One GPU's processes and their GPU activity over a window",
+            description="The process rows of one GPU read in [start_ms, end_ms) (any two of start_ms, end_ms and "
+                        "window_s; end defaults to now, the window to 1 h): the processes holding a context on it "
+                        "(read every 5 s), each with its per-process activity since the previous rows — SM % and "
+                        "memory % as the mean over NVML's per-process utilization samples, their count, and the "
+                        "interval they cover. Unknown activity is null, never 0. At most max_rows rows, the latest "
+                        "(truncated says so). 404 for an unknown GPU.")
+def processes(
+    uuid: str = Path(min_length=1, max_length=96, pattern=NO_CONTROL_CHARS, description="The GPU's UUID."),
+    span: tuple[int, int] = Depends(time_window),
+    max_rows: int = Query(1000, ge=1, le=20000, description="At most this many rows (the latest)."),
+    ctx: ApiContext = Depends(get_ctx),
+) -> ProcessesOut:
+    (start, end), gpu = span, _gpu_or_404(ctx, uuid)
+    try:
+        window = gpu_process_window(ctx.engine, uuid, start, end, max_rows=max_rows)
+    except LookupError:  # removed since the lookup above
+        raise HTTPException(404, f"no GPU with uuid {uuid!r}") from None
+    return ProcessesOut(gpu_uuid=uuid, hostname=gpu.hostname, simulated=gpu.simulated, start_ms=start, end_ms=end,
+                        truncated=window.truncated, processes=[ProcessOut(**vars(p)) for p in window.rows])

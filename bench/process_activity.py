@@ -1,0 +1,233 @@
+"""Does the agent attribute a GPU's time to the right process? Two processes on one GPU against their own totals
+(issue 40, item 1; H200 check).
+
+Two child processes share GPU ``--gpu``: a **generation**-like loop (bursts of many 2048² bf16 matmuls) and a
+**reward**-like loop (shorter bursts of 4096² matmuls), taking turns through a lock so their bursts never overlap
+(as an RL pipeline's phases; two contexts running at once would time-slice, and each one's events would count the
+other's time too). Each times its own GPU-busy time with CUDA events around each burst, with the burst's wall
+start and end. Meanwhile this script runs the agent's NVML source (``NvmlSource``, 1 s ticks, process rows every
+5 s) and, apart from it, reads NVML's raw per-process samples to estimate the driver's sampling period (a low percentile of the gaps between
+distinct sample times: the driver samples on a grid).
+
+Printed, per process, over the interval the agent's rows cover: its own CUDA-event busy seconds; the agent's
+attribution, sum over its rows of ``sm_util_pct / 100 × util_samples × period``; the same from the raw samples (a check of the agent's adding up); and the
+ratio agent / own (goal: within 5 %). Also the sampling period, samples per call, and whether an idle process
+ever had a sample (NVML documents that only busy ones do). Exit 0 within the goal, 1 outside it, 2 where it cannot
+run (no CUDA GPU, no NVML, per-process utilization unsupported: one line says which).
+
+    python3 bench/process_activity.py [--gpu 0] [--seconds 30] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+GOAL = 0.05
+LOOPS = {  # kind → (matrix side, burst ms, gap s after a burst, extra GiB held so the two differ in memory)
+    "generation": (2048, 300.0, 0.15, 3),
+    "reward": (4096, 120.0, 0.35, 1),
+}
+
+
+def _src_on_path() -> None:
+    src = Path(__file__).resolve().parents[1] / "src"
+    if src.is_dir() and str(src) not in sys.path:
+        sys.path.insert(0, str(src))
+
+
+def loop(kind: str, gpu: int, seconds: float, lock, ready, go, results) -> None:
+    """One child: calibrate a burst, then take turns with the other until ``seconds`` pass; send its bursts."""
+    import torch
+
+    side, burst_ms, gap_s, extra_gib = LOOPS[kind]
+    torch.cuda.set_device(gpu)
+    a = torch.randn(side, side, device="cuda", dtype=torch.bfloat16)
+    b, c = torch.randn_like(a), torch.empty_like(a)
+    held = torch.empty(extra_gib << 30, dtype=torch.uint8, device="cuda")  # noqa: F841 - tells the two apart
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(20):
+        torch.mm(a, b, out=c)
+    start.record()
+    for _ in range(50):
+        torch.mm(a, b, out=c)
+    end.record()
+    end.synchronize()
+    reps = max(1, int(burst_ms / (start.elapsed_time(end) / 50)))
+    ready.set()
+    go.wait()
+    bursts, until = [], time.time() + seconds
+    while time.time() < until:
+        with lock:
+            wall_start = time.time()
+            start.record()
+            for _ in range(reps):
+                torch.mm(a, b, out=c)
+            end.record()
+            end.synchronize()
+            bursts.append((wall_start, time.time(), start.elapsed_time(end) / 1000.0))
+        time.sleep(gap_s)
+    results.put((kind, os.getpid(), bursts))
+
+
+def own_busy_s(bursts: list, from_s: float, to_s: float) -> float:
+    """Busy seconds of the bursts inside (from_s, to_s], a burst cut by an edge counted pro rata of its wall time."""
+    total = 0.0
+    for w0, w1, busy in bursts:
+        inside = max(0.0, min(w1, to_s) - max(w0, from_s))
+        total += busy * inside / (w1 - w0) if w1 > w0 else 0.0
+    return total
+
+
+def fail(message: str) -> int:
+    print(f"process_activity: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu", type=int, default=0, help="the GPU (NVML and CUDA index) both processes share")
+    ap.add_argument("--seconds", type=float, default=30.0, help="how long the two loops run (rows come every 5 s)")
+    ap.add_argument("--interval", type=float, default=1.0, help="the agent's tick, seconds")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        return fail("needs torch with CUDA (not installed here); run it on a GPU machine")
+    if not torch.cuda.is_available():
+        return fail("needs a CUDA GPU (torch sees none here); run it on a GPU machine")
+    _src_on_path()
+    from trimtab.agent.nvml import NvmlSource
+    from trimtab.agent.source import SourceUnavailable
+
+    try:
+        source = NvmlSource(indices=[args.gpu], slow_refresh_s=None)
+    except SourceUnavailable as exc:
+        return fail(f"NVML unavailable: {exc}")
+    try:
+        return run(args, source)
+    finally:
+        source.close()
+
+
+def run(args, source) -> int:
+    import pynvml as nv
+
+    handle = nv.nvmlDeviceGetHandleByIndex(args.gpu)
+    gpu = source.tick_calls()[0][0]
+    ctx = mp.get_context("spawn")
+    lock, go, results = ctx.Lock(), ctx.Event(), ctx.Queue()
+    readies = {kind: ctx.Event() for kind in LOOPS}
+    children = [ctx.Process(target=loop, args=(kind, args.gpu, args.seconds, lock, readies[kind], go, results))
+                for kind in LOOPS]
+    for child in children:
+        child.start()
+    try:
+        for kind, ready in readies.items():
+            if not ready.wait(120):
+                return fail(f"the {kind} loop did not start within 120 s")
+        rows, raw, calls, last_seen, own = [], [], [], 0, {}
+        go.set()
+        next_tick = go_at = time.time()
+        while len(own) < len(children):
+            ts_ms = int(time.time() * 1000)
+            rows.extend(source.sample(ts_ms).processes)
+            try:  # the raw samples, apart from the agent: NVML filters by time, so two readers do not interfere
+                got = nv.nvmlDeviceGetProcessUtilization(handle, last_seen)
+                raw.extend((s.pid, s.timeStamp, s.smUtil, s.memUtil) for s in got)
+                calls.append(len(got))
+                last_seen = max([last_seen, *(s.timeStamp for s in got)])
+            except nv.NVMLError as exc:
+                calls.append(0 if exc.value == nv.NVML_ERROR_NOT_FOUND else -exc.value)
+            while not results.empty():  # a loop's bursts, sent as it ends
+                kind, pid, bursts = results.get()
+                own[kind] = (pid, bursts)
+            if time.time() > go_at + args.seconds + 120:
+                return fail("the loops did not report within 120 s of their end")
+            next_tick += args.interval
+            time.sleep(max(0.0, next_tick - time.time()))
+    finally:
+        for child in children:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.terminate()
+    if gpu.activity is None or not gpu.activity.supported:
+        return fail("per-process utilization is unsupported on this GPU/driver (NVML NOT_SUPPORTED)")
+    return report(args, own, rows, raw, calls, source)
+
+
+def report(args, own: dict, rows: list, raw: list, calls: list, source) -> int:
+    known = [r for r in rows if r.util_samples is not None]
+    if not known:
+        return fail("the agent's process rows carried no activity (run longer than 5 s?)")
+    from_ms, to_ms = min(r.util_from_ms for r in known), max(r.util_to_ms for r in known)
+    by_pid: dict[int, list] = {}
+    for r in raw:
+        by_pid.setdefault(r[0], []).append(r)
+    # The driver samples on a fixed grid: the gaps between distinct sample times are multiples of its period (idle
+    # stretches leave larger ones), so a low percentile of them is the period.
+    stamps = sorted({r[1] for r in raw})
+    gaps = sorted((b - a) / 1e6 for a, b in zip(stamps, stamps[1:]) if b > a)
+    period_s = gaps[len(gaps) // 10] if gaps else None
+    # pids: the children's own, or (PID namespaces) the two NVML pids holding the most memory, generation the larger
+    seen = {r.pid for r in rows}
+    mapping, how = {kind: pid for kind, (pid, _) in own.items()}, "own PIDs"
+    if not set(mapping.values()) <= seen:
+        memory = {}
+        for r in rows:
+            if r.used_memory_bytes:
+                memory[r.pid] = max(memory.get(r.pid, 0), r.used_memory_bytes)
+        ranked = sorted(memory, key=memory.get, reverse=True)[:2]
+        if len(ranked) < 2:
+            return fail(f"cannot find the two processes among NVML's PIDs {sorted(seen)}")
+        mapping, how = dict(zip(("generation", "reward"), ranked)), "memory held (PID namespace: own PIDs not seen)"
+    out = {"gpu": args.gpu, "interval_ms": [from_ms, to_ms], "sampling_period_s": period_s, "pid_mapping": how,
+           "samples_per_call": {"median": statistics.median(calls) if calls else None, "max": max(calls, default=None)},
+           "activity_function": source.tick_calls()[0][0].activity.function_name,
+           "failed_calls": source.activity_failed_calls(), "processes": {}}
+    within = period_s is not None
+    for kind, pid in mapping.items():
+        own_s = own_busy_s(own[kind][1], from_ms / 1000, to_ms / 1000)
+        mine = [r for r in known if r.pid == pid]
+        agent_s = sum(r.sm_util_pct / 100 * r.util_samples for r in mine) * period_s if period_s else None
+        raw_s = sum(s[2] / 100 for s in by_pid.get(pid, ()) if from_ms * 1000 < s[1] <= to_ms * 1000) * period_s \
+            if period_s else None
+        ratio = agent_s / own_s if agent_s is not None and own_s else None
+        within = within and ratio is not None and abs(ratio - 1) <= GOAL
+        out["processes"][kind] = {"pid": pid, "own_busy_s": own_s, "agent_busy_s": agent_s, "raw_busy_s": raw_s,
+                                  "agent_over_own": ratio, "rows": len(mine),
+                                  "samples": sum(r.util_samples for r in mine),
+                                  "zero_sm_samples": sum(1 for s in by_pid.get(pid, ()) if s[2] == 0)}
+    out["within_goal"] = within
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print_report(out)
+    return 0 if within else 1
+
+
+def print_report(out: dict) -> None:
+    f = lambda x, d=3: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
+    span = (out["interval_ms"][1] - out["interval_ms"][0]) / 1000
+    print(f"GPU {out['gpu']}: {out['activity_function']}; agent rows cover {span:.1f} s; NVML sampling period "
+          f"{f(out['sampling_period_s'])} s (estimated from the raw samples' times); samples per call median "
+          f"{out['samples_per_call']['median']}, max {out['samples_per_call']['max']}; PIDs by {out['pid_mapping']}; "
+          f"failed calls {out['failed_calls']}")
+    print(f"  {'process':12}{'pid':>9}{'own busy s':>12}{'agent s':>10}{'raw s':>10}{'agent/own':>11}{'samples':>9}"
+          f"{'sm=0':>6}")
+    for kind, p in out["processes"].items():
+        print(f"  {kind:12}{p['pid']:>9}{f(p['own_busy_s']):>12}{f(p['agent_busy_s']):>10}{f(p['raw_busy_s']):>10}"
+              f"{f(p['agent_over_own']):>11}{p['samples']:>9}{p['zero_sm_samples']:>6}")
+    print(f"attribution {'within' if out['within_goal'] else 'NOT within'} {GOAL:.0%} of each process's own CUDA-event "
+          f"total")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
