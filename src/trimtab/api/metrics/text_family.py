@@ -13,6 +13,7 @@ text_exposition` (a test holds the two to that).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -20,10 +21,16 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.utils import floatToGoString
 
 
+@lru_cache(maxsize=256)  # label names: the few that /metrics uses
+def _label_name(name: str) -> str:
+    return openmetrics.escape_label_name(name, openmetrics.UNDERSCORES)
+
+
 def label_pair(name: str, value: str) -> str:
-    """``name="value"``, escaped as ``generate_latest`` escapes it."""
-    return '{}="{}"'.format(openmetrics.escape_label_name(name, openmetrics.UNDERSCORES),
-                            openmetrics._escape(value, openmetrics.ALLOWUTF8, False))
+    """``name="value"``, escaped as ``generate_latest`` escapes it (a label value: backslash, newline and double
+    quote backslash-escaped, as ``openmetrics._escape`` with ALLOWUTF8 does)."""
+    escaped = value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return f'{_label_name(name)}="{escaped}"'
 
 
 def label_text(labels: Sequence[tuple[str, str]]) -> str:
