@@ -188,7 +188,7 @@ def soak(args, url: str, tmp: Path, n_nodes: int, quiet: bool = False) -> list[d
     rows: list[dict] = []
     stored = 0  # history rows (GPU, per-link NVLink, host); the live ticks add a few more
     with ExitStack() as stack:
-        servers = [stack.enter_context(trimtab_server(url, tmp / f"state-{n_nodes}", start_timeout_s=60.0))
+        servers = [stack.enter_context(trimtab_server(url, tmp / f"state-{n_nodes}", start_timeout_s=180.0))
                    for _ in range(args.servers)]
         lives = [LiveAgents(base, token, fleet, nodes)
                  for (base, _, _), nodes in zip(servers, agents_by_server(n_nodes, args.servers, args.agents))]
