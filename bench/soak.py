@@ -17,6 +17,11 @@ figure per hour of data and per million rows (flat is the goal).
     python bench/soak.py --db sqlite --hours 1                                # the hour, every data minute
     python bench/soak.py --db sqlite --hours 10 --report-every-min 30         # 10x the rows
     python bench/soak.py --db sqlite --find-n 80,160,320,640,1280 --hours 0.25  # largest N with /metrics < 1 s
+    python bench/soak.py --db postgresql --servers 2 --find-n 640,1000,1600 --hours 0.05  # two servers, one store
+
+``--servers 2`` (PostgreSQL): two `trimtab server`s on the one store, the live agents split over them round-robin
+(``--agents first``: all on the first, the second reads every GPU from the store), each server's ``/metrics``
+timed; a report's /metrics figure is the slowest server's.
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import httpx
 
@@ -83,11 +88,13 @@ class Fleet:
 
 
 class LiveAgents(threading.Thread):
-    """Posts every node's tick at the wall clock every interval (the live readings the views show)."""
+    """Posts the tick of the fleet's nodes ``nodes`` (default: all) at the wall clock every interval (the live
+    readings the views show)."""
 
-    def __init__(self, base: str, token: str, fleet: Fleet):
+    def __init__(self, base: str, token: str, fleet: Fleet, nodes: Optional[list[int]] = None):
         super().__init__(daemon=True)
         self.base, self.token, self.fleet = base, token, fleet
+        self.nodes = list(range(len(fleet.sims))) if nodes is None else nodes
         self.stop_event = threading.Event()
         self.sent = self.failed = 0
 
@@ -99,7 +106,7 @@ class LiveAgents(threading.Thread):
             while not self.stop_event.is_set():
                 started = time.monotonic()
                 now_ms = int(time.time() * 1000)
-                for i in range(len(self.fleet.sims)):
+                for i in self.nodes:
                     body = self.fleet.batch(i, range(tick, tick + 1), now_ms - tick * self.fleet.interval_ms)
                     try:
                         ok = http.post("/v1/ingest", content=body.to_json()).status_code < 300
@@ -158,8 +165,17 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
 
 
+def agents_by_server(n_nodes: int, servers: int, spread: str) -> list[list[int]]:
+    """Which nodes post to which server: round-robin (``split``) or all to the first (``first``)."""
+    if spread == "first":
+        return [list(range(n_nodes))] + [[] for _ in range(servers - 1)]
+    return [list(range(k, n_nodes, servers)) for k in range(servers)]
+
+
 def soak(args, url: str, tmp: Path, n_nodes: int, quiet: bool = False) -> list[dict]:
-    """One run: history of ``args.hours`` written while measuring; the report rows."""
+    """One run: history of ``args.hours`` written while measuring; the report rows. With ``args.servers`` > 1
+    every server is a `trimtab server` on the same store (one state directory: the first one's admin token), the
+    live agents spread over them by ``args.agents``, and each report's /metrics time the slowest server's."""
     from trimtab.store.engine import open_engine
     from trimtab.store.ingest import BatchWriter
 
@@ -171,32 +187,46 @@ def soak(args, url: str, tmp: Path, n_nodes: int, quiet: bool = False) -> list[d
     writer = BatchWriter(engine)
     rows: list[dict] = []
     stored = 0  # history rows (GPU, per-link NVLink, host); the live ticks add a few more
-    with trimtab_server(url, tmp / f"state-{n_nodes}", start_timeout_s=60.0) as (base, admin, pid):
-        live = LiveAgents(base, token, fleet)
-        live.start()
+    with ExitStack() as stack:
+        servers = [stack.enter_context(trimtab_server(url, tmp / f"state-{n_nodes}", start_timeout_s=180.0))
+                   for _ in range(args.servers)]
+        lives = [LiveAgents(base, token, fleet, nodes)
+                 for (base, _, _), nodes in zip(servers, agents_by_server(n_nodes, args.servers, args.agents))]
+        for live in lives:
+            live.start()
         try:
-            with httpx.Client(base_url=base, timeout=120, headers={"Authorization": f"Bearer {admin}"}) as http:
-                time.sleep(2 * args.interval_s)  # a first live tick of every node
-                uuid = fleet.sims[0].inventory().gpus[0].uuid
-                started = time.monotonic()
-                for minute in range(minutes + 1):
-                    if minute % args.report_every_min == 0 or minute == minutes:
-                        row = {"data_min": minute, "rows": stored, **measure(http, uuid, args.repeat),
-                               "rss_mb": rss_mb(pid), "wall_s": time.monotonic() - started}
-                        if args.before_every and (minute // args.report_every_min) % args.before_every == 0:
-                            row.update(measure_before(engine, 1))
-                        rows.append(row)
-                        if not quiet:
-                            print(_line(row), flush=True)
-                    if minute < minutes:
-                        stored += fleet.write_history(writer, start_ms, minute)
+            admin = servers[0][1]
+            clients = [stack.enter_context(httpx.Client(base_url=base, timeout=120,
+                                                        headers={"Authorization": f"Bearer {admin}"}))
+                       for base, _, _ in servers]
+            time.sleep(2 * args.interval_s)  # a first live tick of every node
+            uuid = fleet.sims[0].inventory().gpus[0].uuid
+            started = time.monotonic()
+            for minute in range(minutes + 1):
+                if minute % args.report_every_min == 0 or minute == minutes:
+                    row = {"data_min": minute, "rows": stored, **measure(clients[0], uuid, args.repeat),
+                           "rss_mb": max(rss_mb(pid) for _, _, pid in servers), "wall_s": time.monotonic() - started}
+                    if len(clients) > 1:
+                        row["metrics_ms_by_server"] = [row["metrics_ms"]] + [
+                            timed_get(http, "/metrics", args.repeat) for http in clients[1:]]
+                        row["metrics_ms"] = max(row["metrics_ms_by_server"])
+                    if args.before_every and (minute // args.report_every_min) % args.before_every == 0:
+                        row.update(measure_before(engine, 1))
+                    rows.append(row)
+                    if not quiet:
+                        print(_line(row), flush=True)
+                if minute < minutes:
+                    stored += fleet.write_history(writer, start_ms, minute)
         finally:
-            live.stop_event.set()
-            live.join(15)
+            for live in lives:
+                live.stop_event.set()
+            for live in lives:
+                live.join(15)
             writer.close()
             engine.dispose()
-        if live.failed:
-            print(f"live ticks: {live.failed} of {live.sent} posts failed")
+        for live in lives:
+            if live.failed:
+                print(f"live ticks to {live.base}: {live.failed} of {live.sent} posts failed")
     return rows
 
 
@@ -242,19 +272,25 @@ def fresh_store(db: str) -> Iterator[tuple[str, Path]]:
 
 
 def find_n(args) -> None:
-    """For each N (GPUs) in ``--find-n``: a fresh store with ``--hours`` of history, then the /metrics median."""
+    """For each N (GPUs) in ``--find-n``: a fresh store with ``--hours`` of history, then the /metrics median
+    (of the slowest server, with ``--servers`` > 1: each one's in brackets)."""
+    where = (f"{args.servers} servers on one {args.db} store, agents {args.agents}" if args.servers > 1
+             else f"one server on {args.db}")
+    print(f"find-n: {where}, {args.hours:g} h of history a run")
     print(f"{'GPUs':>6} {'rows':>10} {'metrics':>9} {'gpus':>8} {'balance':>9} {'rss MB':>7}  (medians, ms)")
     best = None
     for n_gpus in [int(x) for x in args.find_n.split(",")]:
         with fresh_store(args.db) as (url, tmp):
             rows = soak(args, url, tmp, max(1, n_gpus // args.gpus), quiet=True)
         last = rows[-1]
+        each = (" [" + ", ".join(f"{ms:.1f}" for ms in last["metrics_ms_by_server"]) + "]"
+                if "metrics_ms_by_server" in last else "")
         print(f"{n_gpus:>6} {last['rows']:>10} {last['metrics_ms']:>9.1f} {last['gpus_ms']:>8.1f} "
-              f"{last['balance_ms']:>9.1f} {last['rss_mb']:>7.1f}", flush=True)
+              f"{last['balance_ms']:>9.1f} {last['rss_mb']:>7.1f}{each}", flush=True)
         if last["metrics_ms"] >= LIVE_METRICS_S * 1000:
             break
         best = n_gpus
-    print(f"largest N tried with /metrics < {LIVE_METRICS_S:g} s: {best}")
+    print(f"largest N tried with /metrics < {LIVE_METRICS_S:g} s ({where}): {best}")
 
 
 def main() -> int:
@@ -269,12 +305,21 @@ def main() -> int:
     ap.add_argument("--before-every", type=int, default=10,
                     help="time the pre-0012 latest queries every this many reports (0: never)")
     ap.add_argument("--find-n", default="", help="comma-separated GPU counts: find the largest with /metrics < 1 s")
+    ap.add_argument("--servers", type=int, default=1,
+                    help="trimtab servers on the one store (PostgreSQL: several serve together), each scraped")
+    ap.add_argument("--agents", choices=["split", "first"], default="split",
+                    help="with --servers > 1: the live agents round-robin over the servers, or all on the first")
     args = ap.parse_args()
+    if args.servers < 1:
+        ap.error("--servers must be at least 1")
+    if args.servers > 1 and args.db == "sqlite":
+        ap.error("--servers > 1 needs --db postgresql (on SQLite a second server serves, but one writer at a time)")
 
     if args.find_n:
         find_n(args)
         return 0
-    print(f"soak: {args.db}, {args.nodes} nodes x {args.gpus} GPUs, a sample every {args.interval_s:g} s, "
+    on = f", {args.servers} servers (agents {args.agents}, /metrics of the slowest)" if args.servers > 1 else ""
+    print(f"soak: {args.db}{on}, {args.nodes} nodes x {args.gpus} GPUs, a sample every {args.interval_s:g} s, "
           f"{args.hours:g} h of history; request medians of {args.repeat} (ms)")
     print(HEADER)
     with fresh_store(args.db) as (url, tmp):

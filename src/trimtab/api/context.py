@@ -43,6 +43,9 @@ class ApiContext:
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     # Which server plans and whether this one does (control/leadership.py; None: this process takes no part).
     planner_status: Optional[Callable[[], dict[str, Any]]] = None
+    # Per-link NVLink series on /metrics by default (``--metrics-nvlink-links``; a scrape's ?nvlink_links= wins):
+    # off, as dcgm-exporter's default collectors, because they are ~70 % of a scrape's lines (18 links x 3 families).
+    metrics_nvlink_links: bool = False
 
     def latest_gpus(self, max_age_s: float = 300.0) -> list[LatestSample]:
         """The newest sample of every GPU: from memory (fed by the local agent and by ingest), and from the store

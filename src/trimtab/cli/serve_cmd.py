@@ -22,6 +22,11 @@ def api_options(f):
                    help="API port (0: any free port).")(f)
     f = env_option("--host", default="127.0.0.1", show_default=True,
                    help="Address the API binds. Anything but loopback needs API tokens to exist (see `trimtab token`).")(f)
+    f = env_option("--metrics-nvlink-links/--no-metrics-nvlink-links", envvar="TRIMTAB_METRICS_NVLINK_LINKS",
+                   default=False, show_default=True,
+                   help="Per-link NVLink series on /metrics (trimtab_gpu_nvlink_link_*: 18 links x 3 families a GPU on "
+                        "H100, ~70 % of a scrape's lines). Off, /metrics has per-GPU NVLink totals only, as "
+                        "dcgm-exporter's default collectors; a scrape may still ask for them with ?nvlink_links=true.")(f)
     return f
 
 
@@ -139,7 +144,7 @@ def _serve(ctx, host: str, port: int):
 @simulate_options
 @agent_options
 @rebalancer_options
-def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, spool_dir, spool_max_mb, status_every,
+def up(db_url, host, port, metrics_nvlink_links, interval, simulate, scenario, seed, gpus, hostname, spool_dir, spool_max_mb, status_every,
        duration, rules_file, rebalance):
     """Run this node's daemon: the agent, the REST API and /metrics in one process, on embedded SQLite.
 
@@ -162,7 +167,7 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
                                fallback_gpus=4, hostname=hostname)
     except (SourceUnavailable, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    ctx = ApiContext(engine=engine, mode="up", state_dir=sd)
+    ctx = ApiContext(engine=engine, mode="up", state_dir=sd, metrics_nvlink_links=metrics_nvlink_links)
     runner = Agent(sources, StoreSink(url), spool_dir or default_spool_dir(), interval_s=interval, hostname=hostname,
                    status_every_s=status_every, spool_max_bytes=spool_max_mb * 1024 * 1024, on_batch=ctx.snapshot.update)
     rebalancer = _start_rebalancer(ctx, rules, rebalance)
@@ -194,7 +199,7 @@ def up(db_url, host, port, interval, simulate, scenario, seed, gpus, hostname, s
 @env_option("--duration", type=click.FloatRange(0, None, min_open=True), default=None, metavar="SECONDS",
             help="Stop after this long (default: run until SIGINT/SIGTERM).")
 @rebalancer_options
-def server(db_url, host, port, status_every, duration, rules_file, rebalance):
+def server(db_url, host, port, metrics_nvlink_links, status_every, duration, rules_file, rebalance):
     """Run a head node: the REST API, /metrics and ingest for remote agents (`trimtab agent --server URL`).
 
     Give it the shared store with --db postgresql+psycopg://… . Agents may also write to that PostgreSQL
@@ -216,7 +221,7 @@ def server(db_url, host, port, status_every, duration, rules_file, rebalance):
     sd = state_dir()
     engine = _open_store(url)
     _guard_bind(engine, host, sd)
-    ctx = ApiContext(engine=engine, mode="server", state_dir=sd)
+    ctx = ApiContext(engine=engine, mode="server", state_dir=sd, metrics_nvlink_links=metrics_nvlink_links)
     rebalancer = _start_rebalancer(ctx, rules, rebalance)
     ctx.component_status = lambda: {"rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}
     api = _serve(ctx, host, port)

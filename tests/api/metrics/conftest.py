@@ -4,6 +4,7 @@ produces goes to the in-memory snapshot and to the store."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -70,10 +71,10 @@ def feed(ctx):
     return Feeder(ctx)
 
 
-def scrape(ctx: ApiContext) -> dict[str, list]:
+def scrape(ctx: ApiContext, nvlink_links: Optional[bool] = None) -> dict[str, list]:
     """Render and parse back: sample name → [(labels, value)]. Parsing is part of the test: it must be valid."""
     out: dict[str, list] = {}
-    for family in text_string_to_metric_families(render_metrics(ctx).decode()):
+    for family in text_string_to_metric_families(render_metrics(ctx, nvlink_links).decode()):
         for s in family.samples:
             out.setdefault(s.name, []).append((s.labels, s.value))
     return out

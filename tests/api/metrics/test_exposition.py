@@ -213,7 +213,7 @@ def test_per_link_nvlink_of_the_simulated_node_goes_agent_store_metrics_with_a_l
         tick0, *later = [sampler.tick() for _ in range(3)]  # tick 0 carries every link, ticks 1 and 2 none
         assert len(tick0.nvlink_samples) == 2 * 18 and not any(b.nvlink_samples for b in later)
         feed(real_node_batch(int(time.time() * 1000)))  # a GPU without NVLink: no per-link series at all
-        got = scrape(ctx)
+        got = scrape(ctx, nvlink_links=True)
 
         tx = got["trimtab_gpu_nvlink_link_tx_bytes_per_second"]
         rx = got["trimtab_gpu_nvlink_link_rx_bytes_per_second"]

@@ -44,6 +44,7 @@ def test_prometheus_stores_a_real_nodes_series_without_the_simulated_label_and_l
     from .test_exposition import real_node_batch
 
     binary = prometheus_binary()
+    ctx.metrics_nvlink_links = True  # per-link series are off by default (--metrics-nvlink-links)
     sim = feed.simulated(hostname="sim-prom", scenario="balanced", n_gpus=2, ticks=1)  # tick 0 reads every link
     feed(real_node_batch(int(time.time() * 1000)))
     with serve(metrics_app(ctx)) as app_port, prometheus(binary, app_port, tmp_path) as (prom_port, log):

@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from trimtab.api.metrics import TrimtabCollector
+from trimtab.api.metrics.families import Spec, gauges
 from trimtab.api.metrics.render import text_exposition
 
 from .conftest import Feeder
@@ -32,7 +33,21 @@ def odd_families():
     gauge.add_metric(["inf"], float("inf"), timestamp=1_800_000_000.25)
     gauge.add_metric(["int"], 7)
     info = InfoMetricFamily("trimtab_odd", "An info family.", value={"version": "1"})
-    return [counter, gauge, info, GaugeMetricFamily("trimtab_odd_unlabelled", "No labels.", value=2.5)]
+    return [counter, gauge, info, GaugeMetricFamily("trimtab_odd_unlabelled", "No labels.", value=2.5),
+            *odd_gauges()]
+
+
+def odd_gauges():
+    """gauges() (written line by line, not through add_metric) over items whose label sets differ, whose values
+    need escaping and Go's float spelling, some simulated: a family of one item, of items with the same labels,
+    of items with different labels."""
+    items = [({"job": "a", "mode": "auto"}, False, 31_500_000_000.0), ({"job": 'q"uo\\te\nd'}, True, 0.1 + 0.2),
+             ({"job": "c", "mode": "advise", "extra": "ü"}, False, -1234567.5), ({"job": "d", "mode": "auto"}, True, 7)]
+    specs = [Spec("trimtab_odd_all", "Every item.", lambda it: it[2]),
+             Spec("trimtab_odd_same_labels", "Items 0 and 3.", lambda it: it[2] if it[0].get("mode") == "auto" else None),
+             Spec("trimtab_odd_real_one", "Item 0, so no simulated label.", lambda it: 1e-7 if it is items[0] else None),
+             Spec("trimtab_odd_none", "No item: left out.", lambda it: None)]
+    return list(gauges(specs, items, lambda it: it[0], lambda it: it[1]))
 
 
 def test_the_exposition_is_generate_latests_byte_for_byte(ctx):

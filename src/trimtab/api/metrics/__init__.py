@@ -2,14 +2,16 @@
 
 Names follow dcgm-exporter where DCGM has the field, in dcgm-exporter's units and labels, so dashboards built for
 DCGM work; everything else is ``trimtab_*`` in base units. A metric a GPU does not report is absent, never 0.
-Nothing here calls NVML: GPU series come from :meth:`ApiContext.latest_gpus` (per-link NVLink from
+Nothing here calls NVML: GPU series come from :meth:`ApiContext.latest_gpus` (per-link NVLink, off unless the
+daemon's ``--metrics-nvlink-links`` or the scrape's ``?nvlink_links=true`` asks, from
 :meth:`ApiContext.latest_links`); balance verdicts, job series and rebalancer counters from a fixed number of
 store queries per scrape, whatever the number of jobs; a failing store drops only the series it feeds (counted in
 ``trimtab_scrape_errors_total``).
 
 By subject: ``gpus`` (per-GPU and per-link series), ``nodes`` (balance verdicts, ``trimtab_node_simulated``),
 ``jobs`` (job series, rebalancer counters), ``store_reads`` (what a scrape reads from the store),
-``scrape_errors``, ``families`` (how every family is built, ``simulated`` label included), ``collector``.
+``scrape_errors``, ``families`` (how every family is built, ``simulated`` label included), ``text_family`` (gauge
+families written line by line), ``collector``.
 """
 
 from trimtab.api.metrics.collector import CONTENT_TYPE, TrimtabCollector, job_metric_families, render_metrics

@@ -26,15 +26,17 @@ def job_metric_families(ctx: ApiContext, data: Optional[JobScrape] = None) -> It
 
 
 class TrimtabCollector:
-    """A prometheus_client collector reading ``ctx`` on every ``collect()``."""
+    """A prometheus_client collector reading ``ctx`` on every ``collect()``; ``nvlink_links`` (None: the context's
+    ``metrics_nvlink_links``) says whether the per-link NVLink series are in it."""
 
-    def __init__(self, ctx: ApiContext):
+    def __init__(self, ctx: ApiContext, nvlink_links: Optional[bool] = None):
         self.ctx = ctx
+        self.nvlink_links = ctx.metrics_nvlink_links if nvlink_links is None else nvlink_links
 
     def collect(self) -> Iterator[Metric]:
         ctx = self.ctx
         rows = guarded("gpus", ctx.latest_gpus)
-        links = guarded("gpus", ctx.latest_links) if rows else []
+        links = guarded("gpus", ctx.latest_links) if rows and self.nvlink_links else []
         store = guarded("balance", lambda: [read_store(ctx.engine, ctx.rules, BALANCE_WINDOW_S)])
         reports, jobs = store[0] if store else ([], None)
         simulated = {r.hostname: r.simulated for r in rows}
@@ -48,7 +50,8 @@ class TrimtabCollector:
         yield from error_families()
 
 
-def render_metrics(ctx: ApiContext) -> bytes:
-    """The exposition of ``ctx`` now (serve it with :data:`CONTENT_TYPE`). Blocking (store queries): call it
-    from a sync route, which FastAPI runs in its thread pool."""
-    return text_exposition(TrimtabCollector(ctx).collect())
+def render_metrics(ctx: ApiContext, nvlink_links: Optional[bool] = None) -> bytes:
+    """The exposition of ``ctx`` now (serve it with :data:`CONTENT_TYPE`); per-link NVLink series as
+    :class:`TrimtabCollector` decides. Blocking (store queries): call it from a sync route, which FastAPI runs in
+    its thread pool."""
+    return text_exposition(TrimtabCollector(ctx, nvlink_links).collect())

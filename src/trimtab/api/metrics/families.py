@@ -14,6 +14,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from trimtab.api.metrics.text_family import LabelTexts, TextFamily
+
 SIMULATED = "simulated"
 
 
@@ -52,12 +54,16 @@ def family(kind: type, name: str, help_text: str, rows: Sequence[Row]) -> Metric
 
 def gauges(specs: Iterable[Spec], items: Sequence, labels_of: Callable[[object], dict[str, str]],
            simulated_of: Callable[[object], bool]) -> Iterator[Metric]:
-    """One gauge family per spec, one sample per item whose value is known; families with no sample left out."""
+    """One gauge family per spec, one sample per item whose value is known; families with no sample left out.
+    Each item's labels are taken and escaped once for all the specs (:class:`TextFamily`)."""
+    texts: Optional[LabelTexts] = None
     for name, help_text, value_of in specs:
-        rows = [Row(labels_of(item), simulated_of(item), value) for item in items
-                if (value := finite(value_of(item))) is not None]
+        rows = [(i, value) for i, item in enumerate(items) if (value := finite(value_of(item))) is not None]
         if rows:
-            yield family(GaugeMetricFamily, name, help_text, rows)
+            if texts is None:
+                texts = LabelTexts([labels_of(item) for item in items], [simulated_of(item) for item in items],
+                                   SIMULATED)
+            yield TextFamily(name, help_text, texts, rows)
 
 
 def counter(name: str, help_text: str, rows: Sequence[Row]) -> Iterator[Metric]:

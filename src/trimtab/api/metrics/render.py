@@ -15,6 +15,8 @@ from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.utils import floatToGoString
 
+from trimtab.api.metrics.text_family import TextFamily, label_pair
+
 _MUNGED_TYPES = {"counter": "counter", "gauge": "gauge"}  # the kinds /metrics makes; others go to generate_latest
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")  # samples generate_latest moves into a gauge of their own
 
@@ -41,8 +43,7 @@ class _Names:
     def pair(self, item: tuple[str, str]) -> str:
         found = self.pairs.get(item)
         if found is None:
-            found = self.pairs[item] = '{}="{}"'.format(openmetrics.escape_label_name(item[0], openmetrics.UNDERSCORES),
-                                                        openmetrics._escape(item[1], openmetrics.ALLOWUTF8, False))
+            found = self.pairs[item] = label_pair(*item)
         return found
 
     def label_string(self, labels: dict[str, str]) -> str:
@@ -71,6 +72,11 @@ def text_exposition(metrics: Iterable[Metric]) -> bytes:
     names = _Names()
     out: list[str] = []
     for metric in metrics:
+        if isinstance(metric, TextFamily):  # most of a scrape's lines: written without a Sample each
+            escaped = names.metric_name(metric.name)
+            out.append(f"# HELP {escaped} {_help(metric.documentation)}\n# TYPE {escaped} gauge\n")
+            out.extend(metric.lines(escaped))
+            continue
         if metric.type not in _MUNGED_TYPES:
             out.append(_fallback(metric))
             continue

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from importlib import metadata
+from typing import Optional
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy.exc import SQLAlchemyError
@@ -99,7 +100,14 @@ def _components(ctx: ApiContext) -> dict:
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics",
             description="The latest snapshot of every GPU, node and verdict in Prometheus text format 0.0.4 "
                         "(dcgm-exporter names where a DCGM metric exists, trimtab_* otherwise). Rendered per "
-                        "scrape from memory: no NVML call.",
+                        "scrape from memory: no NVML call. NVLink is per GPU (DCGM_FI_PROF_NVLINK_TX_BYTES / "
+                        "RX_BYTES, summed over its links), as dcgm-exporter's default collectors export it; the "
+                        "per-link series (trimtab_gpu_nvlink_link_*, label `link`) come only with "
+                        "`nvlink_links=true` or on a daemon started with --metrics-nvlink-links "
+                        "(TRIMTAB_METRICS_NVLINK_LINKS=1).",
             responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}, "description": "Prometheus text format."}})
-def prometheus_metrics(ctx: ApiContext = Depends(get_ctx)) -> Response:
-    return Response(render_metrics(ctx), media_type=PROMETHEUS_CONTENT_TYPE)
+def prometheus_metrics(ctx: ApiContext = Depends(get_ctx), nvlink_links: Optional[bool] = Query(
+        None, description="Per-link NVLink series (trimtab_gpu_nvlink_link_*): true adds them, false leaves them "
+                          "out; absent: as the daemon's --metrics-nvlink-links says (off by default). Prometheus "
+                          "sends it from a scrape config's `params: {nvlink_links: [\"true\"]}`.")) -> Response:
+    return Response(render_metrics(ctx, nvlink_links), media_type=PROMETHEUS_CONTENT_TYPE)
