@@ -8,7 +8,7 @@ stops, and the hook gets ``--drain-s`` to send what waits before it closes. Prin
 
 * steps run, reports stored (distinct steps in the store), duplicated rows, steps missing;
 * the hook's counters (``hook.stats``) against that truth: sent == stored, submitted == steps run,
-  submitted == sent + rejected + dropped + unconfirmed + pending;
+  submitted + inherited == sent + rejected + dropped + unconfirmed + pending + left;
 * this process's RSS before the outage and at its peak, and the spool's bytes on disk at the peak (sampled every
   0.5 s, and the hook's own peak);
 * how long after SIGCONT the hook had caught up (at most half a second of steps waiting: the backlog sent, paced);
@@ -192,19 +192,20 @@ def main() -> int:
         time.sleep(1.0)  # requests the stopped server had buffered are answered by now
         rows, distinct, got = stored_steps(db, job)
         s = hook.stats
-        counted = s["sent"] + s["rejected"] + s["dropped"] + s["unconfirmed"] + s["pending"]
+        counted = s["sent"] + s["rejected"] + s["dropped"] + s["unconfirmed"] + s["pending"] + s["left"]
         result = {
             "outage_s": args.outage_s, "steps_per_s_asked": args.steps_per_s,
             "steps_per_s_run": round(steps / run_s, 2), "steps_run": steps, "stored": distinct,
             "duplicated_rows": rows - distinct, "missing": steps - len(got & set(range(steps))),
             "drained_s_after_sigcont": round(drained_s, 1),
-            "hook": {k: s[k] for k in ("submitted", "sent", "stored", "already_stored", "late", "rejected",
-                                       "dropped", "dropped_by", "unconfirmed", "pending", "spooled",
+            "hook": {k: s[k] for k in ("submitted", "inherited", "sent", "stored", "already_stored", "late",
+                                       "rejected", "dropped", "dropped_by", "unconfirmed", "pending", "left", "spooled",
                                        "spool_bytes_peak", "spool_errors")},
             "counters_exact": {  # the unconfirmed may or may not be in the store: the one count the hook cannot know
                 "sent <= stored <= sent + unconfirmed": s["sent"] <= distinct <= s["sent"] + s["unconfirmed"],
                 "submitted == steps run": s["submitted"] == steps,
-                "submitted == sent+rejected+dropped+unconfirmed+pending": s["submitted"] == counted},
+                "submitted+inherited == sent+rejected+dropped+unconfirmed+pending+left":
+                    s["submitted"] + s["inherited"] == counted},
             "rss_mb_before_outage": round(rss_before / 2**20, 1), "rss_mb_peak": round(peaks.rss_peak / 2**20, 1),
             "spool_disk_bytes_peak": peaks.disk_peak,
             "step_end_ms": {phase: quantiles_ms(costs) for phase, costs in step_end_s.items()},

@@ -27,9 +27,9 @@ from trimtab.trainer.adapters.phases import lazy_hook
 
 
 def accounted(stats: dict) -> bool:
-    """Every report the loop handed over is in exactly one count."""
-    return stats["submitted"] == (stats["sent"] + stats["rejected"] + stats["dropped"] + stats["unconfirmed"]
-                                  + stats["pending"])
+    """Every report the loop handed over (or an earlier run left) is in exactly one count."""
+    return stats["submitted"] + stats["inherited"] == (stats["sent"] + stats["rejected"] + stats["dropped"]
+                                                       + stats["unconfirmed"] + stats["pending"] + stats["left"])
 
 
 def run_for(hook, seconds: float, sleep_s: float = 0.005) -> tuple[int, list[float]]:
