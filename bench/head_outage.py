@@ -8,12 +8,15 @@ stops, and the hook gets ``--drain-s`` to send what waits before it closes. Prin
 
 * steps run, reports stored (distinct steps in the store), duplicated rows, steps missing;
 * the hook's counters (``hook.stats``) against that truth: sent == stored, submitted == steps run,
-  submitted == sent + rejected + dropped + unconfirmed + pending;
+  submitted + inherited == sent + rejected + dropped + unconfirmed + pending + left;
 * this process's RSS before the outage and at its peak, and the spool's bytes on disk at the peak (sampled every
   0.5 s, and the hook's own peak);
 * how long after SIGCONT the hook had caught up (at most half a second of steps waiting: the backlog sent, paced);
 * the step rate reached (a loaded machine may not hold ``--steps-per-s``) and ``step_end``'s cost (p50, p99, max)
-  before, during and after the outage.
+  before, during and after the outage;
+* the stored step times against the loop's own (its wall clock as ``step_end`` returned), per phase: the time the
+  controller reads, the report's ``ended_ms`` (the hook's stamp), and the arrival time ``received_ms`` (what it
+  read before ``ended_ms``: the baseline, in the same run) — p50 and max of |stored − own|, seconds.
 
     python bench/head_outage.py --outage-s 600                 # the figure
     python bench/head_outage.py --outage-s 30 --spool-max-bytes 0   # memory only (the hook before the spool)
@@ -31,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import psutil
 from live_api import trimtab_server
@@ -43,6 +47,27 @@ def stored_steps(db: Path, job: str) -> tuple[int, int, set[int]]:
                             (job,)).fetchall()
     steps = [r[0] for r in rows]
     return len(steps), len(set(steps)), set(steps)
+
+
+def stored_times(db: Path, job: str) -> dict[int, tuple[int, Optional[int]]]:
+    """step → (received_ms, ended_ms) of ``job``'s reports (one rank)."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT r.step, r.received_ms, r.ended_ms FROM job_reports r JOIN jobs j "
+                            "ON j.id = r.job_id WHERE j.name = ?", (job,)).fetchall()
+    return {step: (received, ended) for step, received, ended in rows}
+
+
+def time_errors(own_ms: dict[int, int], stored: dict[int, tuple[int, Optional[int]]], phase_of: dict[int, str]):
+    """Per phase: p50 and max of |stored − own| in seconds, for ended_ms (COALESCE'd with received_ms, as the
+    controller reads it) and for received_ms alone."""
+    out: dict[str, dict] = {}
+    for phase in ("warm", "outage", "after"):
+        steps = [k for k, p in phase_of.items() if p == phase and k in stored]
+        for name, pick in (("ended_ms", lambda r: r[1] if r[1] is not None else r[0]), ("received_ms", lambda r: r[0])):
+            errors = sorted(abs(pick(stored[k]) - own_ms[k]) / 1000 for k in steps)
+            out.setdefault(phase, {})[name] = ({"p50": round(errors[len(errors) // 2], 3),
+                                                "max": round(errors[-1], 3)} if errors else {})
+    return out
 
 
 def dir_bytes(path: Path) -> int:
@@ -128,6 +153,8 @@ def main() -> int:
         t_start = time.monotonic()
         rss_before = 0
         marks: dict[str, float] = {}
+        own_ms: dict[int, int] = {}  # step → the loop's wall clock as its step_end returned
+        phase_of: dict[int, str] = {}
         try:
             for phase, length_s in (("warm", args.warm_s), ("outage", args.outage_s), ("after", args.after_s)):
                 if phase == "outage":
@@ -143,6 +170,7 @@ def main() -> int:
                     t0 = time.perf_counter()
                     hook.step_end(samples=hook.knobs["batch_size"])
                     costs.append(time.perf_counter() - t0)
+                    own_ms[steps], phase_of[steps] = time.time_ns() // 1_000_000, phase
                     steps += 1
                     if phase == "after" and "drained" not in marks and hook.stats["pending"] <= caught_up:
                         marks["drained"] = time.monotonic()
@@ -164,22 +192,24 @@ def main() -> int:
         time.sleep(1.0)  # requests the stopped server had buffered are answered by now
         rows, distinct, got = stored_steps(db, job)
         s = hook.stats
-        counted = s["sent"] + s["rejected"] + s["dropped"] + s["unconfirmed"] + s["pending"]
+        counted = s["sent"] + s["rejected"] + s["dropped"] + s["unconfirmed"] + s["pending"] + s["left"]
         result = {
             "outage_s": args.outage_s, "steps_per_s_asked": args.steps_per_s,
             "steps_per_s_run": round(steps / run_s, 2), "steps_run": steps, "stored": distinct,
             "duplicated_rows": rows - distinct, "missing": steps - len(got & set(range(steps))),
             "drained_s_after_sigcont": round(drained_s, 1),
-            "hook": {k: s[k] for k in ("submitted", "sent", "stored", "already_stored", "late", "rejected",
-                                       "dropped", "dropped_by", "unconfirmed", "pending", "spooled",
+            "hook": {k: s[k] for k in ("submitted", "inherited", "sent", "stored", "already_stored", "late",
+                                       "rejected", "dropped", "dropped_by", "unconfirmed", "pending", "left", "spooled",
                                        "spool_bytes_peak", "spool_errors")},
             "counters_exact": {  # the unconfirmed may or may not be in the store: the one count the hook cannot know
                 "sent <= stored <= sent + unconfirmed": s["sent"] <= distinct <= s["sent"] + s["unconfirmed"],
                 "submitted == steps run": s["submitted"] == steps,
-                "submitted == sent+rejected+dropped+unconfirmed+pending": s["submitted"] == counted},
+                "submitted+inherited == sent+rejected+dropped+unconfirmed+pending+left":
+                    s["submitted"] + s["inherited"] == counted},
             "rss_mb_before_outage": round(rss_before / 2**20, 1), "rss_mb_peak": round(peaks.rss_peak / 2**20, 1),
             "spool_disk_bytes_peak": peaks.disk_peak,
             "step_end_ms": {phase: quantiles_ms(costs) for phase, costs in step_end_s.items()},
+            "stored_time_error_s": time_errors(own_ms, stored_times(db, job), phase_of),
         }
     text = json.dumps(result, indent=2)
     print(text)
@@ -188,7 +218,9 @@ def main() -> int:
     print(f"outage {args.outage_s:g} s at {result['steps_per_s_run']} steps/s: {steps} steps run, {distinct} stored, "
           f"{rows - distinct} duplicated, {result['missing']} missing; hook sent {s['sent']}, dropped {s['dropped']}, "
           f"unconfirmed {s['unconfirmed']}; RSS {result['rss_mb_before_outage']} -> {result['rss_mb_peak']} MB, "
-          f"spool peak {peaks.disk_peak} bytes", file=sys.stderr)
+          f"spool peak {peaks.disk_peak} bytes; outage steps' stored time off the loop's by max "
+          f"{result['stored_time_error_s']['outage']['ended_ms'].get('max')} s (ended_ms) against "
+          f"{result['stored_time_error_s']['outage']['received_ms'].get('max')} s (arrival)", file=sys.stderr)
     return 0 if all(result["counters_exact"].values()) else 1
 
 

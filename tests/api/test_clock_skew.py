@@ -5,6 +5,8 @@ saying why — on SQLite and PostgreSQL."""
 import json
 import re
 
+import pytest
+
 from click.testing import CliRunner
 
 from trimtab.cli.main import cli
@@ -91,3 +93,28 @@ def test_a_node_in_time_degrades_nothing(api):
     assert send(api, recent_batch(), now_ms()).status_code == 200
     health = api.get("/healthz")
     assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["clocks"] == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_node_set_right_after_running_ahead_shows_its_current_readings_at_once(backend, request, make_api):
+    """A node 2 min ahead is set right (NTP): its stamps step back 2 min. /v1/gpus (the live view) and the store's
+    latest rows kept its last reading from before until real time caught up; now its readings of now replace it
+    once they are STEP_BACK_MARGIN_MS newer on the server's clock — here at once: the held one was sampled 6 s
+    before its batch was sent."""
+    from trimtab.store.queries import latest_gpu_samples
+
+    api = make_api("sqlite" if backend == "sqlite" else request.getfixturevalue("pg_url"), mode="server")
+    ahead = shifted("ntp", 120_000 - 6_000)  # stamped 2 min ahead, 6 s before it is sent
+    for row in ahead.gpu_samples:
+        row.util_pct = 11.0
+    assert send(api, ahead, now_ms() + 120_000).status_code == 200
+    now = shifted("ntp", 0)  # the clock set right: the node's reading of now
+    for row in now.gpu_samples:
+        row.util_pct = 77.0
+    assert send(api, now, now_ms()).status_code == 200
+    gpus = [g for g in api.get("/v1/gpus", node="ntp").json()["gpus"]]
+    assert gpus and all(g["latest"]["metrics"]["util_pct"] == 77.0 for g in gpus), gpus
+    assert all(g["latest"]["ts_ms"] == now.gpu_samples[-1].ts_ms for g in gpus)
+    stored = latest_gpu_samples(api.ctx.engine, hostname="ntp")
+    assert stored and all(s.metrics["util_pct"] == 77.0 for s in stored), "the store's latest rows likewise"
+    assert node(api, "ntp")["clock_off"] is False, "its skew is measured as it is now"

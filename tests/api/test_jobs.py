@@ -70,7 +70,7 @@ def test_an_invalid_registration_is_422_naming_the_field(sqlite_api, change, loc
 def test_a_step_report_is_stored_once_and_listed_newest_first(job_api):
     api = job_api
     first = api.post("/v1/jobs/grpo-7b/reports", REPORT, scope="job").json()
-    assert first == {"stored": True, "pending_changes": []}
+    assert first == {"stored": True, "untimed": False, "pending_changes": []}
     assert api.post("/v1/jobs/grpo-7b/reports", REPORT, scope="job").json()["stored"] is False  # a resend
     for step, rank in ((11, 1), (11, 0), (12, 0)):
         api.post("/v1/jobs/grpo-7b/reports", {"step": step, "rank": rank, "step_time_s": 2.0}, scope="job")
@@ -123,14 +123,16 @@ def test_a_batch_of_reports_is_stored_and_listed_and_a_resend_is_not_stored_twic
     calls = []
     api.ctx.after_report = lambda job, step, step_time_s, earlier=(), **_: calls.append((step, step_time_s, earlier))
     first = api.post(BATCHES, batch_of(10, 11, 12), scope="job")
-    assert first.status_code == 200 and first.json() == {"stored": 3, "received": 3, "pending_changes": []}
+    assert first.status_code == 200 and first.json() == {"stored": 3, "received": 3, "untimed": 0,
+                                                         "pending_changes": []}
     assert stored_steps(api) == [(12, 0), (11, 0), (10, 0)]
     (newest, *_) = api.get("/v1/jobs/grpo-7b/reports").json()["reports"]
     assert newest["generation_s"] == 1.2 and newest["fragmentation"] == 0.143 and newest["tokens"] == 262144
     assert calls == [(12, 2.5, [(10, 2.5), (11, 2.5)])]  # after_report once per batch, with its newest report
     # A resend after a lost answer, grown by a new report, another rank's, and one sent twice: only new ones count.
     again = {"reports": [*batch_of(11, 12, 13)["reports"], {**REPORT, "step": 13}, {**REPORT, "step": 12, "rank": 1}]}
-    assert api.post(BATCHES, again, scope="job").json() == {"stored": 2, "received": 5, "pending_changes": []}
+    assert api.post(BATCHES, again, scope="job").json() == {"stored": 2, "received": 5, "untimed": 0,
+                                                            "pending_changes": []}
     assert stored_steps(api) == [(13, 0), (12, 0), (12, 1), (11, 0), (10, 0)]
     assert calls[1] == (13, 2.5, [(12, 2.5)])  # the batch's new reports only
     assert api.post(BATCHES, batch_of(10, 11), scope="job").json()["stored"] == 0 and len(calls) == 2
@@ -174,7 +176,7 @@ def test_a_batch_holds_1_to_256_reports(sqlite_api):
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "reports"], r.text
     assert stored_steps(api) == []
     assert api.post(BATCHES, batch_of(*range(256)), scope="job").json() == {"stored": 256, "received": 256,
-                                                                            "pending_changes": []}
+                                                                            "untimed": 0, "pending_changes": []}
 
 
 def test_a_batch_needs_a_token_that_may_write_to_the_job_as_one_report_does(sqlite_api):

@@ -27,9 +27,9 @@ from trimtab.trainer.adapters.phases import lazy_hook
 
 
 def accounted(stats: dict) -> bool:
-    """Every report the loop handed over is in exactly one count."""
-    return stats["submitted"] == (stats["sent"] + stats["rejected"] + stats["dropped"] + stats["unconfirmed"]
-                                  + stats["pending"])
+    """Every report the loop handed over (or an earlier run left) is in exactly one count."""
+    return stats["submitted"] + stats["inherited"] == (stats["sent"] + stats["rejected"] + stats["dropped"]
+                                                       + stats["unconfirmed"] + stats["pending"] + stats["left"])
 
 
 def run_for(hook, seconds: float, sleep_s: float = 0.005) -> tuple[int, list[float]]:
@@ -87,6 +87,32 @@ def test_a_server_frozen_mid_run_gets_every_step_once_when_it_resumes_and_the_co
 
 def fake_hook(server, url: str = "http://trimtab.invalid", **kw):
     return attach("fake", url, "tok", knobs=KNOBS, backoff_max_s=0.2, transport=httpx.MockTransport(server), **kw)
+
+
+def test_reports_sent_after_an_outage_carry_the_time_their_step_ended(tmp_path):
+    """The server files a late report at its ``ended_ms`` (api/routes/job_loop.py): the hook stamps it at the step's
+    boundary with the wall clock, not when the report finally goes."""
+    server = FakeServer("down")
+    hook = fake_hook(server, queue_max=16, spool_dir=str(tmp_path))
+    spans = []  # (wall clock before step_end, after) of each step, epoch ms
+    try:
+        for _ in range(60):
+            before = time.time_ns() // 1_000_000
+            run_steps(hook, 1, sleep_s=0.01)
+            spans.append((before, time.time_ns() // 1_000_000))
+        assert hook.stats["spooled"] > 0
+        time.sleep(0.3)  # the reports wait: sent at least this long after their steps
+        sent_from_ms = time.time_ns() // 1_000_000
+        server.mode = "ok"
+        eventually(lambda: hook.stats["pending"] == 0)
+    finally:
+        hook.close(timeout_s=0.5)
+    with server.lock:
+        reports = [r for m, p, b in server.requests if m == "POST" and p.endswith("/report-batches")
+                   for r in b["reports"]] + [b for m, p, b in server.requests if m == "POST" and p.endswith("/reports")]
+    ended = {r["step"]: r["ended_ms"] for r in reports}
+    assert sorted(ended) == list(range(60))
+    assert all(spans[step][0] <= ms <= spans[step][1] < sent_from_ms for step, ms in ended.items()), (ended, spans)
 
 
 def test_a_full_spool_keeps_its_oldest_and_memory_its_newest_and_counts_the_middle_said_once(tmp_path, caplog):

@@ -17,6 +17,7 @@ from trimtab.api.schemas import NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Mo
     input_type, message_model
 from trimtab.contract.knobs import ACK, KNOB_DECLARATION, KNOB_NAME, KNOB_VALUE, MAX_JOB_NAME, MAX_NAME, \
     PENDING_CHANGE, REFUSAL
+from trimtab.contract.readings import MAX_CLOCK_AHEAD_S
 from trimtab.contract.roles import MAX_GPUS_PER_NODE, MAX_PIDS, MAX_PLACEMENTS, SOURCES
 from trimtab.contract.step_report import GPU_PHASES_GROUP, GROUPS, MAX_REPORTS_PER_BATCH, MEMORY_GROUP, PHASES_GROUP, \
     REPORT_FIELDS
@@ -169,8 +170,13 @@ PendingChangeOut = message_model("PendingChangeOut", PENDING_CHANGE, "A knob cha
                                  inputs=False)
 
 
+UNTIMED = (f"its ended_ms was more than {MAX_CLOCK_AHEAD_S} s ahead of the server's clock (the rank's clock is "
+           f"wrong): filed at its arrival instead")
+
+
 class ReportAcceptedOut(Model):
     stored: bool = Field(description="False when this (step, rank) was stored before (a resend).")
+    untimed: bool = Field(False, description=f"True when {UNTIMED}.")
     pending_changes: list[PendingChangeOut] = Field(
         description="Changes to apply at the next step boundary (rank 0 broadcasts them), then acknowledge.")
 
@@ -186,6 +192,7 @@ class ReportBatchAcceptedOut(Model):
     stored: int = Field(description="How many of the batch's reports were new; a (step, rank) stored before (a "
                                     "resend) is not counted, nor stored twice.")
     received: int = Field(description="How many reports the batch held (all of them valid: the batch was accepted).")
+    untimed: int = Field(0, description=f"How many of them were filed at arrival: {UNTIMED}.")
     pending_changes: list[PendingChangeOut] = Field(
         description="Changes to apply at the next step boundary (rank 0 broadcasts them), then acknowledge; as in "
                     "the answer to one report.")

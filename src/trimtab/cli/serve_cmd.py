@@ -169,7 +169,7 @@ def up(db_url, host, port, metrics_nvlink_links, interval, simulate, scenario, s
         raise click.ClickException(str(exc)) from exc
     ctx = ApiContext(engine=engine, mode="up", state_dir=sd, metrics_nvlink_links=metrics_nvlink_links)
     runner = Agent(sources, StoreSink(url), spool_dir or default_spool_dir(), interval_s=interval, hostname=hostname,
-                   status_every_s=status_every, spool_max_bytes=spool_max_mb * 1024 * 1024, on_batch=ctx.snapshot.update)
+                   status_every_s=status_every, spool_max_bytes=spool_max_mb * 1024 * 1024, on_batch=ctx.snapshot.update_sampled)
     rebalancer = _start_rebalancer(ctx, rules, rebalance)
     ctx.component_status = lambda: {"agent": runner.health(),
                                     "rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}

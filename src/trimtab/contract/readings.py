@@ -72,6 +72,12 @@ MAX_CLOCK_AHEAD_S = 300
 # A node's clock further off the receiver's than this is shown as such (/v1/nodes, /healthz, check, an event):
 # its samples sit that far off in every window. NTP keeps clocks within milliseconds; a batch's trip adds less.
 MAX_CLOCK_SKEW_S = 5.0
+# The latest reading of a GPU (a link, a host) is the newest by its stamp — or, once the node's clock stepped back,
+# one whose time on the receiver's clock (stamp + the node's skew as its batch came) is newer than the held one's by
+# more than this: the node's current readings then stamp older than those from before the step, and would
+# otherwise stay out of /v1/gpus and /metrics until real time caught up with the step. More than a batch's trip
+# varies by (the trip is in the skew), so batches in order never trade places by it.
+STEP_BACK_MARGIN_MS = 5_000
 _DATED_PARTS = ("gpu_samples", "host_samples", "processes", "events", "nvlink_samples")
 
 

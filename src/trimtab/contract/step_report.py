@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from trimtab.contract.kinds import NO_CONTROL_CHARS, Kind, Spec, clean
+from trimtab.contract.readings import MAX_CLOCK_AHEAD_S
 
 MAX_STEP = 2**53 - 1         # exact in a JSON number (IEEE double), far inside BIGINT
 MAX_COUNT = 2**63 - 1        # BIGINT
@@ -32,6 +33,7 @@ MAX_LOGGED, MAX_LOGGED_KEY = 64, 128
 MAX_REPORTS_PER_BATCH = 256  # step reports in one POST …/report-batches (a rank's queued reports; 422 beyond)
 
 STEP = Kind(int, 0, MAX_STEP, "bigint")
+EPOCH_MS = Kind(int, 0, MAX_STEP, "bigint")  # a wall-clock time, epoch milliseconds
 RANK = Kind(int, 0, MAX_RANK, "integer")
 GPU_INDEX = Kind(int, 0, 4095, "integer")
 PID = Kind(int, 0, 2**31 - 1, "bigint")
@@ -105,6 +107,11 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
     ReportField("step", STEP, "Training step the report is about.", fold=SAME, required=True),
     ReportField("rank", RANK, "Rank reporting (0 ≤ rank < the job's ranks).", fold=COUNT_RANKS, required=True),
     ReportField("step_time_s", SECONDS, "Wall time of the step, seconds.", required=True),
+    ReportField("ended_ms", EPOCH_MS, "When the step ended, by the rank's wall clock, epoch milliseconds (the hook "
+                                      "stamps it at the step's boundary: a report sent late, kept through a head "
+                                      "outage, keeps its step's time). Absent, or more than "
+                                      f"{MAX_CLOCK_AHEAD_S} s ahead of the server's clock: the server files the "
+                                      "report at its arrival instead."),
     _phase("generation", "Rollout / generation time in the step, seconds."),
     _phase("evaluation", "Scoring time (reward, critic, reference), seconds."),
     _phase("communication", "Collective communication time, seconds."),
@@ -195,6 +202,17 @@ def to_wire(report: Mapping[str, Any]) -> dict[str, Any]:
 def to_columns(report: Mapping[str, Any]) -> dict[str, Any]:
     """A wire-shaped report flattened to the store's columns (a phase ``p`` → ``p_s``); None where absent."""
     return {f.column: ((report.get(f.group) or {}) if f.group else report).get(f.name) for f in REPORT_FIELDS}
+
+
+def untime_if_ahead(report: dict[str, Any], now_ms: int) -> bool:
+    """Clears the report's ``ended_ms`` when it is more than MAX_CLOCK_AHEAD_S ahead of ``now_ms`` (the
+    receiver's clock): the rule samples follow, except that a step report is kept (filed at its arrival) rather than
+    refused — a rank whose clock is wrong still trains. Whether it did."""
+    ended_ms = report.get("ended_ms")
+    if ended_ms is not None and ended_ms > now_ms + MAX_CLOCK_AHEAD_S * 1000:
+        report["ended_ms"] = None
+        return True
+    return False
 
 
 def fold_ranks(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

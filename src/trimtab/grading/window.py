@@ -33,7 +33,7 @@ class JobStep:
     fragmentation: Optional[float]      # the worst rank's, fraction 0–1
     num_ooms: Optional[int]             # cumulative, the highest rank's
     collective_latency_us: Optional[float]
-    start_ms: int                       # wall clock span of the step, from the reports' arrival
+    start_ms: int                       # wall clock span of the step, from its ranks' ended_ms (else arrival)
     end_ms: int
     num_alloc_retries: Optional[int] = None  # cumulative, the highest rank's
     rollout_slowest_s: Optional[float] = None  # the slowest sample's generation time (the long tail)
@@ -53,7 +53,9 @@ class JobStep:
 def fold_step(step: int, rows: Sequence[Mapping[str, Any]]) -> JobStep:
     """One step from its ranks' reports (flat, as the store keeps them), each field folded as the contract says."""
     f = fold_ranks(rows)
-    end_ms = max(r["received_ms"] for r in rows)
+    # When the step ended by its ranks' clocks (the slowest rank's); else when its reports arrived (a hook before
+    # ended_ms, or a clock too far ahead): a report sent late, after a head outage, arrived long after its step.
+    end_ms = f["ended_ms"] if f["ended_ms"] is not None else max(r["received_ms"] for r in rows)
     ooms, retries = f["num_ooms"], f["num_alloc_retries"]
     return JobStep(step=step, ranks=f["rank"], step_time_s=f["step_time_s"], samples=f["samples"],
                    phases_s={p: f[f"{p}_s"] for p in PHASES}, fragmentation=f["fragmentation"],

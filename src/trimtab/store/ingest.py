@@ -25,8 +25,8 @@ from sqlalchemy import Engine, bindparam, case, literal_column, or_, select, upd
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
-from trimtab.contract.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, Batch, GpuInfo, \
-    NodeInfo
+from trimtab.contract.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, \
+    STEP_BACK_MARGIN_MS, Batch, GpuInfo, NodeInfo
 from trimtab.store.engine import insert_for, sqlite_writer_turn
 from trimtab.store.models import (
     ROLLUP_STATE_ID,
@@ -134,13 +134,26 @@ def _newest_rows(rows: list[tuple], key_at: tuple[int, ...]) -> list[tuple]:
 
 
 def _latest_upsert(table, dialect: Dialect, key: Sequence[str], columns: Sequence[str]) -> "DriverStatement":
-    """``INSERT … ON CONFLICT (key) DO UPDATE`` of a latest-row table, taking the new row only when it is newer."""
+    """``INSERT … ON CONFLICT (key) DO UPDATE`` of a latest-row table (``columns`` end with ``receiver_ms``), taking
+    the new row when it is newer by ``ts_ms``, or by ``receiver_ms`` past STEP_BACK_MARGIN_MS (a clock stepped
+    back; NULL on either side: ``ts_ms`` alone decides)."""
     stmt = insert_for(dialect, table)
+    new, held = stmt.excluded, table.c
     stmt = stmt.on_conflict_do_update(
-        index_elements=[table.c[k] for k in key],
-        set_={c: stmt.excluded[c] for c in columns if c not in key},
-        where=stmt.excluded.ts_ms > table.c.ts_ms)
+        index_elements=[held[k] for k in key],
+        set_={c: new[c] for c in columns if c not in key},
+        where=or_(new.ts_ms > held.ts_ms,
+                  new.receiver_ms > held.receiver_ms + literal_column(str(STEP_BACK_MARGIN_MS))))
     return DriverStatement(stmt, dialect, columns)
+
+
+def _with_receiver_ms(rows: list[tuple], now_ms: Optional[int], skew_ms: Optional[int]) -> list[tuple]:
+    """Latest rows (gpu, time, …) with their time on the receiver's clock appended: ``ts_ms + skew_ms``, at most
+    ``now_ms`` (a batch kept from before a step, sent after it, must not claim a time to come); None without a
+    skew."""
+    if skew_ms is None or now_ms is None:
+        return [(*row, None) for row in rows]
+    return [(*row, min(row[1] + skew_ms, now_ms)) for row in rows]
 
 
 class DriverStatement:
@@ -209,9 +222,10 @@ class BatchWriter:
                         for t in (gpu_samples, host_samples, gpu_processes, health_events, gpu_nvlink_samples)}
         # The latest-row tables take rows in the sample tables' column order (gpu, time[, link], metrics).
         self._upsert_latest = {
-            "gpu_samples": (_latest_upsert(gpu_latest, dialect, ("gpu_id",), _columns(gpu_samples)), (0,)),
+            "gpu_samples": (_latest_upsert(gpu_latest, dialect, ("gpu_id",),
+                                           (*_columns(gpu_samples), "receiver_ms")), (0,)),
             "gpu_nvlink_samples": (_latest_upsert(gpu_nvlink_latest, dialect, ("gpu_id", "link"),
-                                                  _columns(gpu_nvlink_samples)), (0, 2))}
+                                                  (*_columns(gpu_nvlink_samples), "receiver_ms")), (0, 2))}
         state = rollup_state.c
         self._lower_dirty = DriverStatement(
             update(rollup_state)
@@ -239,9 +253,11 @@ class BatchWriter:
             pooled, self._pooled = self._pooled, None
             pooled.close()
 
-    def write(self, batch: Batch) -> IngestResult:
+    def write(self, batch: Batch, now_ms: Optional[int] = None, skew_ms: Optional[int] = None) -> IngestResult:
         """Store ``batch`` in one transaction and return what was new. Idempotent: writing the same batch again
-        inserts nothing. A GPU named by a sample but absent from ``batch.gpus`` gets a placeholder row."""
+        inserts nothing. A GPU named by a sample but absent from ``batch.gpus`` gets a placeholder row.
+        ``now_ms``/``skew_ms``: the receiver's clock as the batch came and the node's skew against it (receiver −
+        node), so the latest rows follow a node whose clock stepped back (None: not known, ``ts_ms`` decides)."""
         if self._pooled is None:
             self._pooled = self._engine.raw_connection()
         driver = self._pooled.driver_connection
@@ -265,7 +281,8 @@ class BatchWriter:
                     for name, rows in tables:  # in the same transaction: the latest rows never lag the samples
                         if name in self._upsert_latest and rows:
                             upsert, key_at = self._upsert_latest[name]
-                            upsert.start_many(driver, _newest_rows(rows, key_at))
+                            upsert.start_many(driver, _with_receiver_ms(_newest_rows(rows, key_at), now_ms,
+                                                                        skew_ms))
                     if samples:
                         # Late or replayed samples must be rolled up again. Last, so that on PostgreSQL a writer
                         # that lowers the mark holds the rollup_state row lock only until its commit.

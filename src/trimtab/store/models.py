@@ -121,17 +121,28 @@ gpu_nvlink_samples = Table(
     **_CLUSTERED,
 )
 
+
+def _receiver_ms() -> Column:
+    """The latest row's sample time on the receiver's clock: ``ts_ms`` + the node's clock skew as its batch came,
+    never after the batch's arrival; NULL: the skew was not known (a batch without ``sent_ms``)."""
+    return Column("receiver_ms", BigInteger, nullable=True)
+
+
 # The newest reading of each GPU and of each NVLink link, kept current by ingest in the transaction that inserts
-# the samples (a newer time replaces the row; an equal or older one never does, so the row is the newest row of the
-# sample table, first write winning as there). Latest-sample reads (/metrics, /v1/gpus) then cost one row a GPU
-# whatever the history. Retention never touches them: a GPU whose raw rows aged out keeps the last reading it had
-# (readers judge its age); deleting the GPU deletes its row.
+# the samples: a newer time replaces the row, an equal or older one does not (the row is the newest row of the
+# sample table, first write winning as there) — unless the node's clock stepped back: then its new readings are
+# older by ts_ms than the held one, and replace it once their receiver_ms passes the held one's by
+# trimtab.contract.readings.STEP_BACK_MARGIN_MS (a reading is frozen for that long, not for the size of the step).
+# Latest-sample reads (/metrics, /v1/gpus) then cost one row a GPU whatever the history. Retention never touches
+# them: a GPU whose raw rows aged out keeps the last reading it had (readers judge its age); deleting the GPU
+# deletes its row.
 gpu_latest = Table(
     "gpu_latest",
     metadata,
     Column("gpu_id", Integer, _gpu_fk(), primary_key=True, autoincrement=False),
     Column("ts_ms", BigInteger, nullable=False),
     *_metric_columns(GPU_METRICS),
+    _receiver_ms(),
 )
 
 gpu_nvlink_latest = Table(
@@ -141,6 +152,7 @@ gpu_nvlink_latest = Table(
     Column("link", Integer, nullable=False),
     Column("ts_ms", BigInteger, nullable=False),
     *_metric_columns(NVLINK_LINK_METRICS),
+    _receiver_ms(),
     PrimaryKeyConstraint("gpu_id", "link"),
 )
 

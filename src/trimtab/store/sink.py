@@ -74,7 +74,7 @@ class StoreSink:
                 why = f"{part}[{i}]: " + ahead_of_clock_message(ts_ms, now_ms, "the store's")
                 self._note_clock(batch, now_ms, skew_ms, why)
                 raise BatchRefused(why)
-            result = writer.write(batch)
+            result = writer.write(batch, now_ms, skew_ms)
         except (OperationalError, dbapi.OperationalError, dbapi.InterfaceError) as exc:
             # The raw DB-API errors come from checking out a connection (server down, refused, reset).
             if is_disk_full(exc):  # SQLite on a full disk: free what can be freed and say so; retried later

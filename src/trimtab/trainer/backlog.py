@@ -8,7 +8,11 @@ while it answers, slower than the job reports) — apart from the reporter, beca
 request for its whole timeout while a fast job fills the queue. Order is kept: a failed POST's reports (the
 ``front``), then the spool, then memory; each report goes once it is confirmed, never before an older one.
 
-Counts, kept so that ``submitted == sent + rejected + dropped + unconfirmed + pending`` at every moment:
+Counts, kept so that ``submitted + inherited == sent + rejected + dropped + unconfirmed + pending + left`` at every
+moment:
+
+* ``submitted``: reports the job handed over; ``inherited``: reports an earlier process of this job and rank left
+  on disk, picked up at start (sent first, in order);
 
 * ``sent``: the server confirmed them (``stored`` new by that answer, ``already_stored``: it had them — a POST whose
   answer was lost, resent); ``late``: of those, the ones that waited out an outage (resent after a failed POST, or
@@ -17,15 +21,18 @@ Counts, kept so that ``submitted == sent + rejected + dropped + unconfirmed + pe
 * ``dropped``: lost without the server ever having them, by reason (``dropped_by``: ``queue_full`` — no spool, or
   it could not keep up —, ``spool_full``, ``disk_error``, ``closed`` while some were still waiting);
 * ``unconfirmed``: lost after a POST that got no answer (a timeout, a 5xx): the server may have stored them;
-* ``pending``: still to send (memory, disk, in flight).
+* ``pending``: still to send (memory, disk, in flight);
+* ``left``: still unsent at ``close``, left on disk for the next process of this job and rank (with no spool, or a
+  disk that refuses them, they are ``dropped``, ``closed``).
 
 With the spool, the newest ``queue_max`` reports and the oldest ``spool_max_bytes`` survive any outage; a report
-is dropped only once both are full (the middle of the outage goes), and that is said once an outage.
+is dropped only once both are full (the middle of the outage goes), and that is said once an outage. They also
+survive the process: one killed, or closed while no server answers, leaves its spool, and the job restarted picks
+it up (:mod:`trimtab.trainer.report_spool`).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
@@ -35,7 +42,7 @@ from pathlib import Path
 from typing import Optional
 
 from trimtab.paths import state_dir
-from trimtab.trainer.report_spool import DOUBT, ReportSpool, spool_dir_name
+from trimtab.trainer.report_spool import DOUBT, ReportSpool, open_spool, stable_dir_name
 
 log = logging.getLogger("trimtab.trainer")
 
@@ -45,7 +52,6 @@ SPOOL_RETRY_S = 60.0  # after a disk error, the spool is tried again this long a
 SPOOL_MIN_ROOM_BYTES = 1024  # less room than this: the spool counts as full (no write attempted)
 QUEUE_FULL, SPOOL_FULL, DISK_ERROR, CLOSED = "queue_full", "spool_full", "disk_error", "closed"
 FRONT, SPOOL, MEMORY = "front", "spool", "memory"  # where the reports in flight came from
-_serials = itertools.count(1)
 
 
 def default_spool_dir() -> Path:
@@ -84,10 +90,12 @@ class Backlog:
         self._closed = False
         self._said: set[str] = set()  # what was said this outage
         self.submitted = self.sent = self.stored = self.already_stored = self.late = 0
-        self.rejected = self.unconfirmed = self.spooled = self.spool_errors = 0
+        self.rejected = self.unconfirmed = self.spooled = self.spool_errors = self.inherited = self.left = 0
         self.dropped_by: dict[str, int] = {}
         self._spill_wake = threading.Event()
         self._spiller: Optional[threading.Thread] = None
+        if self.spool_max_bytes and (self.spool_dir / stable_dir_name(name)).is_dir():
+            self._pick_up()
         if self.spool_max_bytes:
             self._spiller = threading.Thread(target=self._spill_loop, name=f"trimtab-spool-{name}", daemon=True)
             self._spiller.start()
@@ -172,28 +180,45 @@ class Backlog:
                     self._drop_oldest()
 
     def close(self) -> int:
-        """Gives up what is still waiting (counted dropped, ``closed``; in flight: unconfirmed) and removes the
-        spool; how many reports that was."""
+        """Leaves what is still waiting on disk for the next process of this job and rank (counted ``left``; in
+        flight: flagged unconfirmed), after the reports on disk and in their order; what the disk cannot take (no
+        spool, full, an error) is given up (counted dropped, ``closed``; in flight: unconfirmed). How many reports
+        were given up."""
         with self._lock:
             self._closed = True
         self._spill_wake.set()
         if self._spiller is not None:
             self._spiller.join(2.0)
-        with self._io_lock, self._lock:
-            lost = len(self._memory) + len(self._front)
-            for item in itertools.chain(self._front, self._memory):
-                self._count_drop(item[1], CLOSED)
-            if self._flight_from != SPOOL:
-                lost += len(self._flight)
-                for item in self._flight:
-                    self._count_drop(item[1] | DOUBT, CLOSED)
-            self._memory.clear()
-            self._front, self._flight = [], []
         with self._io_lock:
+            with self._lock:
+                in_flight = [] if self._flight_from == SPOOL else self._flight
+                for item in in_flight:
+                    item[1] |= DOUBT  # its POST got no answer
+                waiting = [*self._front, *in_flight, *self._memory]
+                self._memory.clear()
+                self._front, self._flight = [], []
+            spool = self._usable_spool() if waiting and self.spool_max_bytes else self._spool
+            kept = 0
+            if spool is not None and waiting:
+                try:
+                    kept = spool.append(waiting)
+                except OSError as exc:
+                    self._spool_failed(exc)
+                    spool = None
+            with self._lock:
+                for item in waiting[kept:]:
+                    self._count_drop(item[1], CLOSED)
             spool, self._spool = self._spool, None
-            if spool is not None:
-                lost += self._lose_spool(spool, CLOSED)
-        return lost
+            if spool is not None and spool.records:
+                with self._lock:
+                    self.left += spool.records
+                self._spool_bytes_peak = max(self._spool_bytes_peak, spool.bytes_peak)
+                spool.leave()
+                log.info("trimtab: %d reports of %s wait on disk in %s for the next run of this job and rank",
+                         spool.records, self._name, spool.directory)
+            elif spool is not None:
+                self._lose_spool(spool, CLOSED)  # nothing in it: removed
+        return len(waiting) - kept
 
     # -- what the counters say ----------------------------------------------------------------------------------
 
@@ -229,7 +254,8 @@ class Backlog:
         return max(self._spool_bytes_peak, spool.bytes_peak if spool is not None else 0)
 
     def stats(self) -> dict:
-        return {"submitted": self.submitted, "sent": self.sent, "stored": self.stored,
+        return {"submitted": self.submitted, "inherited": self.inherited, "left": self.left, "sent": self.sent,
+                "stored": self.stored,
                 "already_stored": self.already_stored, "late": self.late, "rejected": self.rejected,
                 "dropped": self.dropped, "dropped_by": dict(self.dropped_by), "unconfirmed": self.unconfirmed,
                 "pending": self.pending, "spooled": self.spooled, "spool_bytes": self.spool_bytes,
@@ -340,14 +366,21 @@ class Backlog:
         if self._spool is not None or time.monotonic() < self._spool_down_until:
             return self._spool
         try:
-            self._spool = ReportSpool(self.spool_dir / spool_dir_name(self._name, next(_serials)),
-                                      self.spool_max_bytes)
+            self._spool = open_spool(self.spool_dir, self._name, self.spool_max_bytes)
         except (OSError, ValueError) as exc:
             self._spool_failed(exc)
             return None
         log.info("trimtab: reports wait on disk in %s (up to %.3g MiB)", self._spool.directory,
                  self.spool_max_bytes / 2**20)
         return self._spool
+
+    def _pick_up(self) -> None:
+        """At start: the spool an earlier process of this job and rank left, sent before anything of this one."""
+        spool = self._usable_spool()
+        if spool is not None and spool.adopted:
+            self.inherited = spool.adopted
+            log.warning("trimtab: %d reports an earlier run of %s left in %s are sent first", spool.adopted,
+                        self._name, spool.directory)
 
     def _note_full(self, spool: Optional[ReportSpool]) -> None:
         self._full = spool is not None

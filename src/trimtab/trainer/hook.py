@@ -191,6 +191,7 @@ class Hook:
         what the framework logged for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``, and a
         prefetching job's ``queue_high_water`` (the most batches that waited unclaimed at once in the step)."""
         now_s = time.perf_counter()
+        ended_ms = time.time_ns() // 1_000_000  # the step's time, kept if its report waits out a head outage
         if step is not None:
             self._step = int(step)
         step_no, boundary = self._step, self._boundaries
@@ -204,7 +205,7 @@ class Hook:
         try:
             self._outbox.report(step_no, boundary, step_time_s, phases, samples, tokens, now_s,
                                 latency_us if latency_us is not None else resolved_us, memory, rollout_s, framework,
-                                ran_at)
+                                ran_at, ended_ms)
         except Exception:  # a bug in bookkeeping must not stop training; say it once
             self._say("report", "trimtab: could not build the step report", exc_info=True)
         self._changes.apply(changes, agreed, applied_at_step=step_no + 1)

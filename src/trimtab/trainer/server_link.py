@@ -138,7 +138,8 @@ class Reporter:
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Sends what is queued for at most ``timeout_s`` (giving up at the first failure), then stops; what is
-        still unsent is counted dropped ("closed") and said."""
+        still unsent waits on disk for the job's next run (counted ``left``), or, where the spool cannot keep it, is
+        counted dropped ("closed") and said."""
         self._flush_deadline = time.monotonic() + timeout_s
         self._stop.set()
         self._wake.set()

@@ -39,14 +39,14 @@ def ingest(body: BatchIn, request: Request, ctx: ApiContext = Depends(get_ctx),
         raise invalid(*ahead)
     with request.app.state.writers.writer() as writer:
         try:
-            result = writer.write(batch)
+            result = writer.write(batch, now_ms, skew_ms)
         except DBAPIError as exc:
             if not exc.connection_invalidated:
                 raise
             # The connection the writer held between batches died (the store restarted): the writer has dropped
             # it and the transaction rolled back, so once more on a fresh connection is safe (and idempotent).
-            result = writer.write(batch)
-    ctx.snapshot.update(batch)  # only once stored: /metrics must not show what the store refused
+            result = writer.write(batch, now_ms, skew_ms)
+    ctx.snapshot.update(batch, body.sent_ms)  # only once stored: /metrics must not show what the store refused
     _note_clock(request, batch, now_ms, skew_ms)
     return IngestOut(inserted=result.total_inserted, duplicates=result.duplicates,
                      gpu_samples_inserted=result.gpu_samples_inserted,

@@ -16,7 +16,7 @@ from trimtab.api.job_schemas import (AckIn, AckOut, ChangeIn, ChangeOut, Changes
                                      RefusalIn, ReportAcceptedOut, ReportBatchAcceptedOut, ReportBatchIn, ReportIn,
                                      ReportOut, ReportsOut)
 from trimtab.api.routes.jobs import find_job, job_for_write, job_name_path
-from trimtab.contract.step_report import MAX_REPORTS_PER_BATCH, to_columns
+from trimtab.contract.step_report import MAX_REPORTS_PER_BATCH, to_columns, untime_if_ahead
 from trimtab.store import jobs as job_store
 from trimtab.store.jobs import StoredChange, StoredJob, now_ms
 from trimtab.store.tokens import StoredToken
@@ -80,7 +80,10 @@ def _check_possible(ctx: ApiContext, job: StoredJob, body: ReportIn, newest: Opt
 @router.post("/{name}/reports", response_model=ReportAcceptedOut, responses={**WRITE, **NOT_FOUND},
              summary="Post a step report",
              description="One rank's report of one step: step time and its phases, samples, tokens, allocator "
-                         "statistics, collective latency. A resent (step, rank) is not stored twice. The response "
+                         "statistics, collective latency, when it ended (`ended_ms`: the step's time, also when "
+                         "the report comes late; more than 300 s ahead of the server's clock, the report is filed "
+                         "at its arrival and `untimed` says so). A resent (step, rank) is not stored twice. The "
+                         "response "
                          "carries the job's pending knob changes: apply them at a step boundary on every rank, then "
                          "acknowledge. The report is answered from ingest alone; the rebalancer plans the job on its "
                          "own thread once the report is stored, so a change it decides arrives in the response to a "
@@ -98,10 +101,11 @@ def _store_report(body: ReportIn, name: str, ctx: ApiContext, check: TokenCheck)
     job = _rank_of(ctx, name, check(), body.rank)  # the token first, on the pool's thread
     _check_possible(ctx, job, body, job_store.newest_step(ctx.engine, job.id))
     report = body.model_dump()
+    untimed = untime_if_ahead(report, now_ms())
     stored = job_store.add_report(ctx.engine, job.id, to_columns(report))
     if stored and ctx.after_report is not None:  # queues a plan (never runs one here)
         ctx.after_report(job, body.step, body.step_time_s, memory=report.get("memory"), rank=body.rank)
-    return ReportAcceptedOut(stored=stored, pending_changes=_pending(ctx, job))
+    return ReportAcceptedOut(stored=stored, untimed=untimed, pending_changes=_pending(ctx, job))
 
 
 def _pending(ctx: ApiContext, job: StoredJob) -> list[PendingChangeOut]:
@@ -138,10 +142,13 @@ def _store_report_batch(body: ReportBatchIn, name: str, ctx: ApiContext, check: 
         _check_possible(ctx, _with_rank(job, report.rank, ("body", "reports", i)), report, newest,
                         ("body", "reports", i))
         newest = report.step if newest is None else max(newest, report.step)
-    added = job_store.added_reports(ctx.engine, job.id, [to_columns(r.model_dump()) for r in body.reports])
+    reports, received_ms = [r.model_dump() for r in body.reports], now_ms()
+    untimed = sum(untime_if_ahead(r, received_ms) for r in reports)
+    added = job_store.added_reports(ctx.engine, job.id, [to_columns(r) for r in reports])
     if added and ctx.after_report is not None:
         _after_batch(ctx, job, [body.reports[i] for i in added])
-    return ReportBatchAcceptedOut(stored=len(added), received=len(body.reports), pending_changes=_pending(ctx, job))
+    return ReportBatchAcceptedOut(stored=len(added), received=len(body.reports), untimed=untimed,
+                                  pending_changes=_pending(ctx, job))
 
 
 def _after_batch(ctx: ApiContext, job: StoredJob, added: Sequence[ReportIn]) -> None:

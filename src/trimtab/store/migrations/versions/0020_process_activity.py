@@ -3,7 +3,7 @@ per-process utilization samples over the interval (util_from_ms, util_to_ms], wi
 cannot tell (never 0 for unknown).
 
 Revision ID: 0020
-Revises: 0018
+Revises: 0019
 Create Date: 2026-12-06 02:30:00
 
 Frozen like every revision: it names its columns itself.
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0020"
-down_revision: Union[str, Sequence[str], None] = "0018"
+down_revision: Union[str, Sequence[str], None] = "0019"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
