@@ -150,7 +150,8 @@ def test_a_one_period_side_is_given_the_assumed_noise_of_its_steps_averaged_not_
     p = comm_change(8, 16, n_before=16, n_after=17)
     assert p.outcome == "kept" and p.evidence["verdict"]["result"] == "gain", p.note
     assert p.evidence["after_sample"]["n"] == 1 and p.evidence["after_sample"]["steps_per_period"] > 10
-    assert p.evidence["verdict"]["method"] == "welch, assumed noise on a one-period side"
+    # (the before side's 16 steps say how noisy a step is: its step noise, not the assumed 10 %, step_noise.py)
+    assert p.evidence["verdict"]["method"] == "welch, the other side's step noise on a one-period side"
 
 
 def test_the_spreads_of_both_sides_are_pooled_unless_they_differ():

@@ -64,14 +64,15 @@ def test_two_knobs_in_series_meet_the_goal_where_the_job_reports_its_queue_mark(
     """The two-knob job (prefetch, then sync) as the reference pipeline now reports it, with its queue's high-water
     mark (never above 1: generation is the slower side): after 0 → 2 and the sync ladder the job is still
     generation-bound, and the rule's next prefetch raise (2 → 4, 8 % slower) is not made — the goal met, no
-    rollback. Without the queue-fill check the same job tries it after the ladder, and misses the 60 steps."""
+    rollback. Without the queue-fill check the same job tries it after the ladder: a rollback, and within 5 % later
+    (past the 60 steps before the sync ladder's larger rungs, step_noise.py/stride.py; later than with it since)."""
     rules = sqlite_api.ctx.rules
     off = rules.with_overrides({"controller": {"queue_raise_needs_fill": False}})
     held = _scored(sqlite_api, "queue_sync_mark", rules, "mark-on")
     tried = _scored(sqlite_api, "queue_sync_mark", off, "mark-off")
     assert held.rollbacks == 0 and held.within is not None and held.within <= GOAL_STEPS, held.line()
     assert held.final == {"prefetch": 2, "sync_every": 8}, held.line()
-    assert tried.rollbacks >= 1 and (tried.within is None or tried.within > GOAL_STEPS), tried.line()
+    assert tried.rollbacks >= 1 and (tried.within is None or tried.within > held.within), tried.line()
 
 
 def test_a_queue_that_never_fills_is_not_made_deeper_and_one_that_fills_now_and_then_still_may_be(sqlite_api):

@@ -101,7 +101,9 @@ def bounds(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample]) 
             worse, better, sure = new, old, not ev.get("back_to_known")
         elif d.outcome == KEPT and result_of(d) == GAIN:
             worse, better, sure = old, new, True
-        elif d.outcome == KEPT and ev.get("no_gain") and ev.get("verdict") and not ev.get("unconfirmed_gain"):
+        elif d.outcome == KEPT and ev.get("no_gain") and ev.get("verdict"):
+            # (an unconfirmed gain too: behind a ladder that goes on it bounds nothing ahead; in a bracket its old
+            # value is a value tried, not one to step over — 23 → 19 kept, then 19 → 25 past 23 went back, worse)
             worse, better, sure = old, new, False
         else:
             continue
@@ -258,8 +260,9 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
                       f"{ahead.decision.id}): the top is flat there, nothing left to try on that side")
     where = f"between {current:g} and {ahead.value:g} (measured worse at decision {ahead.decision.id})"
     forward, why = _between(current, ahead.value, action, integer, rules)
-    side = _top_side(state, rules, action, behind.value, current, ahead.value, now) \
-        if behind is not None and ahead.moved_from == current else None
+    # the three levels tied by the verdicts that hold, however they were measured (64 against 16, then 32 against
+    # 16: the parabola puts the top near 25, behind 32 — not 45, the middle ahead, a second overshoot)
+    side = _top_side(state, rules, action, behind.value, current, ahead.value, now) if behind is not None else None
     if side is not None and side[0] < 0:
         top = (f"the levels measured at {behind.value:g}, {current:g} and {ahead.value:g} (decisions "
                f"{behind.decision.id}, {ahead.decision.id}) put the top near {side[1]:.3g}")
@@ -276,10 +279,28 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
         back, why_not = _between(behind.value, current, action, integer, rules)
         if back is None:
             return None, f"{top}, between {behind.value:g} and {current:g}: {why_not}"
+        near = _toward_top(back, current, side[1], integer, rules)
+        if near != back:
+            return near, f"bracket search, the other side: {top}: {near:g} (the top, nearer than the middle {back:g})"
         return back, f"bracket search, the other side: {top}: {back:g}"
     if forward is None:
         return None, f"{where}: {why}"
     return forward, f"bracket search {where}: {forward:g}"
+
+
+def _toward_top(middle: float, current: float, top: float, integer: bool, rules: RuleSet) -> float:
+    """The parabola's ``top`` instead of the bracket's ``middle`` where it lies between the middle and the current
+    value, more than ``bracket_min_gap_pct`` from the current one: the smaller step of the two towards the top (the
+    noisy non-monotone curve: 16 and 64 measured worse than 32, the top near 24.6 — 25, where the middle is 23).
+    A top beyond the middle stays the middle: a parabola through a curve that is not one can put it far off (4, 32
+    and 64 put it at 16.5 where the best is 24)."""
+    value = float(round(top)) if integer else top
+    lo, hi = min(middle, current), max(middle, current)
+    if not lo < value < hi or value <= 0 or current <= 0:
+        return middle
+    if abs(math.log(current / value)) < math.log1p(rules.controller.bracket_min_gap_pct / 100.0):
+        return middle
+    return value
 
 
 def _gained(rule: Rule, d: StoredDecision) -> bool:

@@ -16,8 +16,8 @@ Order of business (one change in flight per job, each measured before the next):
 3. Any other change pending (an admin's, a rollback) → wait. A batch bound by memory (``memory_follow.py``: its
    raise gained and was cut by the memory fit) moves to the memory line at every step, before any window.
 4. A window of steps after the last applied change (+ settle + cooldown) → grade every rule on it; the first rule
-   (by priority) that fires — or follows its last measured gain through below its line (``follow_above``) — and
-   has an action it may take acts (``auto``) or advises (``advise``). Where the action goes is ``history.py``'s:
+   (by priority) that fires — or, after every rule that fires, one that follows its last measured gain through below
+   its line (``follow_above``) — and has an action it may take acts (``auto``) or advises (``advise``). Where the action goes is ``history.py``'s:
    short of values measured worse (the bracket search, both ways), never a move whose verdict still holds. A
    safety rule that fires and cannot act stops lower rules: speed never goes before memory. No change (safety
    aside) is decided while the steps it would be judged against still trend (a warm-up): the change would be
@@ -50,6 +50,8 @@ from trimtab.control.memory_fit import GIB
 from trimtab.control.persistence import persistence
 from trimtab.control.queue_use import queue_unused
 from trimtab.control.settle import drained_from, settled_from
+from trimtab.control.stride import paid_rung
+from trimtab.control.effect import before_too_short
 from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied, last_applied_step,
                                   longest_period, period, window_evidence, window_wait)
 from trimtab.grading.rules import Action, ControllerSettings, Rule, RuleSet
@@ -145,6 +147,14 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
         if strong and action.strong_by is not None and new != current:
             policy.append(f"strong evidence ({readings[rule.name].value:.1f} > {rule.strong_above:g} over the "
                           f"window and each half): step {action.strong_by:g} instead of {action.by:g}")
+        paid = None if strong else paid_rung(state, rules, rule, action)
+        if paid is not None and _next_value(action, spec, True) != new:
+            new = _next_value(action, spec, True)
+            policy.append(f"the last rung paid: decision {paid.id} ({paid.knob} {paid.old_value:g} → "
+                          f"{paid.new_value:g}) measured a gain of "
+                          f"{100 * (paid.evidence['verdict']['ratio'] - 1):+.1f} % (≥ "
+                          f"{rules.controller.ladder_gain_pct:g} %): step {action.strong_by:g} instead of "
+                          f"{action.by:g}")
         climbed = memory_follow.first_climb(state, rules, action.knob, current, action.by) \
             if action.needs_memory_headroom and action.op == "mul" and not strong else None
         if climbed is not None:
@@ -369,6 +379,10 @@ def _plan(state: JobState, rules: RuleSet,
                                                window_enough_steps=max(1, round(ctl.window_enough_steps * first_x)))
     win = window(candidates, wctl.window_min_steps, wctl.window_min_s, wctl.window_max_steps, every,
                  wctl.window_enough_steps)
+    if win is None and candidates and forecast.preempts(state, rules) is not None:
+        # the memory forecast fires (a neighbour arrived): a safety lower does not wait for a window of whole sync
+        # periods — at a sync every 16 steps that was 5 steps above the line after a raise was cut short
+        win = candidates
     if win is None:
         w = _collecting(candidates, wctl)
         return Plan(note=f"collecting a window (steps from {start})", wait=w, gate=Gate(
@@ -387,7 +401,10 @@ def _plan(state: JobState, rules: RuleSet,
     now = state.persistence.sample(win, every)
     if state.persistence.rho > 0:
         base_evidence["persistence"] = state.persistence.evidence()
-    for rule in rules.rules:
+    # Rules that fire first (by priority), then those that only follow a gain through below their line: a rule
+    # that fires outranks one whose cause is mostly gone (the mix: sync 16 → 32 followed through for +3.5 % and was
+    # measured for 64 steps while generation fired at 84 % of the step, its batch raise worth ×2.2 waiting)
+    for rule in sorted(rules.rules, key=lambda r: not readings[r.name].fires):
         reading = readings[rule.name]
         follow = None if reading.fires else follows_through(state, rule, reading)
         if not reading.fires and follow is None:
@@ -434,6 +451,12 @@ def _plan(state: JobState, rules: RuleSet,
                             gate=Gate(gates.DRAINING, rule=rule.name, window=win_evidence,
                                       missing=f"a window of steps from step {drained}",
                                       expects_step=expected_step(state.steps, w.steps, w.seconds, w.enough_steps)))
+            # a before window of one long sync period is one draw of the job's noise: a move whose expected gain
+            # that noise could hide waits for more of them (effect.py)
+            short = before_too_short(state, rules, (rule, reading), choice, base, every, win_evidence)
+            if short is not None:
+                short.readings = list(readings.values())
+                return short
             # read at equal length where the job's lengths drift (drift.py): a drift the tokens explain is the job's
             # work changing, not a baseline still settling
             baseline, length_model = at_equal_length(base, before_window(base, rules, every), ctl)

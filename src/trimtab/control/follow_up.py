@@ -291,7 +291,8 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     # A move the test cannot tell from noise is kept only when it is likely not lower: kept on any estimate above
     # the old one, a move costing 2–3 % read ≥ +0 % in 4 of 10 verdicts on a ±20 % host, and a chain of them walked
     # the noisy job's prefetch from its best (4) to 8 (−5 %): a ratchet, each move kept on a coin flip.
-    likely = v.not_lower_pct >= ctl.keep_unproven_likely_pct
+    likely = v.not_lower_pct >= (ctl.keep_in_bracket_likely_pct if _in_bracket(open_d) else
+                                 ctl.keep_unproven_likely_pct)
     if likely and v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct:
         # Not confirmed, but no sign of a flat top either: kept, and the next move this way is judged on its own.
         evidence.update(no_gain=True, unconfirmed_gain=True)
@@ -312,6 +313,16 @@ def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
         figures += (f": not told apart from noise, {v.not_lower_pct:.0f} % likely not lower (under "
                     f"{ctl.keep_unproven_likely_pct:g} %), back to the known setting")
     return _roll_back(state, open_d, change, figures, evidence, closed)
+
+
+def _in_bracket(d: StoredDecision) -> bool:
+    """The move was a bracket search's: between two values measured worse, near the top of the curve, where the
+    settings within noise of each other are all near the best — going back on a verdict that cannot tell them apart
+    flips the knob to and fro for nothing (the noisy non-monotone curve: 23 and 27 against 32, within 4 % of each
+    other, each sent back: 3.7 rollbacks a run). A chain of such keeps cannot walk out of the bracket (the ratchet
+    ``keep_unproven_likely_pct`` guards against walked an open ladder)."""
+    notes = (d.evidence if isinstance(d.evidence, dict) else {}).get("step_policy") or []
+    return any(isinstance(n, str) and n.startswith("bracket search") for n in notes)
 
 
 def _not_measurable(state: JobState, open_d: StoredDecision, change: StoredChange, before: list[JobStep],

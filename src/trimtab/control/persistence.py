@@ -77,6 +77,7 @@ class Persistence:
     rho: float = 0.0
     var_log: Optional[float] = None
     lone_x: float = 0.0  # a lone period this many times off its window's median is left out (lone_period_x)
+    step_rho_max: float = 0.8  # the cap on steps moving together inside a period (persistence_max; step_noise.py)
 
     @property
     def inflation(self) -> float:
@@ -91,7 +92,7 @@ class Persistence:
 
     def sample(self, steps: Sequence[JobStep], period: int = 1) -> Optional[Sample]:
         """The window's per-period sample, its spread widened for persistence, a lone stalled period left out."""
-        return Sample.of_steps(steps, period, self.inflation, self.var_floor, self.lone_x)
+        return Sample.of_steps(steps, period, self.inflation, self.var_floor, self.lone_x, self.step_rho_max)
 
     def evidence(self) -> dict[str, Any]:
         return {"rho": round(self.rho, 3), "var_log": None if self.var_log is None else round(self.var_log, 6),
@@ -105,7 +106,7 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     """The job's persistence at unchanged knobs (see the module docstring)."""
     cap, lone_x = rules.controller.persistence_max, rules.controller.lone_period_x
     if cap <= 0:
-        return Persistence(lone_x=lone_x)
+        return Persistence(lone_x=lone_x, step_rho_max=0.0)
     num = den = 0.0
     periods = stretches = 0
     numbers = [s.step for s in state.steps]  # oldest first: each stretch is one slice
@@ -126,7 +127,7 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
         den += sum(r * r for r in resid)
         periods, stretches = periods + len(logs), stretches + 1
     if den <= 0 or periods < MIN_HISTORY_PERIODS:
-        return Persistence(lone_x=lone_x)
+        return Persistence(lone_x=lone_x, step_rho_max=cap)
     var_log = den / (periods - stretches)
     rho = num / den
     # Residuals from each stretch's own mean read persistence low by about (1 + 3ρ)/m over stretches of m periods
@@ -135,4 +136,4 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     # Only what the history shows beyond one standard error (about 1/√periods; 84 % sure, one-sided): a job with
     # independent periods seldom has its verdicts slowed by this estimate's own noise (a wrong "sure" verdict costs
     # more than a slow one, so not 95 %).
-    return Persistence(min(cap, max(0.0, rho - 1.0 / math.sqrt(periods))), var_log, lone_x)
+    return Persistence(min(cap, max(0.0, rho - 1.0 / math.sqrt(periods))), var_log, lone_x, cap)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
 from trimtab.control.lost_steps import measurable_periods
+from trimtab.control.step_noise import within_periods
 from trimtab.grading.rules import ControllerSettings
 from trimtab.grading.window import JobStep, chunk_rates, throughput
 
@@ -38,6 +39,20 @@ class Sample:
     steps_per_period: float = 1.0  # how many steps' noise a period averages ((Σt)² / Σt², mean over the periods)
     left_out: tuple = ()  # (first step, × the window's median period) of a lone stalled period left out
     lost: tuple = ()  # the lost steps (lost_steps.LostStep) of the periods left out for having no rate
+    var_dof: Optional[int] = None  # the degrees of freedom of var_log: n − 1 (None), or k(n − 1) where it was read
+                                   # from the periods' steps (step_noise.py)
+    step_rho: Optional[float] = None  # where it was: the steps' lag-1 autocorrelation within a period taken in
+
+    @property
+    def dof(self) -> int:
+        """The degrees of freedom of ``var_log`` (at least 1)."""
+        return max(1, self.var_dof if self.var_dof is not None else self.n - 1)
+
+    @property
+    def step_var(self) -> Optional[float]:
+        """The variance of one step's log throughput this window's steps show (the period's, times the steps it
+        averages): what a one-period side of the same job is given instead of ``assumed_noise_pct``."""
+        return None if self.var_dof is None or self.var_log is None else self.var_log * self.steps_per_period
 
     @classmethod
     def of(cls, rates: Sequence[float], steps_per_period: float = 1.0) -> Optional["Sample"]:
@@ -49,12 +64,15 @@ class Sample:
 
     @classmethod
     def of_steps(cls, steps: Sequence[JobStep], period: int = 1, inflate: float = 1.0,
-                 var_floor: Optional[float] = None, lone_x: float = 0.0) -> Optional["Sample"]:
+                 var_floor: Optional[float] = None, lone_x: float = 0.0,
+                 step_rho_max: Optional[float] = None) -> Optional["Sample"]:
         """The per-period sample of a window of steps (whole periods of ``period`` steps); its spread widened
         ``inflate`` times, from at least ``var_floor``, where the job's periods persist (see
         ``trimtab.control.persistence``); a lone period ``lone_x`` times off the median left out (0: none). A period
         holding a lost step (an OOM's ``samples=0``, no samples: ``lost_steps.py``) has no rate: left out, and its
-        lost steps named (``lost``); None when no period is measurable."""
+        lost steps named (``lost``); None when no period is measurable. ``step_rho_max`` not None: where periods
+        hold several steps, their variance is read from the steps (``step_noise.py``: k(n − 1) degrees of freedom
+        instead of n − 1), steps moving together inside a period taken in up to this lag-1 autocorrelation."""
         spans, lost = measurable_periods(steps, period)
         weights = [sum(s.step_time_s for s in span) ** 2 / sum(s.step_time_s ** 2 for s in span) for span in spans]
         rates = [throughput(span) for span in spans]  # each > 0: a lost step is one whose rate could not be
@@ -67,16 +85,23 @@ class Sample:
         sample = cls.of(rates, statistics.fmean(weights) if weights else 1.0)
         if sample is None:
             return None
-        var_log = sample.var_log
+        var_log, var_dof, step_rho = sample.var_log, None, None
+        if step_rho_max is not None:
+            kept = spans if lone is None else spans[:lone] + spans[lone + 1:]
+            noise = within_periods(kept, step_rho_max)
+            if noise is not None:
+                var_log, var_dof, step_rho = noise.var_log, noise.dof, noise.rho
         if var_log is not None and (inflate != 1.0 or var_floor is not None):
             var_log = max(var_log, var_floor or 0.0) * inflate
-        return cls(sample.n, sample.mean_log, var_log, sample.steps_per_period, left_out, tuple(lost))
+        return cls(sample.n, sample.mean_log, var_log, sample.steps_per_period, left_out, tuple(lost), var_dof,
+                   step_rho)
 
     @classmethod
     def from_evidence(cls, d: Any) -> Optional["Sample"]:
         try:
             return cls(int(d["n"]), float(d["mean_log"]), None if d.get("var_log") is None else float(d["var_log"]),
-                       float(d.get("steps_per_period", 1.0)))
+                       float(d.get("steps_per_period", 1.0)),
+                       var_dof=None if d.get("var_dof") is None else int(d["var_dof"]))
         except (TypeError, KeyError, ValueError):
             return None
 
@@ -92,6 +117,8 @@ class Sample:
         out = {"n": self.n, "mean_log": round(self.mean_log, 6),
                "var_log": None if self.var_log is None else round(self.var_log, 8),
                "steps_per_period": round(self.steps_per_period, 2)}
+        if self.var_dof is not None:
+            out.update(var_dof=self.var_dof, var_from="the periods' steps (step_noise.py)", step_rho=self.step_rho)
         if self.left_out:
             out["left_out"] = [{"first_step": step, "x_median_period": x,
                                 "why": "a lone period this far from the window's median period (a stall), "
@@ -148,11 +175,15 @@ def _t_ppf(q: float, df: float) -> float:
     return float(student_t.ppf(q, df))
 
 
-def _spread_differs_p(vb: float, nb: int, va: float, na: int) -> float:
-    """Two-sided p of the F-test that the two sides' variances are equal."""
+def _floor(ctl: ControllerSettings) -> float:
+    return math.log1p(ctl.min_noise_pct / 100.0) ** 2
+
+
+def _spread_differs_p(vb: float, db: int, va: float, da: int) -> float:
+    """Two-sided p of the F-test that the two sides' variances (``db``, ``da`` degrees of freedom) are equal."""
     from scipy.stats import f as f_dist
 
-    cdf = float(f_dist.cdf(vb / va, nb - 1, na - 1))
+    cdf = float(f_dist.cdf(vb / va, db, da))
     return min(1.0, 2.0 * min(cdf, 1.0 - cdf))
 
 
@@ -161,15 +192,25 @@ def _standard_error(before: Sample, after: Sample, ctl: ControllerSettings) -> t
     not the setting's: while an F-test cannot tell the two sides' spreads apart they are pooled (Student's t: a
     4-period first window borrows the after window's degrees of freedom); when it can, Welch's t."""
     vb, va = before.variance(ctl), after.variance(ctl)
+    if (before.var_log is None) != (after.var_log is None):
+        one, other = (before, after) if before.var_log is None else (after, before)
+        if other.step_var is not None:
+            # one period on a side: the other side's steps say how noisy a step of this job is (k(n − 1) degrees
+            # of freedom), averaged over the steps of this side's period
+            borrowed = max(_floor(ctl), other.step_var / one.steps_per_period)
+            vb, va = (borrowed, va) if one is before else (vb, borrowed)
+            return (math.sqrt(vb / before.n + va / after.n), float(other.dof),
+                    "welch, the other side's step noise on a one-period side")
     if before.var_log is None or after.var_log is None:
         # the assumed noise is a known variance: a normal test
         return math.sqrt(vb / before.n + va / after.n), 1e6, "welch, assumed noise on a one-period side"
     nb, na = before.n, after.n
-    if _spread_differs_p(vb, nb, va, na) >= 1.0 - ctl.pool_unless_spread_differs_pct / 100.0:
-        pooled = ((nb - 1) * vb + (na - 1) * va) / (nb + na - 2)
-        return math.sqrt(pooled * (1.0 / nb + 1.0 / na)), nb + na - 2.0, "pooled t (the spreads agree)"
+    db, da = before.dof, after.dof
+    if _spread_differs_p(vb, db, va, da) >= 1.0 - ctl.pool_unless_spread_differs_pct / 100.0:
+        pooled = (db * vb + da * va) / (db + da)
+        return math.sqrt(pooled * (1.0 / nb + 1.0 / na)), float(db + da), "pooled t (the spreads agree)"
     sb, sa = vb / nb, va / na
-    return math.sqrt(sb + sa), (sb + sa) ** 2 / (sb ** 2 / (nb - 1) + sa ** 2 / (na - 1)), "welch"
+    return math.sqrt(sb + sa), (sb + sa) ** 2 / (sb ** 2 / db + sa ** 2 / da), "welch"
 
 
 def compare(before: Sample, after: Sample, ctl: ControllerSettings, confidence_pct: Optional[float] = None) -> Verdict:

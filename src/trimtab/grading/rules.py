@@ -108,11 +108,14 @@ class ControllerSettings:
     verdict_max_after_periods: int = 6
     verdict_max_after_cap_s: float = 60.0
     verdict_enough_steps: int = 60
+    verdict_before_max_periods: int = 2
     settled_confidence_pct: float = 99.9
     ladder_look_further: int = 1
+    ladder_gain_pct: float = 10.0
     drift_retries: int = 1
     drift_confidence_pct: float = 90.0
     keep_unproven_likely_pct: float = 75.0
+    keep_in_bracket_likely_pct: float = 25.0
     persistence_max: float = 0.8
     outlier_x_median: float = 100.0
     lone_period_x: float = 3.0
