@@ -120,9 +120,18 @@ class SimulatedNode:
         lo, hi = bounds
         return lo + (hi - lo) * (0.5 + 0.35 * wave + 0.15 * noise)
 
+    def _scheduled_util(self, i: int, tick: int, ts_ms: int) -> float:
+        """Utilization from the scenario's phase schedule at ``ts_ms``: the segment's, ±1 point of noise; 0–2 %
+        where the GPU's role has no busy segment (waiting, host-side work)."""
+        segment = self.scenario.schedule.segment_at(self.roles[i], ts_ms)
+        noise = 2 * _unit(self.seed, i, 0x5C4ED, tick) - 1
+        if segment is None or segment.gpu_s <= 0:
+            return round(1.0 + noise, 1)  # rounded as reported, so SM activity (a share of it) stays below it
+        return round(max(0.0, min(100.0, segment.util_pct + noise)), 1)
+
     def _gpu_sample(self, i: int, tick: int, ts_ms: int) -> GpuSample:
         p, draw = self._profiles[i], lambda channel, bounds: self._draw(tick, i, channel, bounds)
-        util = draw("util", p.util_pct)
+        util = draw("util", p.util_pct) if self.scenario.schedule is None else self._scheduled_util(i, tick, ts_ms)
         sm = util * draw("sm", p.sm_ratio)
         used = min(int(MEMORY_TOTAL_BYTES * draw("mem", p.mem_frac)), MEMORY_TOTAL_BYTES - MEMORY_RESERVED_BYTES)
         power = IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * (0.3 * util + 0.7 * sm) / 100
