@@ -61,12 +61,13 @@ def report(step: int, rank: int, role: str, gpu: int, pid: int) -> dict:
             "gpu_phases": kernels, "pid": pid, "hostname": HOST, "local_gpu": gpu, "samples": 8}
 
 
-def play(api, monkeypatch, t0_ms: int, steps: int = STEPS, name: str = "pipe") -> None:
-    """Registers the job (at t0_ms), ingests the node's samples and posts the job's ``steps`` steps from t0_ms."""
+def play(api, monkeypatch, t0_ms: int, steps: int = STEPS, name: str = "pipe", registered_ms=None) -> None:
+    """Registers the job (at ``registered_ms``, default 30 s before t0_ms), ingests the node's samples and posts
+    the job's ``steps`` steps from t0_ms."""
     period_ms = int(PIPELINE_SCHEDULE.period_s * 1000)
     roles = [{"role": role, "node": HOST, "gpus": [gpu], "pids": [pid], "source": "found"}
              for _, role, gpu, pid in RANKS]
-    monkeypatch.setattr(job_store, "now_ms", lambda: t0_ms)
+    monkeypatch.setattr(job_store, "now_ms", lambda: t0_ms - 30_000 if registered_ms is None else registered_ms)
     r = api.post("/v1/jobs", {"name": name, "ranks": 4, "hostnames": [HOST], "roles": roles, "mode": "off"},
                  scope="job")
     assert r.status_code in (200, 201), r.text

@@ -45,7 +45,8 @@ def test_ledger_counters_only_go_up_and_add_up_to_wall_time(sqlite_api, monkeypa
         labels = dict(labels)
         assert labels["hostname"] == "pipe-node" and labels["job"] == "pipe"
         per_gpu[labels["gpu"]] = per_gpu.get(labels["gpu"], 0.0) + v
-    wall_s = STEPS * PIPELINE_SCHEDULE.period_s  # through the last report (the settled end)
+    wall_s = STEPS * PIPELINE_SCHEDULE.period_s + 30  # from the registration, 30 s before the first step, through
+    # the last report (the settled end)
     assert set(per_gpu) == {"0", "1", "2", "3"}
     for gpu, total in per_gpu.items():
         assert abs(total - wall_s) <= 0.01 * wall_s, (gpu, total)
@@ -56,4 +57,4 @@ def test_ledger_counters_only_go_up_and_add_up_to_wall_time(sqlite_api, monkeypa
              and k[0] == "trimtab_gpu_idle_seconds_total"}
     assert {"waiting_for_actor", "waiting_for_reward", "host"} <= set(waits) <= {
         "waiting_for_actor", "waiting_for_reward", "host", "no_job"}
-    assert waits.get("no_job", 0.0) <= 0.01 * wall_s  # the reports' delivery latency at the edges, no more
+    assert abs(waits.get("no_job", 0.0) - 30) <= 0.01 * wall_s  # before the first step

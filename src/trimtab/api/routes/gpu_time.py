@@ -51,7 +51,7 @@ def _cell_fields(kind: str, name: str, waiting_for: str) -> dict:
                         "times, else their wall times, estimated) and idle by cause: waiting for another role (which "
                         "one, from the GPUs that were busy while this one idled), host-side work of its own role "
                         "(step time no GPU phase claims), communication / weight sync, no job on the GPU (no step "
-                        "covered the time). busy_gpu_s + idle_gpu_s = wall_gpu_s (wall time × GPUs). Each cell says "
+                        "covered the time). The window starts no earlier than the job's registration (start_ms says where it starts). busy_gpu_s + idle_gpu_s = wall_gpu_s (wall time × GPUs). Each cell says "
                         "whether it was estimated and from what; notes say what was missing. window and interval: "
                         "seconds or a duration (90s, 15m, 2h, 1d), at most 7 days and 1000 intervals. 404 for an "
                         "unknown job, 422 for a bad parameter.")
@@ -78,7 +78,7 @@ def gpu_time(name: str = job_name_path(),
     cells = [GpuTimeCellOut(hostname=c.hostname, gpu=c.gpu, start_ms=c.start_ms, end_ms=c.end_ms, kind=c.kind,
                             role=c.role, gpu_s=c.gpu_s, estimated=c.estimated, sources=list(c.sources),
                             **_cell_fields(c.kind, c.name, c.waiting_for)) for c in ledger.cells]
-    return GpuTimeOut(job=job.name, start_ms=start, end_ms=end, interval_s=interval_s,
+    return GpuTimeOut(job=job.name, start_ms=ledger.start_ms, end_ms=ledger.end_ms, interval_s=interval_s,
                       gpus=[g.label() for g in ledger.gpus], busy_gpu_s=ledger.busy_gpu_s,
                       idle_gpu_s=ledger.idle_gpu_s, wall_gpu_s=ledger.wall_gpu_s, totals=totals, cells=cells,
                       notes=ledger.notes)

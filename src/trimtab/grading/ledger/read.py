@@ -38,13 +38,22 @@ def _gpu_keys(job: StoredJob, reports: Sequence[dict]) -> set[tuple[str, int]]:
 def job_ledger(engine: Engine, job: StoredJob, start_ms: int, end_ms: int, interval_ms: Optional[int] = None,
                rules: LedgerRules = LedgerRules(),
                process_busy_pct: Optional[dict[tuple[str, int, int], float]] = None) -> Ledger:
-    """The job's ledger over [start_ms, end_ms), cut into intervals of ``interval_ms`` (one interval: None).
+    """The job's ledger over [start_ms, end_ms), cut into intervals of ``interval_ms`` (one interval: None), from
+    the job's registration on (before it, its GPUs' time is not the job's: the ledger starts there and says so).
     ``process_busy_pct``: per-process activity where the store has it (see :mod:`.attribute`)."""
+    if job.created_ms >= end_ms:
+        return Ledger(job.name, end_ms, end_ms, interval_ms or 1, (),
+                      notes=[f"job {job.name!r} registered after the window's end"])
+    clipped = job.created_ms > start_ms
+    start_ms = max(start_ms, job.created_ms)
     reports = ledger_store.window_reports(engine, job.id, job.ranks, start_ms, end_ms)
     samples = ledger_store.utilization(engine, _gpu_keys(job, reports), start_ms - TRACE_LOOKBACK_MS, end_ms)
     traces = {GpuKey(h, g): GpuTrace([t for t, _ in rows], [u for _, u in rows]) for (h, g), rows in samples.items()}
-    return compute_ledger(job.name, start_ms, end_ms, interval_ms or (end_ms - start_ms), reports, job.roles,
-                          job.device_map, job.hostnames, traces, rules, process_busy_pct)
+    ledger = compute_ledger(job.name, start_ms, end_ms, interval_ms or (end_ms - start_ms), reports, job.roles,
+                            job.device_map, job.hostnames, traces, rules, process_busy_pct)
+    if clipped:
+        ledger.notes.insert(0, f"the window starts at the job's registration ({start_ms} ms), after the start asked")
+    return ledger
 
 
 def advance_ledgers(engine: Engine, jobs: Sequence[StoredJob], now_ms: int,
