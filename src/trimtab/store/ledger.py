@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from sqlalchemy import Engine, select, tuple_, update
+from sqlalchemy import Engine, and_, case, or_, select, tuple_, union_all, update
 
 from trimtab.store.engine import insert_for, write_transaction
 from trimtab.store.models import gpu_samples, gpus, job_gpu_ledger, job_ledger_state, job_reports, jobs, nodes
@@ -21,14 +21,30 @@ AFTER_WINDOW_PER_RANK = 2  # reports past the window's end read per rank (the st
 
 def window_reports(engine: Engine, job_id: int, ranks: int, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
     """The job's reports stamped in [start_ms, end_ms], and the first few after it (a step that ends after the
-    window covers its tail). Two range reads of the (job, received_ms) index."""
+    window covers its tail)."""
+    return window_reports_many(engine, {job_id: (ranks, start_ms, end_ms)}).get(job_id, [])
+
+
+def window_reports_many(engine: Engine, windows: Mapping[int, tuple[int, int, int]]) -> dict[int, list[dict[str, Any]]]:
+    """For each job (id → (ranks, start_ms, end_ms)): its reports stamped in its window and the first few after
+    it. Two statements whatever the number of jobs, each job's part a range read of the (job, received_ms)
+    index."""
+    out: dict[int, list[dict[str, Any]]] = {job_id: [] for job_id in windows}
+    if not windows:
+        return out
     r = job_reports.c
-    cols = [r[c] for c in LEDGER_REPORT_COLUMNS]
-    inside = select(*cols).where(r.job_id == job_id, r.received_ms >= start_ms, r.received_ms <= end_ms)
-    after = (select(*cols).where(r.job_id == job_id, r.received_ms > end_ms).order_by(r.received_ms)
-             .limit(AFTER_WINDOW_PER_RANK * max(1, ranks)))
+    cols = [r.job_id, *(r[c] for c in LEDGER_REPORT_COLUMNS)]
+    inside = select(*cols).where(or_(*(and_(r.job_id == job_id, r.received_ms >= start, r.received_ms <= end)
+                                       for job_id, (_, start, end) in windows.items())))
+    parts = [select(*cols).where(r.job_id == job_id, r.received_ms > end).order_by(r.received_ms)
+             .limit(AFTER_WINDOW_PER_RANK * max(1, ranks)).subquery()
+             for job_id, (ranks, _, end) in windows.items()]
+    after = union_all(*(select(p) for p in parts))
     with engine.connect() as conn:
-        return [dict(row) for q in (inside, after) for row in conn.execute(q).mappings()]
+        for q in (inside, after):
+            for row in conn.execute(q).mappings():
+                out[row["job_id"]].append({c: row[c] for c in LEDGER_REPORT_COLUMNS})
+    return out
 
 
 def utilization(engine: Engine, gpu_keys: Iterable[tuple[str, int]], start_ms: int,
@@ -77,30 +93,49 @@ def ledger_through(engine: Engine, job_ids: Sequence[int]) -> dict[int, int]:
                                  .where(job_ledger_state.c.job_id.in_(list(job_ids)))).all())
 
 
-def accumulate(engine: Engine, job_id: int, from_ms: Optional[int], through_ms: int,
-               cells: Mapping[tuple[str, int, str, str, str, str], float]) -> bool:
-    """Adds ``cells`` ((node, GPU, kind, role, name, waiting_for) → GPU-seconds) to the job's accumulated ledger
-    and moves it from ``from_ms`` (None: never accumulated) to ``through_ms``, in one transaction, only if it is
-    still at ``from_ms`` (another server that added the same time first wins; this one adds nothing: False)."""
+def accumulate(engine: Engine, advances: Mapping[int, tuple[Optional[int], int, Mapping[tuple, float]]]) -> bool:
+    """For each job (id → (from_ms, through_ms, cells)): adds ``cells`` ((node, GPU, kind, role, name,
+    waiting_for) → GPU-seconds) to its accumulated ledger and moves it from ``from_ms`` (None: never accumulated)
+    to ``through_ms`` — all in one transaction of three statements, and only if every job is still where it was
+    read (compare-and-set): when another server advanced any of them first, nothing is added (False) and the next
+    advance starts from where that one left off."""
+    if not advances:
+        return True
+    new = [{"job_id": j, "through_ms": t} for j, (f, t, _) in advances.items() if f is None]
+    moved = {j: (f, t) for j, (f, t, _) in advances.items() if f is not None}
+    try:
+        _accumulate(engine, new, moved, advances)
+    except _LostRace:
+        return False
+    return True
+
+
+class _LostRace(Exception):
+    """Another server advanced a job first: the transaction rolls back."""
+
+
+def _accumulate(engine: Engine, new: list, moved: dict, advances: Mapping) -> None:
+    st = job_ledger_state.c
     with write_transaction(engine) as conn:
-        st = job_ledger_state.c
-        if from_ms is None:
-            done = conn.execute(insert_for(conn.dialect, job_ledger_state).on_conflict_do_nothing()
-                                .values(job_id=job_id, through_ms=through_ms)).rowcount
-        else:
-            done = conn.execute(update(job_ledger_state).where(st.job_id == job_id, st.through_ms == from_ms)
-                                .values(through_ms=through_ms)).rowcount
-        if done != 1:
-            return False
-        rows = [{"job_id": job_id, "hostname": h, "gpu_index": g, "kind": k, "role": r, "name": n,
-                 "waiting_for": w, "gpu_s": v} for (h, g, k, r, n, w), v in cells.items() if v > 0]
+        done = 0
+        if new:
+            done += conn.execute(insert_for(conn.dialect, job_ledger_state).on_conflict_do_nothing().values(new)).rowcount
+        if moved:
+            done += conn.execute(update(job_ledger_state)
+                                 .where(tuple_(st.job_id, st.through_ms).in_([(j, f) for j, (f, _) in moved.items()]))
+                                 .values(through_ms=case({j: t for j, (_, t) in moved.items()}, value=st.job_id))
+                                 ).rowcount
+        if done != len(advances):
+            raise _LostRace()
+        rows = [{"job_id": j, "hostname": h, "gpu_index": g, "kind": k, "role": r, "name": n, "waiting_for": w,
+                 "gpu_s": v} for j, (_, _, cells) in advances.items() for (h, g, k, r, n, w), v in cells.items()
+                if v > 0]
         if rows:
             stmt = insert_for(conn.dialect, job_gpu_ledger)
             conn.execute(stmt.on_conflict_do_update(
                 index_elements=[job_gpu_ledger.c[c] for c in ("job_id", "hostname", "gpu_index", "kind", "role",
                                                               "name", "waiting_for")],
                 set_={"gpu_s": job_gpu_ledger.c.gpu_s + stmt.excluded.gpu_s}), rows)
-    return True
 
 
 def accumulated(engine: Engine, job_ids: Optional[Sequence[int]] = None) -> list[LedgerRow]:
@@ -116,4 +151,4 @@ def accumulated(engine: Engine, job_ids: Optional[Sequence[int]] = None) -> list
 
 
 __all__ = ["LEDGER_REPORT_COLUMNS", "LedgerRow", "accumulate", "accumulated", "ledger_through", "utilization",
-           "window_reports"]
+           "window_reports", "window_reports_many"]

@@ -35,6 +35,11 @@ def _gpu_keys(job: StoredJob, reports: Sequence[dict]) -> set[tuple[str, int]]:
     return keys
 
 
+def _traces(engine: Engine, keys, start_ms: int, end_ms: int) -> dict[GpuKey, GpuTrace]:
+    samples = ledger_store.utilization(engine, keys, start_ms - TRACE_LOOKBACK_MS, end_ms)
+    return {GpuKey(h, g): GpuTrace([t for t, _ in rows], [u for _, u in rows]) for (h, g), rows in samples.items()}
+
+
 def job_ledger(engine: Engine, job: StoredJob, start_ms: int, end_ms: int, interval_ms: Optional[int] = None,
                rules: LedgerRules = LedgerRules(),
                process_busy_pct: Optional[dict[tuple[str, int, int], float]] = None) -> Ledger:
@@ -47,8 +52,7 @@ def job_ledger(engine: Engine, job: StoredJob, start_ms: int, end_ms: int, inter
     clipped = job.created_ms > start_ms
     start_ms = max(start_ms, job.created_ms)
     reports = ledger_store.window_reports(engine, job.id, job.ranks, start_ms, end_ms)
-    samples = ledger_store.utilization(engine, _gpu_keys(job, reports), start_ms - TRACE_LOOKBACK_MS, end_ms)
-    traces = {GpuKey(h, g): GpuTrace([t for t, _ in rows], [u for _, u in rows]) for (h, g), rows in samples.items()}
+    traces = _traces(engine, _gpu_keys(job, reports), start_ms, end_ms)
     ledger = compute_ledger(job.name, start_ms, end_ms, interval_ms or (end_ms - start_ms), reports, job.roles,
                             job.device_map, job.hostnames, traces, rules, process_busy_pct)
     if clipped:
@@ -56,28 +60,39 @@ def job_ledger(engine: Engine, job: StoredJob, start_ms: int, end_ms: int, inter
     return ledger
 
 
+def _due(job: StoredJob, done: Optional[int], now_ms: int) -> Optional[tuple[int, int]]:
+    """The span [start, end) the job's accumulated ledger advances by now, or None."""
+    start = done if done is not None else max(job.created_ms, now_ms - MAX_ADVANCE_MS)
+    last = job.last_report_ms
+    if done is not None and (last is None or last <= done) and now_ms - done > LIVE_MS:
+        return None  # stopped: nothing new since its last advance
+    end = now_ms - SETTLE_MS
+    if last is not None and now_ms - last < LIVE_MS:
+        end = min(end, last)
+    end = min(end, start + MAX_ADVANCE_MS)
+    return (start, end) if end > start else None
+
+
 def advance_ledgers(engine: Engine, jobs: Sequence[StoredJob], now_ms: int,
                     rules: LedgerRules = LedgerRules()) -> int:
     """Adds to each live job's accumulated ledger the time since its last advance, up to ``SETTLE_MS`` before now
     and no later than its newest report (a step still running is not in the store yet). A job seen for the first
-    time starts at its registration, at most ``MAX_ADVANCE_MS`` back. Returns how many jobs advanced."""
+    time starts at its registration, at most ``MAX_ADVANCE_MS`` back. A constant number of statements whatever the
+    number of jobs (their reports, their GPUs' samples, one transaction). Returns how many jobs advanced (0 when
+    another server advanced one of them first: the next call goes on from there)."""
     through = ledger_store.ledger_through(engine, [j.id for j in jobs])
-    advanced = 0
-    for job in jobs:
-        done = through.get(job.id)
-        start = done if done is not None else max(job.created_ms, now_ms - MAX_ADVANCE_MS)
-        last = job.last_report_ms
-        if done is not None and (last is None or last <= done) and now_ms - done > LIVE_MS:
-            continue  # stopped: nothing new since its last advance
-        end = now_ms - SETTLE_MS
-        if last is not None and now_ms - last < LIVE_MS:
-            end = min(end, last)
-        end = min(end, start + MAX_ADVANCE_MS)
-        if end <= start:
-            continue
-        ledger = job_ledger(engine, job, start, end, rules=rules)
-        advanced += ledger_store.accumulate(engine, job.id, done, end, _summed(ledger))
-    return advanced
+    due = {j.id: (j, through.get(j.id), span) for j in jobs if (span := _due(j, through.get(j.id), now_ms))}
+    if not due:
+        return 0
+    reports = ledger_store.window_reports_many(engine, {i: (j.ranks, *span) for i, (j, _, span) in due.items()})
+    keys = set().union(*(_gpu_keys(j, reports[i]) for i, (j, _, _) in due.items()))
+    traces = _traces(engine, keys, min(s for _, _, (s, _) in due.values()), max(e for _, _, (_, e) in due.values()))
+    advances = {}
+    for job_id, (job, done, (start, end)) in due.items():
+        ledger = compute_ledger(job.name, start, end, end - start, reports[job_id], job.roles, job.device_map,
+                                job.hostnames, traces, rules)
+        advances[job_id] = (done, end, _summed(ledger))
+    return len(advances) if ledger_store.accumulate(engine, advances) else 0
 
 
 def _summed(ledger: Ledger) -> dict[tuple[str, int, str, str, str, str], float]:
