@@ -133,3 +133,19 @@ def test_two_servers_never_add_the_same_time(engine, monkeypatch):
     monkeypatch.setattr(ledger_store, "ledger_through", lambda *_: stale)
     assert advance_ledgers(engine, jobs, now + 50_000) == 0
     assert ledger_store.accumulated(engine) == before
+
+
+def test_a_silent_role_sharing_a_gpu_with_a_reporting_rank_takes_its_busy_time_from_the_idle_time():
+    roles = ACTOR + [RolePlacement("reward", "h", (0,), (11,))]
+    reports = [rep(1, 10_000, update_s=4.0, gpu_update_s=4.0, wait_s=6.0)]
+    trace = {GpuKey("h", 0): GpuTrace(list(range(0, 10_000, 1000)), [70.0] * 10)}
+    measured = compute_ledger("j", 0, 10_000, 10_000, reports, roles, {}, ["h"], trace,
+                              process_busy_pct={("h", 0, 11): 30.0})
+    got = totals(measured)
+    assert got[("busy", "reward", "unreported", "")] == pytest.approx(3.0)
+    assert got[("busy", "actor", "update", "")] == pytest.approx(4.0)
+    assert measured.busy_gpu_s + measured.idle_gpu_s == pytest.approx(10.0)
+    guessed = compute_ledger("j", 0, 10_000, 10_000, reports, roles, {}, ["h"], trace)
+    cell = next(c for c in guessed.cells if c.role == "reward")
+    assert cell.gpu_s == pytest.approx(3.0) and cell.estimated and cell.sources == ("gpu_samples",)
+    assert any("reward shares it" in n for n in guessed.notes)

@@ -8,10 +8,12 @@ by the votes. The samples say when each GPU worked; the reports say how long eac
 the point of the ledger. Without samples in the wait, whom it was for is ``unknown``, and the cell says so.
 
 Extension point, per-process activity: ``process_busy_pct`` maps (node, GPU, pid) to the process's mean SM
-utilization over the window (NVML's per-process samples, where the agent stores them). A role placed on a GPU
-whose process sends no step reports is then busy for that share of the interval (source ``process_activity``);
-without it, for the GPU's own mean utilization (``gpu_samples``, estimated: any other process on the GPU counts
-too). Ranks that report split a GPU by their own CUDA-event times and need neither.
+utilization over the window (NVML's per-process samples, where the agent stores them; the reader passes them to
+:func:`trimtab.grading.ledger.read.job_ledger`). A role placed on a GPU whose process sends no step reports — alone
+on it, or sharing it with a reporting rank — is then busy for that share of the interval (source
+``process_activity``); without it, for the GPU's mean utilization (alone) or the utilization beyond the reporting
+ranks' own GPU time (shared), marked estimated (``gpu_samples``), and the notes say so. Ranks that report split a
+GPU by their own CUDA-event times and need neither.
 """
 
 from __future__ import annotations
@@ -152,6 +154,41 @@ def _unreported(acc: _Acc, gpu: GpuKey, roles: Sequence[RolePlacement], start_ms
     return notes
 
 
+def _silent_placements(placed: Sequence[RolePlacement], spans: Sequence[StepSpan]) -> list[RolePlacement]:
+    """Roles placed on the GPU beside reporting ranks that send no reports of their own (neither their role nor
+    their pids among the reports')."""
+    roles = {part for s in spans for part in s.role.split("+")}
+    pids = {s.pid for s in spans if s.pid is not None}
+    return [p for p in placed if p.role not in roles and not set(p.pids) & pids]
+
+
+def _share_with_silent(acc: _Acc, gpu: GpuKey, silent: Sequence[RolePlacement], start_ms: int, end_ms: int,
+                       trace: Optional[GpuTrace], process_busy_pct: Mapping[tuple[str, int, int], float]) -> list[str]:
+    """A GPU shared by a reporting rank and a silent role: the silent role is busy for its processes' activity
+    (measured), else for the GPU's utilization beyond the reporting ranks' own GPU time (estimated); that time is
+    taken from the GPU's idle time (it ran while the reporting ranks did not)."""
+    role = "+".join(sorted({p.role for p in silent}))
+    wall_s = (end_ms - start_ms) / 1000.0
+    shares = [process_busy_pct[(gpu.hostname, gpu.gpu, pid)] for p in silent for pid in p.pids
+              if (gpu.hostname, gpu.gpu, pid) in process_busy_pct]
+    if shares:
+        busy_s, source, notes = wall_s * sum(shares) / 100.0, PROCESS_ACTIVITY, []
+    elif trace is not None and (mean := trace.mean_pct(start_ms, end_ms)) is not None:
+        busy_s, source = max(0.0, wall_s * mean / 100.0 - acc.total(BUSY)), GPU_SAMPLES
+        notes = [f"GPU {gpu.label()}: {role} shares it and sends no step reports: its busy time is the GPU's "
+                 f"utilization beyond the reporting ranks' GPU time (estimated; per-process activity would measure "
+                 f"it)"]
+    else:
+        return [f"GPU {gpu.label()}: {role} shares it, sends no step reports and the GPU has no samples: its busy "
+                f"time is not in the ledger"]
+    idle_s = acc.total(IDLE)
+    taken_s = min(busy_s, idle_s)
+    if taken_s > 0:
+        acc.scale(IDLE, (idle_s - taken_s) / idle_s)
+        acc.add((BUSY, role, UNREPORTED_PHASE, ""), taken_s, (source,), source != PROCESS_ACTIVITY)
+    return notes
+
+
 def gpu_cells(gpu: GpuKey, spans: Sequence[StepSpan], start_ms: int, end_ms: int, placed: Sequence[RolePlacement],
               roles_by_gpu: Mapping[GpuKey, str], traces: Mapping[GpuKey, GpuTrace], rules: LedgerRules,
               process_busy_pct: Mapping[tuple[str, int, int], float]) -> tuple[list[Cell], list[str]]:
@@ -185,6 +222,9 @@ def gpu_cells(gpu: GpuKey, spans: Sequence[StepSpan], start_ms: int, end_ms: int
             notes.append(f"GPU {gpu.label()}: its processes' times add up to more than the wall time they cover "
                          f"(overlapping ranks): scaled to it")
         acc.add((IDLE, "", NO_JOB, ""), (end_ms - start_ms) / 1000.0 - covered_s, (STEP_TIMELINE,), False)
+        silent = _silent_placements(placed, spans)
+        if silent:
+            notes += _share_with_silent(acc, gpu, silent, start_ms, end_ms, traces.get(gpu), process_busy_pct)
     cells = [Cell(gpu.hostname, gpu.gpu, start_ms, end_ms, kind, role, name, seconds, waiting_for,
                   acc.estimated[key], merge_sources(tuple(acc.sources[key])))
              for key, seconds in sorted(acc.seconds.items()) if seconds > 0
