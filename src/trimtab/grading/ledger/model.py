@@ -47,7 +47,7 @@ SCALED = "scaled"                    # a step's phases (or two processes' times)
 
 @dataclass(frozen=True)
 class LedgerRules:
-    """Thresholds of the ledger (defaults; ``ledger`` in rules.toml may override them)."""
+    """Thresholds of the ledger (the defaults are what the API, /metrics and check use; not yet in rules.toml)."""
 
     idle_below_util_pct: float = 10.0   # a GPU sample under this is an idle GPU (whose wait is it?)
     busy_from_util_pct: float = 10.0    # a GPU sample at or above this is a busy GPU (whom is it waited for?)
