@@ -38,4 +38,4 @@ def test_every_ledger_cell_is_within_5_percent_of_the_schedules_truth(api, monke
               if abs(got.get(k, 0.0) - v) > 0.05 * v}
     extra = {k: round(v, 2) for k, v in got.items() if k not in expected and v > 0.01 * window_s}
     assert not misses and not extra, f"ledger vs truth: {misses}; cells the truth has not: {extra}"
-    print({k: (round(got.get(k, 0.0), 1), round(v, 1)) for k, v in sorted(expected.items())})
+    print({k: (round(got.get(k, 0.0), 3), round(v, 3)) for k, v in sorted(expected.items())})
