@@ -150,7 +150,7 @@ def test_an_unknown_scenario_names_the_valid_ones():
 
 
 def test_scenarios_are_exposed_by_name():
-    assert set(SCENARIOS) == {"balanced", "actor-hot", "reward-memory", "pcie-saturated"}
+    assert set(SCENARIOS) == {"balanced", "actor-hot", "reward-memory", "pcie-saturated", "pipeline"}
     assert all(dataclasses.is_dataclass(s) and s.description for s in SCENARIOS.values())
 
 
@@ -199,3 +199,13 @@ def test_a_gpus_processes_add_up_to_its_util_and_the_phase_says_which_one_works(
                 assert p.util_samples == SAMPLES_PER_TICK * sum(share > 0 for share in shares)
     ref_phases = [phase.name for phase in STEP if phase.share.get("ref", 0) > 0]
     assert ref_phases and len(ref_phases) < len(STEP)  # the reference model idles in some phase: counts differ
+
+def test_the_pipeline_scenario_follows_its_phase_schedule():
+    from trimtab.agent.scenarios import PIPELINE_SCHEDULE
+
+    node = SimulatedNode(4, scenario="pipeline")
+    for tick, ts_ms in enumerate(range(0, 30_000, 250)):
+        for s, role in zip(node.readings_at(tick, ts_ms).gpu_samples, ("actor", "actor", "critic", "reward")):
+            segment = PIPELINE_SCHEDULE.segment_at(role, ts_ms)
+            expected = segment.util_pct if segment.gpu_s else 1.0
+            assert abs(s.util_pct - expected) <= 1.05, (ts_ms, role, segment)

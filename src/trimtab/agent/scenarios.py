@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Optional
 
 Range = tuple[float, float]
 
@@ -30,10 +30,40 @@ class RoleProfile:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One phase of a role in a pipeline step: [start_s, end_s) of the step's period, the step report's phase name,
+    and the GPU-busy seconds in it (the CUDA-event time a hook would report; 0 for a wait or host-side work)."""
+
+    phase: str
+    start_s: float
+    end_s: float
+    gpu_s: float = 0.0
+
+    @property
+    def util_pct(self) -> float:
+        """NVML's utilization over the segment: the share of its time a kernel ran."""
+        return 100.0 * self.gpu_s / (self.end_s - self.start_s)
+
+
+@dataclass(frozen=True)
+class PhaseSchedule:
+    """A pipeline's step, repeated every ``period_s`` seconds from the epoch (steps end at multiples of it): each
+    role's phases back to back over the period. A GPU's utilization follows its role's segments."""
+
+    period_s: float
+    roles: Mapping[str, tuple[Segment, ...]]
+
+    def segment_at(self, role: str, ts_ms: int) -> Optional[Segment]:
+        offset_s = (ts_ms / 1000.0) % self.period_s
+        return next((s for s in self.roles.get(role, ()) if s.start_s <= offset_s < s.end_s), None)
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
     roles: Mapping[str, RoleProfile]  # "actor", "critic", "reward"; a role not named gets NORMAL
+    schedule: Optional[PhaseSchedule] = None  # utilization follows it (the other readings stay in the profiles)
 
 
 NORMAL = RoleProfile()
@@ -98,6 +128,20 @@ def process_shares(role: str, phase: Phase) -> dict[str, float]:
     return {p: named.get(p, 0.0) / total for p in names}
 
 
+# A synchronous PPO-like step of 10 s on the typical map (actor GPUs 0-1, critic 2, reward 3): every role starts
+# with half a second of host-side bookkeeping; the actor generates while the critic updates on the batch before,
+# critic and reward score the new batch (the reward model longer), the actor updates and syncs its weights. Some
+# other role works whenever one waits. The truth test of the GPU-time ledger (tests/api/test_gpu_time_truth.py)
+# computes its true GPU-seconds from this schedule.
+PIPELINE_SCHEDULE = PhaseSchedule(10.0, MappingProxyType({
+    "actor": (Segment("other", 0.0, 0.5), Segment("generation", 0.5, 5.0, 4.0), Segment("wait", 5.0, 8.0),
+              Segment("update", 8.0, 9.5, 1.5), Segment("communication", 9.5, 10.0, 0.5)),
+    "critic": (Segment("other", 0.0, 0.5), Segment("update", 0.5, 1.5, 1.0), Segment("wait", 1.5, 5.0),
+               Segment("evaluation", 5.0, 7.0, 2.0), Segment("wait", 7.0, 10.0)),
+    "reward": (Segment("other", 0.0, 0.5), Segment("wait", 0.5, 5.0), Segment("evaluation", 5.0, 8.0, 3.0),
+               Segment("wait", 8.0, 10.0)),
+}))
+
 _SCENARIOS = (
     Scenario("balanced", "In trim: every GPU 62–75 % busy, memory 55–70 %, PCIe under 30 % of peak.",
              {"actor": replace(NORMAL, mem_frac=(0.62, 0.70), nvlink_frac=(0.20, 0.35)),
@@ -111,6 +155,9 @@ _SCENARIOS = (
              {"reward": replace(NORMAL, util_pct=(85.0, 96.0), mem_frac=(1.0, 1.0), dram_ratio=(0.55, 0.80))}),
     Scenario("pcie-saturated", "The reward GPU's PCIe link above 90 % of peak both ways, sustained.",
              {"reward": replace(NORMAL, pcie_frac=(0.92, 0.985))}),
+    Scenario("pipeline", "A synchronous RL pipeline: each GPU's utilization follows its role's phases of a 10 s "
+             "step (actor generates and updates, critic and reward score, each waits for the others).",
+             {}, PIPELINE_SCHEDULE),
 )
 
 SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in _SCENARIOS})

@@ -145,7 +145,9 @@ class SimulatedNode:
             if from_ms is not None:
                 tally.start(from_ms)
                 for t in range(max(1, tick - PROCESS_EVERY_TICKS + 1), tick + 1):
-                    util, dram = self._busy(i, t)
+                    # the covered ticks spread evenly over (from_ms, ts_ms]: their stamps, for a scheduled scenario
+                    t_ms = ts_ms - (tick - t) * (ts_ms - from_ms) // PROCESS_EVERY_TICKS
+                    util, dram = self._busy(i, t, t_ms)
                     for name, share in process_shares(role, phase_at(t)).items():
                         for _ in range(SAMPLES_PER_TICK if share > 0 else 0):
                             tally.add(pids[name], util * share, dram * share)
@@ -164,15 +166,30 @@ class SimulatedNode:
         lo, hi = bounds
         return lo + (hi - lo) * (0.5 + 0.35 * wave + 0.15 * noise)
 
-    def _busy(self, i: int, tick: int) -> tuple[float, float]:
+    def _util_at(self, i: int, tick: int, ts_ms: int) -> float:
+        """GPU ``i``'s util % at tick ``tick`` (stamped ``ts_ms``): drawn from its role's range, or, in a scenario
+        with a phase schedule, the schedule's."""
+        if self.scenario.schedule is None:
+            return self._draw(tick, i, "util", self._profiles[i].util_pct)
+        return self._scheduled_util(i, tick, ts_ms)
+
+    def _busy(self, i: int, tick: int, ts_ms: int) -> tuple[float, float]:
         """GPU ``i``'s util % and DRAM bandwidth use % at tick ``tick``, as its sample of that tick says them."""
-        p, draw = self._profiles[i], lambda channel, bounds: self._draw(tick, i, channel, bounds)
-        util = draw("util", p.util_pct)
-        return round(util, 1), round(min(100.0, util * draw("dram", p.dram_ratio)), 2)
+        util = self._util_at(i, tick, ts_ms)
+        return round(util, 1), round(min(100.0, util * self._draw(tick, i, "dram", self._profiles[i].dram_ratio)), 2)
+
+    def _scheduled_util(self, i: int, tick: int, ts_ms: int) -> float:
+        """Utilization from the scenario's phase schedule at ``ts_ms``: the segment's, ±1 point of noise; 0–2 %
+        where the GPU's role has no busy segment (waiting, host-side work)."""
+        segment = self.scenario.schedule.segment_at(self.roles[i], ts_ms)
+        noise = 2 * _unit(self.seed, i, 0x5C4ED, tick) - 1
+        if segment is None or segment.gpu_s <= 0:
+            return round(1.0 + noise, 1)  # rounded as reported, so SM activity (a share of it) stays below it
+        return round(max(0.0, min(100.0, segment.util_pct + noise)), 1)
 
     def _gpu_sample(self, i: int, tick: int, ts_ms: int) -> GpuSample:
         p, draw = self._profiles[i], lambda channel, bounds: self._draw(tick, i, channel, bounds)
-        util = draw("util", p.util_pct)
+        util = self._util_at(i, tick, ts_ms)
         sm = util * draw("sm", p.sm_ratio)
         used = min(int(MEMORY_TOTAL_BYTES * draw("mem", p.mem_frac)), MEMORY_TOTAL_BYTES - MEMORY_RESERVED_BYTES)
         power = IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * (0.3 * util + 0.7 * sm) / 100

@@ -18,7 +18,7 @@ from trimtab.api.body_limit import BodyLimitMiddleware
 from trimtab.api.context import ApiContext
 from trimtab.api.errors import install_error_handlers
 from trimtab.api.openapi_doc import fix_document
-from trimtab.api.routes import balance, decisions, events, gpus, health, ingest, job_loop, jobs, tokens
+from trimtab.api.routes import balance, decisions, events, gpu_time, gpus, health, ingest, job_loop, jobs, tokens
 from trimtab.api.routes.health import version
 from trimtab.api.writers import WriterPool, default_writer_count
 from trimtab.store.clocks import ClockBook
@@ -51,7 +51,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.state.clocks = ClockBook(ctx.engine)  # the nodes' clocks as this server sees them
     install_error_handlers(app, ctx.engine.dialect.loaded_dbapi)
     app.add_middleware(BodyLimitMiddleware, limit_bytes=lambda: ctx.max_body_bytes)
-    for module in (health, gpus, balance, events, ingest, jobs, job_loop, decisions, tokens):
+    for module in (health, gpus, balance, events, ingest, jobs, job_loop, gpu_time, decisions, tokens):
         app.include_router(module.router)
     build_openapi = app.openapi
 

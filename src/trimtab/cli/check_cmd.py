@@ -21,6 +21,7 @@ from trimtab.cli.options import configured_rules, db_option, env_option, simulat
 from trimtab.paths import default_db_url
 
 EXIT_OK, EXIT_IMBALANCE, EXIT_ERROR = 0, 1, 2
+GPU_TIME_MIN_WINDOW_S = 600.0  # a job's GPU-time ledger is read over at least this long (as its job section)
 
 
 class CheckError(Exception):
@@ -69,6 +70,67 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
         _jobs_only(f"no samples from {who} in the last {window_s:g} s in {mask_url(db_url)}: is `trimtab agent` "
                    f"running?", summaries)
     return reports, summaries
+
+
+def _gpu_time_from_store(db_url: str, window_s: float, names) -> dict:
+    """Job name → its GPU-time ledger's totals and largest wastes over the last ``window_s`` seconds."""
+    from trimtab.grading.ledger.read import job_ledger
+    from trimtab.store import jobs as job_store
+    from trimtab.store.engine import open_engine
+
+    engine = open_engine(db_url)
+    out = {}
+    try:
+        end = int(time.time() * 1000)
+        for name in names:
+            job = job_store.get_job(engine, name)
+            if job is not None:
+                ledger = job_ledger(engine, job, end - int(window_s * 1000), end)
+                rows = [(f"{h}:{g}", k, r, n, w, v) for (h, g, k, r, n, w), v in ledger.totals().items()]
+                out[name] = _gpu_time(window_s, len(ledger.gpus), ledger.busy_gpu_s, ledger.idle_gpu_s, rows)
+    finally:
+        engine.dispose()
+    return out
+
+
+def _gpu_time_from_server(server_url: str, window_s: float, names) -> dict:
+    """The same from a running server's GET /v1/jobs/{name}/gpu-time (a server without the route: none)."""
+    out = {}
+    for name in names:
+        resp = _get(f"{server_url.rstrip('/')}/v1/jobs/{name}/gpu-time", {"window": f"{window_s:g}s"})
+        if resp.status_code != 200:
+            continue
+        body = resp.json()
+        rows = [(f"{t['hostname']}:{t['gpu']}", t["kind"], t["role"], t["phase"] or t["cause"], t["waiting_for"] or "",
+                 t["gpu_s"]) for t in body["totals"]]
+        out[name] = _gpu_time(window_s, len(body["gpus"]), body["busy_gpu_s"], body["idle_gpu_s"], rows)
+    return out
+
+
+def _gpu_time(window_s: float, n_gpus: int, busy_gpu_s: float, idle_gpu_s: float, rows) -> dict:
+    from trimtab.grading.ledger.wastes import largest_wastes
+
+    return {"window_s": window_s, "gpus": n_gpus, "busy_gpu_s": busy_gpu_s, "idle_gpu_s": idle_gpu_s,
+            "wall_gpu_s": busy_gpu_s + idle_gpu_s, "wastes": [w.to_dict() for w in largest_wastes(rows)]}
+
+
+def _with_gpu_time(section: str, g) -> str:
+    """A job's section with its GPU time inserted before its verdict line (its last)."""
+    if not g:
+        return section
+    body, _, verdict = section.rstrip("\n").rpartition("\n")
+    return f"{body}\n{_render_gpu_time(g)}\n{verdict}" if body else f"{_render_gpu_time(g)}\n{verdict}"
+
+
+def _render_gpu_time(g: dict) -> str:
+    wall = g["wall_gpu_s"] or 1.0
+    lines = [f"GPU time over the last {g['window_s']:g} s on {g['gpus']} GPUs: "
+             f"{g['wall_gpu_s'] / 3600:.3f} GPU-h, busy {100 * g['busy_gpu_s'] / wall:.0f} %, "
+             f"idle {100 * g['idle_gpu_s'] / wall:.0f} %; largest wastes:"]
+    for i, w in enumerate(g["wastes"], 1):
+        lines.append(f"  {i}. {w['gpu_hours']:.3f} GPU-h  {w['what']} (GPU {', '.join(w['gpus'])})\n"
+                     f"     → {w['action']}")
+    return "\n".join(lines)
 
 
 def _jobs_only(message: str, summaries) -> None:
@@ -181,9 +243,11 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     time the phases, else wall time; the row says which), fragmentation and collective latency over its newest
     window of steps, what the rebalancer last said about it (the gate that held a rule at ACT, the window, the data
     it misses and the step at which it expects to decide; or, while its plans fail, the error: on the job's line)
-    and its recent rebalancer decisions. A job row at "act" counts as out of balance.
+    and its recent rebalancer decisions. A job row at "act" counts as out of balance. Last, per job, where its GPU
+    time went over the last max(--window, 600) s (the GPU-time ledger: busy and idle GPU-seconds) and its three
+    largest wastes in GPU-hours, each with the action that addresses it.
     """
-    jobs = []
+    jobs, gpu_time = [], {}
     try:
         if server_url and rules_file and not (live or simulate):
             raise CheckError(f"--rules-file {rules_file} cannot apply with --server: the server grades by the rules it "
@@ -192,8 +256,11 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
             reports = _reports_live(window, interval, simulate, scenario, seed, node, _load_rules(rules_file))
         elif server_url:
             reports, jobs = _from_server(server_url, window, node)
+            gpu_time = _gpu_time_from_server(server_url, max(window, GPU_TIME_MIN_WINDOW_S), [j.name for j in jobs])
         else:
             reports, jobs = _from_store(db_url or default_db_url(), window, node, _load_rules(rules_file))
+            gpu_time = _gpu_time_from_store(db_url or default_db_url(), max(window, GPU_TIME_MIN_WINDOW_S),
+                                            [j.name for j in jobs])
     except CheckError as exc:
         if as_json:
             click.echo(json.dumps({"status": "error", "error": str(exc)}))
@@ -209,11 +276,12 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
                                "generated_at_ms": int(time.time() * 1000),
                                "simulated": any(r.simulated for r in reports) or any(j.simulated for j in jobs),
                                "nodes": [r.to_dict() for r in reports],
-                               "jobs": [j.to_dict() for j in jobs]}, indent=2))
+                               "jobs": [j.to_dict() for j in jobs], "gpu_time": gpu_time}, indent=2))
     else:
         from trimtab.cli.render import render_job, render_report
 
-        click.echo("\n\n".join([render_report(r) for r in reports] + [render_job(j) for j in jobs]))
+        click.echo("\n\n".join([render_report(r) for r in reports]
+                                 + [_with_gpu_time(render_job(j), gpu_time.get(j.name)) for j in jobs]))
     for r in stale:
         click.echo(f"trimtab check: {r.staleness()}", err=True)
     for j in jobs:

@@ -408,3 +408,29 @@ planner_lease = Table(
     Column("expires_ms", BigInteger, nullable=False, server_default=text("0")),
     Column("since_ms", BigInteger),
 )
+
+# The accumulated GPU-time ledger (trimtab.grading.ledger; /metrics' trimtab_job_gpu_seconds_total and
+# trimtab_gpu_idle_seconds_total): GPU-seconds of each job's GPUs by kind (busy | idle), role and phase or cause,
+# added up from when the ledger first saw the job; ``through_ms`` says up to when. Each scrape adds the time since
+# (compare-and-set on through_ms, so two servers never add the same time twice): counters never go down, and no
+# scrape reads more than the time since the last one.
+job_ledger_state = Table(
+    "job_ledger_state",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True, autoincrement=False),
+    Column("through_ms", BigInteger, nullable=False),
+)
+
+job_gpu_ledger = Table(
+    "job_gpu_ledger",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("hostname", String(255), nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("kind", String(8), nullable=False),  # busy | idle
+    Column("role", String(255), nullable=False),  # "" for no_job
+    Column("name", String(64), nullable=False),  # the phase (busy) or the cause (idle)
+    Column("waiting_for", String(255), nullable=False),  # the role a wait was for; "" otherwise
+    Column("gpu_s", Double, nullable=False),
+    PrimaryKeyConstraint("job_id", "hostname", "gpu_index", "kind", "role", "name", "waiting_for"),
+)

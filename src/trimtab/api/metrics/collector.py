@@ -10,6 +10,7 @@ from prometheus_client.core import Metric
 from trimtab.api.context import ApiContext
 from trimtab.api.metrics.gpus import gpu_families, link_families
 from trimtab.api.metrics.jobs import job_families
+from trimtab.api.metrics.ledger import ledger_families
 from trimtab.api.metrics.nodes import BALANCE_WINDOW_S, balance_families, node_families
 from trimtab.api.metrics.render import text_exposition
 from trimtab.api.metrics.scrape_errors import error_families, guarded
@@ -47,6 +48,7 @@ class TrimtabCollector:
         yield from balance_families(reports)
         if jobs is not None:
             yield from job_metric_families(ctx, jobs)
+            yield from guarded("balance", lambda: list(ledger_families(ctx)))  # the GPU-time ledger's counters
         yield from error_families()
 
 

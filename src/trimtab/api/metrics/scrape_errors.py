@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 PARTS = ("gpus", "balance")
 NAME = "trimtab_scrape_errors"
 HELP = ("Scrapes of /metrics that left out a part's series because reading it failed (part: gpus = the latest GPU "
-        "samples, balance = what comes from the store: node verdicts, jobs and rebalancer decisions).")
+        "samples, balance = what comes from the store: node verdicts, jobs, rebalancer decisions and the GPU-time "
+        "ledger's counters).")
 
 # In no registry: the collector renders it (without the `_created` series a registered Counter would add).
 SCRAPE_ERRORS = Counter(NAME, HELP, ["part"], registry=None)

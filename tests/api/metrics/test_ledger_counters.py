@@ -1,0 +1,60 @@
+"""/metrics' GPU-time counters: trimtab_job_gpu_seconds_total{job,role,phase,gpu,hostname} and
+trimtab_gpu_idle_seconds_total{job,gpu,cause,hostname}, from the accumulated ledger — they only go up from scrape
+to scrape, a scrape at the same moment adds nothing, and they add up to wall time × GPUs since the job began."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+import trimtab.api.metrics.ledger as ledger_metrics
+from trimtab.agent.scenarios import PIPELINE_SCHEDULE
+from tests.support.pipeline_job import play
+
+STEPS = 30
+
+
+def scrape(api, monkeypatch, at_ms: int) -> dict[tuple, float]:
+    monkeypatch.setattr(ledger_metrics, "now_ms", lambda: at_ms)
+    r = api.http.get("/metrics")
+    assert r.status_code == 200
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        if family.name in ("trimtab_job_gpu_seconds", "trimtab_gpu_idle_seconds"):
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    assert s.labels.pop("simulated") == "true"  # the pipeline node is a simulated one
+                    out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_ledger_counters_only_go_up_and_add_up_to_wall_time(sqlite_api, monkeypatch):
+    import time
+
+    period_ms = int(PIPELINE_SCHEDULE.period_s * 1000)
+    now = int(time.time() * 1000)
+    t0_ms = now - now % period_ms - (STEPS + 5) * period_ms
+    play(sqlite_api, monkeypatch, t0_ms, steps=STEPS, name="pipe")
+    first = scrape(sqlite_api, monkeypatch, t0_ms + 150_000)
+    second = scrape(sqlite_api, monkeypatch, t0_ms + STEPS * period_ms + 60_000)
+    again = scrape(sqlite_api, monkeypatch, t0_ms + STEPS * period_ms + 60_000)
+    assert first and set(first) <= set(second)
+    assert all(second[k] >= v for k, v in first.items())
+    assert again == second, "a scrape at the same moment added GPU time"
+    per_gpu: dict[str, float] = {}
+    for (_, labels), v in second.items():
+        labels = dict(labels)
+        assert labels["hostname"] == "pipe-node" and labels["job"] == "pipe"
+        per_gpu[labels["gpu"]] = per_gpu.get(labels["gpu"], 0.0) + v
+    wall_s = STEPS * PIPELINE_SCHEDULE.period_s + 30  # from the registration, 30 s before the first step, through
+    # the last report (the settled end)
+    assert set(per_gpu) == {"0", "1", "2", "3"}
+    for gpu, total in per_gpu.items():
+        assert abs(total - wall_s) <= 0.01 * wall_s, (gpu, total)
+    gen = second[("trimtab_job_gpu_seconds_total", (("gpu", "0"), ("hostname", "pipe-node"), ("job", "pipe"),
+                                                    ("phase", "generation"), ("role", "actor")))]
+    assert abs(gen - 4.0 * STEPS) <= 0.05 * 4.0 * STEPS
+    waits = {dict(k[1])["cause"]: v for k, v in second.items() if dict(k[1])["gpu"] == "2"
+             and k[0] == "trimtab_gpu_idle_seconds_total"}
+    assert {"waiting_for_actor", "waiting_for_reward", "host"} <= set(waits) <= {
+        "waiting_for_actor", "waiting_for_reward", "host", "no_job"}
+    assert abs(waits.get("no_job", 0.0) - 30) <= 0.01 * wall_s  # before the first step
