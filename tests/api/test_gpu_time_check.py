@@ -1,6 +1,6 @@
 """`trimtab check` names a job's three largest wastes in GPU-hours with the action for each, from the store and from
 a running server alike: on the simulated pipeline, the critic and reward waiting for the actor come first, and the
-action is the brief's generation batching and prefetch."""
+action is generation batching and prefetch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The largest wastes in a job's ledger, each with the action that addresses it (the product brief's section 4:
+"""The largest wastes in a job's ledger, each with the action that addresses it (the balancing playbook:
 generation batching and prefetch when critic or reward wait for the actor; the reward model apart when it holds
 the others up; a lower sync frequency when communication dominates), for ``trimtab check``.
 
@@ -29,14 +29,14 @@ class WasteAction:
 ACTIONS: tuple[WasteAction, ...] = (
     WasteAction(WAITING, ANY, "actor", "generation waits hold the scorers up: raise the generation batch size "
                                        "(batch_size) and prefetch (prefetch) so critic/reward always have a "
-                                       "generated batch waiting (brief 4.1)"),
+                                       "generated batch waiting"),
     WasteAction(WAITING, ANY, "reward", "the reward model holds the others up: put it apart on its own GPU, score in "
-                                        "fp16/bf16 with gradient checkpointing, truncate its inputs (brief 4.2)"),
+                                        "fp16/bf16 with gradient checkpointing, truncate its inputs"),
     WasteAction(WAITING, ANY, "critic", "the critic holds the others up: raise prefetch (prefetch) so its scoring "
-                                        "overlaps the next generation (brief 4.1)"),
+                                        "overlaps the next generation"),
     WasteAction(WAITING, ANY, ANY, "a role waits for another: raise prefetch (prefetch) to overlap them, or move "
                                    "the slower role to more GPUs (device_map)"),
-    WasteAction(COMMUNICATION, ANY, ANY, "communication dominates: sync less often (sync_every up, brief 4.3) and "
+    WasteAction(COMMUNICATION, ANY, ANY, "communication dominates: sync less often (sync_every up) and "
                                          "check NCCL_ALGO"),
     WasteAction(HOST, ANY, ANY, "host-side work of the role itself: overlap it (data loading, tokenization, "
                                 "logging) with GPU work, more dataloader workers"),
