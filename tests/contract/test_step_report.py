@@ -8,10 +8,10 @@ import math
 
 from sqlalchemy import JSON, BigInteger, Double, Integer, String
 
-from trimtab.api.job_schemas import GpuPhases, MemoryIn, Phases, ReportIn, ReportOut
+from trimtab.api.job_schemas import GpuPhases, LearningIn, MemoryIn, Phases, ReportIn, ReportOut
 from trimtab.contract import step_report as contract
-from trimtab.contract.step_report import (BY_RANK, COLUMNS, COUNT_RANKS, GPU_PHASES, GROUPS, MEMORY_KEYS, PHASES,
-                                          REPORT_FIELDS, SUM, fold_ranks, to_columns, to_wire, top_level)
+from trimtab.contract.step_report import (BY_RANK, COLUMNS, COUNT_RANKS, GPU_PHASES, GROUPS, LEARNING_KEYS,
+                                          MEMORY_KEYS, PHASES, REPORT_FIELDS, SUM, fold_ranks, to_columns, to_wire, top_level)
 from trimtab.grading.job_report import job_summary
 from trimtab.grading.window import load_steps
 from trimtab.store import jobs as job_store
@@ -44,7 +44,8 @@ def full_report() -> StepReport:
     top = {f.name: values[f.column] for f in top_level()}
     return StepReport(**top, phases_s={p: values[f"{p}_s"] for p in PHASES},
                       gpu_phases_s={p: values[f"gpu_{p}_s"] for p in GPU_PHASES},
-                      memory={k: values[k] for k in MEMORY_KEYS} | {"cached_free_fraction": 0.1})
+                      memory={k: values[k] for k in MEMORY_KEYS} | {"cached_free_fraction": 0.1},
+                      learning={k: values[f"learning_{k}"] for k in LEARNING_KEYS})
 
 
 def test_the_stores_columns_are_the_contracts_fields_with_their_kinds():
@@ -61,10 +62,11 @@ def test_the_apis_models_are_the_contracts_fields():
     groups = list(dict.fromkeys(f.group for f in REPORT_FIELDS if f.group))
     assert set(ReportIn.model_fields) == {f.name for f in top_level()} | set(groups) and set(groups) == set(GROUPS)
     assert list(Phases.model_fields) == list(PHASES) and list(MemoryIn.model_fields) == list(MEMORY_KEYS)
-    assert list(GpuPhases.model_fields) == list(GPU_PHASES)
+    assert list(GpuPhases.model_fields) == list(GPU_PHASES) and list(LearningIn.model_fields) == list(LEARNING_KEYS)
     assert set(ReportOut.model_fields) == {"received_ms", *COLUMNS}
     for f in REPORT_FIELDS:
-        model = {"phases": Phases, "gpu_phases": GpuPhases, "memory": MemoryIn}.get(f.group, ReportIn)
+        model = {"phases": Phases, "gpu_phases": GpuPhases, "memory": MemoryIn,
+                 "learning": LearningIn}.get(f.group, ReportIn)
         assert model.model_fields[f.name].description == f.doc
         assert model.model_fields[f.name].is_required() is f.required, f.name
 
@@ -73,7 +75,7 @@ def test_the_wire_form_is_the_contracts_fields_and_nothing_else():
     wire = full_report().to_wire()
     assert set(wire) == {f.name for f in top_level()} | set(GROUPS)
     assert list(wire["phases"]) == list(PHASES) and list(wire["memory"]) == list(MEMORY_KEYS)  # not the local keys
-    assert list(wire["gpu_phases"]) == list(GPU_PHASES)
+    assert list(wire["gpu_phases"]) == list(GPU_PHASES) and list(wire["learning"]) == list(LEARNING_KEYS)
     assert ReportIn.model_validate(wire).model_dump(exclude_none=True) == wire
     assert set(to_columns(wire)) == set(COLUMNS)
 

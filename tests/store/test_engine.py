@@ -13,7 +13,7 @@ from tests.store.conftest import T0_MS, make_batch
 def test_migrate_builds_the_models_schema_with_no_diff(engine):
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0021"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0022"
         assert conn.execute(text("SELECT id, dirty_from_ms FROM rollup_state")).all() == [(1, None)]
 
 

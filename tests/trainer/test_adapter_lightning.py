@@ -1,7 +1,8 @@
 """The Lightning callback in real ``Trainer.fit`` runs (tiny model, CPU) against the live API: one report per
 training batch; the sanity check is no step; validation — mid-epoch and at the end of an epoch, the last one
 included — is the "validation" phase of the step it follows; the step count continues on resume; an exception
-closes the hook after reporting the last finished step."""
+closes the hook after reporting the last finished step; what the module logs under a learning signal's name
+arrives as the step's learning signal."""
 
 from __future__ import annotations
 
@@ -92,6 +93,26 @@ def test_an_exception_in_training_reports_the_finished_steps_and_closes_the_hook
         fit(hook, Module(fail_at_batch=2), max_steps=6, num_sanity_val_steps=0, limit_val_batches=0)
     assert hook.closed
     assert sorted(steps_of(api, "pl-crash", 2)) == [0, 1]
+
+
+class LoggingModule(Module):
+    """A module that logs its own learning signals with ``self.log``, as a user's RL loop in Lightning would."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("reward", -loss.detach(), on_step=True)     # trimtab's own name
+        self.log("approx_kl", 0.01 * (batch_idx + 1), on_step=True)  # a common spelling, read as kl
+        return loss
+
+
+def test_what_the_module_logs_under_learning_names_arrives_as_the_steps_learning_signals(sqlite_api):
+    api = sqlite_api
+    fit(attach("pl-learn", api.url, api.token("job")), LoggingModule(), max_steps=4, num_sanity_val_steps=0,
+        limit_val_batches=0)
+    by_step = steps_of(api, "pl-learn", 4)
+    for step, r in by_step.items():
+        assert r["learning_kl"] == pytest.approx(0.01 * (step + 1)) and r["learning_reward"] < 0
+        assert r["learning_clip_fraction"] is None  # not logged: absent, never 0
 
 
 def test_the_callback_is_a_lightning_callback():

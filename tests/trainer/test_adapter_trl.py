@@ -121,6 +121,22 @@ def test_tokens_completions_and_trls_logged_values_arrive(grpo_run):
     assert by_step[1]["completion_mean_tokens"] is not None and by_step[2]["completion_mean_tokens"] is None
 
 
+def test_trls_own_learning_metrics_arrive_as_trimtabs_learning_signals(grpo_run):
+    """TRL's reward, kl, entropy and clip_ratio/region_mean (names from learning_names.toml) become the report's
+    learning_reward, learning_kl, learning_entropy and learning_clip_fraction, as TRL logged them."""
+    by_step, logs = reports(grpo_run), grpo_run["trl_logs"]
+    names = {"reward": "reward", "kl": "kl", "entropy": "entropy", "clip_fraction": "clip_ratio/region_mean"}
+    seen = set()
+    for step, r in by_step.items():
+        for signal, trl_name in names.items():
+            if trl_name in logs[step]:
+                assert r[f"learning_{signal}"] == pytest.approx(logs[step][trl_name]), (step, signal)
+                seen.add(signal)
+            else:
+                assert r[f"learning_{signal}"] is None, (step, signal)  # not logged: unknown, never 0
+    assert {"reward", "entropy", "clip_fraction"} <= seen  # what GRPO logs at every step (kl only with a beta)
+
+
 def test_the_job_is_advise_only_and_trimtab_check_shows_its_composition_and_cadence(grpo_run):
     reports(grpo_run)
     job = httpx.get(f"{grpo_run['base']}/v1/jobs/grpo-tiny").json()

@@ -27,6 +27,8 @@ from tests.support.waits import eventually  # noqa: E402
 from tests.trainer import verl_harness as tests_harness  # noqa: E402
 from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
 from trimtab.cli.main import cli  # noqa: E402
+from trimtab.contract.kinds import clean  # noqa: E402
+from trimtab.contract.learning import BY_NAME as LEARNING  # noqa: E402
 from trimtab.grading.rules import load_rules  # noqa: E402
 from trimtab.trainer.adapters.verl_metrics import verl_step  # noqa: E402
 
@@ -63,6 +65,16 @@ def test_every_verl_step_is_reported_with_phases_adding_up_to_the_step_including
         # the workers' perf/max_memory_*_gb, through verl's own metric reduction (0 on CPU, but reported, not None)
         assert r["allocated_bytes"] == expected.memory["allocated_bytes"] is not None
         assert r["reserved_bytes"] == expected.memory["reserved_bytes"] is not None
+        # verl's own learning metrics (its data metrics from the scores; the workers' policy-loss metrics through
+        # its reduction) as trimtab's learning signals, by learning_names.toml
+        assert "critic/score/mean" in data
+        for signal, name in (("reward", "critic/score/mean"), ("clip_fraction", "actor/pg_clipfrac"),
+                             ("kl", "actor/ppo_kl"), ("entropy", "actor/entropy")):
+            # (the stub workers' values as verl reduced them; one outside the signal's range, a negative clip
+            # fraction, is left out by the contract's kind, never stored)
+            value = clean(LEARNING[signal].kind, data.get(name))
+            assert r[f"learning_{signal}"] == (None if value is None else pytest.approx(value)), signal
+        assert r["learning_reward"] is not None  # verl computes it from the scores itself: always there
     job = api.get(f"/v1/jobs/verl-{kind}").json()
     assert job["knobs"] == {
         "actor_update_micro_batch": {"value": 2, "min": 1, "max": 4},

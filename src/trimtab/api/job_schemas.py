@@ -19,8 +19,8 @@ from trimtab.contract.knobs import ACK, KNOB_DECLARATION, KNOB_NAME, KNOB_VALUE,
     PENDING_CHANGE, REFUSAL
 from trimtab.contract.readings import MAX_CLOCK_AHEAD_S
 from trimtab.contract.roles import MAX_GPUS_PER_NODE, MAX_PIDS, MAX_PLACEMENTS, SOURCES
-from trimtab.contract.step_report import GPU_PHASES_GROUP, GROUPS, MAX_REPORTS_PER_BATCH, MEMORY_GROUP, PHASES_GROUP, \
-    REPORT_FIELDS
+from trimtab.contract.step_report import GPU_PHASES_GROUP, GROUPS, LEARNING_GROUP, MAX_REPORTS_PER_BATCH, \
+    MEMORY_GROUP, PHASES_GROUP, REPORT_FIELDS
 
 JobName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_JOB_NAME, pattern=SLUG)]
 KnobName = input_type(KNOB_NAME)
@@ -147,7 +147,9 @@ Phases = _group_model(PHASES_GROUP, "Phases", "Seconds of a step by phase; a pha
 GpuPhases = _group_model(GPU_PHASES_GROUP, "GpuPhases", "GPU seconds of a step by phase, from CUDA events; a phase "
                          "left out had no GPU timing (step composition is then graded on wall time).")
 MemoryIn = _group_model(MEMORY_GROUP, "MemoryIn", "The caching allocator's statistics, as torch.cuda keeps them.")
-_GROUP_MODELS = {PHASES_GROUP: Phases, GPU_PHASES_GROUP: GpuPhases, MEMORY_GROUP: MemoryIn}
+LearningIn = _group_model(LEARNING_GROUP, "LearningIn", "Learning signals of the step by trimtab's names (each "
+                          "framework's own names are mapped onto these by the hook's adapters).")
+_GROUP_MODELS = {PHASES_GROUP: Phases, GPU_PHASES_GROUP: GpuPhases, MEMORY_GROUP: MemoryIn, LEARNING_GROUP: LearningIn}
 
 
 def _report_in() -> type:

@@ -374,6 +374,10 @@ class JobCheckOut(Model):
         default_factory=dict, description="Over the window (null: not reported): tokens_per_s; an RL trainer's "
                                           "prompts_per_step and completions_per_step, and the means of its logged "
                                           "completion_mean_tokens and reward_mean.")
+    learning: dict[str, float] = Field(
+        default_factory=dict, description="Learning signals the job reports (reward, clip_fraction, kl, "
+                                          "eff_sample_size, grad_norm, entropy, stale_share): each one's mean over "
+                                          "the window; a signal no step of the window reports is absent.")
     generation_cadence: Optional[dict[str, Union[int, float]]] = Field(
         None, description="When only some steps generate (a generation batch feeds several optimizer steps, TRL's "
                           "steps_per_generation): generating_steps of steps, step_with_generation_s and "

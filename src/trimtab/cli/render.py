@@ -84,6 +84,11 @@ def _rl_line(rl: dict) -> str:
     return "; ".join(parts)
 
 
+def learning_line(learning: dict) -> str:
+    """``learning (window means): reward 0.412, clip_fraction 0.031, kl 0.0021``: the signals the job reports."""
+    return "learning (window means): " + ", ".join(f"{name} {value:.3g}" for name, value in learning.items())
+
+
 def roles_line(gpus_by_role) -> str:
     """``actor+ref+rollout vm GPU 0 · critic vm GPU 1``: colocated roles (the same GPUs on a node) joined."""
     together: dict[tuple[str, tuple[int, ...]], list[str]] = {}
@@ -144,6 +149,8 @@ def render_job(j) -> str:
         rl = _rl_line(j.rl)
         if rl:
             lines.append(rl)
+        if j.learning:
+            lines.append(learning_line(j.learning))
         if j.generation_cadence:
             lines.append(cadence_line(j.generation_cadence))
         wall = j.wall_phase_shares

@@ -6,8 +6,9 @@ rebalancer folds a step's ranks with :func:`fold_ranks`. A new field is one entr
 adds its column, and whatever in the job produces its value).
 
 On the wire a report is nested: phases under ``phases``, their GPU time under ``gpu_phases``, allocator statistics
-under ``memory``; everywhere else (store, API listings, the rebalancer) it is flat, a phase named ``<phase>_s`` and
-its GPU time ``gpu_<phase>_s`` (:attr:`ReportField.column`).
+under ``memory``, learning signals under ``learning``; everywhere else (store, API listings, the rebalancer) it is
+flat, a phase named ``<phase>_s``, its GPU time ``gpu_<phase>_s`` and a learning signal ``learning_<name>``
+(:attr:`ReportField.column`).
 
 Why GPU time beside wall time: a phase that launches its kernels and returns (a reward model scoring into GPU
 tensors) takes no wall time of its own; its cost lands on the next phase that waits for the GPU. The hook's CUDA
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from trimtab.contract.kinds import NO_CONTROL_CHARS, Kind, Spec, clean
+from trimtab.contract.learning import LEARNING_SIGNALS
 from trimtab.contract.readings import MAX_CLOCK_AHEAD_S
 
 MAX_STEP = 2**53 - 1         # exact in a JSON number (IEEE double), far inside BIGINT
@@ -51,7 +53,7 @@ HOSTNAME = Kind(str, storage="text", min_length=1, max_length=255, pattern=NO_CO
 SAME, COUNT_RANKS, MOST, LEAST, SUM, MEAN, MEDIAN, BY_RANK, MEAN_BY_NAME = (
     "same", "count", "max", "min", "sum", "mean", "median", "by_rank", "mean_by_name")
 
-PHASES_GROUP, GPU_PHASES_GROUP, MEMORY_GROUP = "phases", "gpu_phases", "memory"
+PHASES_GROUP, GPU_PHASES_GROUP, MEMORY_GROUP, LEARNING_GROUP = "phases", "gpu_phases", "memory", "learning"
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class ReportField(Spec):
         """The field's name in the store, the API's listings and the rebalancer's step view."""
         if self.group == GPU_PHASES_GROUP:
             return f"gpu_{self.name}_s"
+        if self.group == LEARNING_GROUP:
+            return f"learning_{self.name}"
         return f"{self.name}_s" if self.group == PHASES_GROUP else self.name
 
 
@@ -87,7 +91,12 @@ GROUPS = {PHASES_GROUP: Group(PHASES_GROUP, "The step's time by phase, seconds."
                                                     "completed (never a sync). Left out where a phase was not timed "
                                                     "on a GPU (no CUDA, or a framework's own host-side timers).",
                                   always=False),
-          MEMORY_GROUP: Group(MEMORY_GROUP, "Allocator statistics of the rank's GPU.", always=False)}
+          MEMORY_GROUP: Group(MEMORY_GROUP, "Allocator statistics of the rank's GPU.", always=False),
+          LEARNING_GROUP: Group(LEARNING_GROUP, "What the step says about learning, as the framework logged it: reward, "
+                                                "clip fraction, KL, effective sample size, gradient norm, entropy, "
+                                                "stale share (a change to a knob that changes what is learned is "
+                                                "judged on these too). Left out where nothing was logged.",
+                                always=False)}
 
 
 def _phase(name: str, doc: str) -> ReportField:
@@ -158,6 +167,8 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
     ReportField("logged", SCALARS, "The framework's own scalars logged at this step, by its names (TRL: step_time, "
                                    "num_tokens, completions/mean_length, reward, entropy, …; means over its logging "
                                    "window).", fold=MEAN_BY_NAME, framework=True),
+    # Learning signals (issue 41): a step's ranks log the same optimizer step, so their mean.
+    *(ReportField(s.name, s.kind, s.doc, group=LEARNING_GROUP, fold=MEAN) for s in LEARNING_SIGNALS),
     ReportField("knobs", SCALARS, "The knob values the step ran at, by name (the hook's, read before the step's "
                                   "boundary applies anything: after its own OOM halving too, which no change "
                                   "records).", fold=SAME),
@@ -174,6 +185,7 @@ GPU_PHASES: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS if f.group == 
 WALL_ONLY_PHASES: tuple[str, ...] = tuple(p for p in NAMED_PHASES if p not in GPU_PHASES)  # never GPU-timed
 MEMORY_KEYS: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS if f.group == MEMORY_GROUP)
 FRAMEWORK_FIELDS: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS if f.framework)
+LEARNING_KEYS: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS if f.group == LEARNING_GROUP)
 COLUMNS: tuple[str, ...] = tuple(f.column for f in REPORT_FIELDS)
 
 

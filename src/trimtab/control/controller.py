@@ -52,6 +52,7 @@ from trimtab.control.queue_use import queue_unused
 from trimtab.control.settle import drained_from, settled_from
 from trimtab.control.stride import paid_rung
 from trimtab.control.effect import before_too_short
+from trimtab.control.goodput import blind_to_learning
 from trimtab.control.plan import (JobState, NewChange, Plan, Wait, before_window, last_applied, last_applied_step,
                                   longest_period, period, window_evidence, window_wait)
 from trimtab.grading.rules import Action, ControllerSettings, Rule, RuleSet
@@ -480,9 +481,12 @@ def _plan(state: JobState, rules: RuleSet,
                 else action.describe_move(old, new)
             change = NewChange(rule.name, action.knob, old, new,
                                f"{rule.name}: {reading.message} → {how} ({old:g} → {new:g})")
-            if job.mode == "auto":
+            blind = blind_to_learning(rules, action.knob, candidates)
+            if job.mode == "auto" and blind is None:
                 return Plan(note=change.reason, change=change, evidence=evidence, throughput_before=tp, advice=advice,
                             readings=list(readings.values()), wait=next_window)
+            if blind is not None:
+                change = replace(change, reason=f"{change.reason}; {blind}")
             if _advised_recently(state, rules, rule.name, action.knob, new):
                 return Plan(note=f"{rule.name}: advised before ({action.knob} → {new:g})",
                             readings=list(readings.values()), wait=next_window,

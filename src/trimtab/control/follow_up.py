@@ -179,6 +179,14 @@ def _closed_early(state: JobState, open_d: StoredDecision, change: Optional[Stor
 
 
 def follow_up(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
+    """The open decision's next step: its throughput verdict, then — for a change to a knob that changes what is
+    learned — the learning guards (goodput.py), which roll it back at once when learning does not keep up."""
+    from trimtab.control.goodput import judge_learning
+
+    return judge_learning(state, rules, open_d, _by_throughput(state, rules, open_d), _before_steps, _roll_back)
+
+
+def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> Plan:
     ctl = rules.controller
     change = next((c for c in state.changes if c.id == open_d.change_id), None)
     early = _closed_early(state, open_d, change)

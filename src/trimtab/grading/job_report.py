@@ -27,7 +27,7 @@ from trimtab.contract.roles import gpus_by_role
 from trimtab.contract.statuses import ACT, NO_DATA, OK, REFUSED, SEVERITY, WATCH
 from trimtab.grading.grading import LIVE_JOB_S, Verdict, job_checks, job_rows, live_since_ms, no_data, rules_for
 from trimtab.grading.rules import RuleSet, default_rules
-from trimtab.grading.step_facts import generation_cadence, rl_facts
+from trimtab.grading.step_facts import generation_cadence, learning_facts, rl_facts
 from trimtab.grading.signals import WALL_TIME, JobContext, phase_share_pct, time_base
 from trimtab.grading.window import PHASES, JobStep, as_period, load_jobs_steps, screen, throughput, window
 from trimtab.store import decisions as decision_store
@@ -92,6 +92,7 @@ class JobSummary:
     wall_phase_shares: dict[str, Optional[float]] = field(default_factory=dict)  # the same on wall time, 0–1
     gpus_by_role: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # role → node → local GPUs
     planner: Optional[dict[str, Any]] = None     # the rebalancer's last word on it (store/plan_status.py); None: none
+    learning: dict[str, float] = field(default_factory=dict)  # step_facts.learning_facts: signal → window mean
 
     @property
     def status(self) -> str:
@@ -216,7 +217,7 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
                       window_s=sum(s.step_time_s for s in win), full_window=full, samples_per_s=tp,
                       step_time_s=statistics.fmean(s.step_time_s for s in win), phase_shares=shares,
                       fragmentation=_mean(s.fragmentation for s in win), collective_latency_us=mean_latency,
-                      probe_baseline_us=baseline_us, verdicts=verdicts, rl=rl_facts(win),
+                      probe_baseline_us=baseline_us, verdicts=verdicts, rl=rl_facts(win), learning=learning_facts(win),
                       generation_cadence=generation_cadence(win), time_base=graded_base,
                       wall_phase_shares=shares if graded_base == WALL_TIME else _shares(win, WALL_TIME))
 

@@ -15,6 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from trimtab.grading.learning_rules import LEARNING_TABLE, LearningRulesError, LearningSettings, build as build_learning
+
 SHIPPED = "rules.toml"
 OPS = {"mul": operator.mul, "div": operator.truediv, "add": operator.add}  # an action's op: new = op(value, by)
 SCOPES = ("job", "gpu")
@@ -159,6 +161,7 @@ class ControllerSettings:
 class RuleSet:
     controller: ControllerSettings
     rules: tuple[Rule, ...] = field(default_factory=tuple)  # by priority
+    learning: LearningSettings = field(default_factory=LearningSettings)  # which knobs change what is learned
 
     def __getitem__(self, name: str) -> Rule:
         for rule in self.rules:
@@ -188,21 +191,23 @@ def _as_document(rs: RuleSet) -> dict[str, Any]:
         d["actions"] = [{f.name: getattr(a, f.name) for f in fields(Action)} for a in r.actions]
         rules[r.name] = {k: v for k, v in d.items() if v is not None}
     return {"controller": {f.name: getattr(rs.controller, f.name) for f in fields(ControllerSettings)},
-            "rules": rules}
+            "rules": rules, LEARNING_TABLE: rs.learning.to_document()}
 
 
 def _normalise(overrides: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(overrides, Mapping):
         raise RulesError(f"overrides must be a table, got {type(overrides).__name__}")
-    for key in ("rules", "controller"):
+    for key in ("rules", "controller", LEARNING_TABLE):
         if key in overrides and not isinstance(overrides[key], Mapping):
             raise RulesError(f"{key} must be a table, got {type(overrides[key]).__name__}")
-    if "rules" in overrides or "controller" in overrides:
-        extra = set(overrides) - {"rules", "controller"}
+    if "rules" in overrides or "controller" in overrides or LEARNING_TABLE in overrides:
+        extra = set(overrides) - {"rules", "controller", LEARNING_TABLE}
         if extra:
-            raise RulesError(f"unknown top-level keys {sorted(extra)}: expected [controller] and [rules.<name>]")
-        return {"controller": dict(overrides.get("controller", {})), "rules": dict(overrides.get("rules", {}))}
-    return {"controller": {}, "rules": dict(overrides)}
+            raise RulesError(f"unknown top-level keys {sorted(extra)}: expected [controller], [learning] and "
+                             f"[rules.<name>]")
+        return {"controller": dict(overrides.get("controller", {})), "rules": dict(overrides.get("rules", {})),
+                LEARNING_TABLE: dict(overrides.get(LEARNING_TABLE, {}))}
+    return {"controller": {}, "rules": dict(overrides), LEARNING_TABLE: {}}
 
 
 def _line_of(text: Optional[str], table: str, key: Optional[str] = None) -> str:
@@ -225,6 +230,7 @@ def _line_of(text: Optional[str], table: str, key: Optional[str] = None) -> str:
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any], source: str, text: Optional[str]) -> None:
+    base.setdefault(LEARNING_TABLE, {}).update(extra.get(LEARNING_TABLE, {}))  # its keys are checked by _build
     for key, value in extra.get("controller", {}).items():
         if key not in base["controller"]:
             raise RulesError(f"{source}{_line_of(text, 'controller', key)}: [controller] has no key {key!r}; "
@@ -356,7 +362,11 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
                           follow_above=None if d.get("follow_above") is None
                           else _number(d["follow_above"], where("follow_above"))))
     rules.sort(key=lambda r: (r.priority, r.name))
-    return RuleSet(ControllerSettings(**ctl), tuple(rules))
+    try:
+        learning = build_learning(data.get(LEARNING_TABLE), f"{source}{_line_of(text, LEARNING_TABLE)}")
+    except LearningRulesError as exc:
+        raise RulesError(str(exc)) from None
+    return RuleSet(ControllerSettings(**ctl), tuple(rules), learning)
 
 
 def _parse(text: str, source: str) -> dict[str, Any]:

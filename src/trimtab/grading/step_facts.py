@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional, Sequence
 
+from trimtab.contract.learning import SIGNAL_NAMES
 from trimtab.grading.window import RL_COUNTS, RL_MEANS, JobStep
 
 
@@ -24,6 +25,17 @@ def rl_facts(win: Sequence[JobStep]) -> dict[str, Optional[float]]:
     for name in RL_MEANS:
         known = [s.rl[name] for s in win if s.rl.get(name) is not None]
         out[name] = statistics.fmean(known) if known else None
+    return out
+
+
+def learning_facts(win: Sequence[JobStep]) -> dict[str, Optional[float]]:
+    """Each learning signal's mean over the window's steps that report it (absent: none does)."""
+    out: dict[str, Optional[float]] = {}
+    for name in SIGNAL_NAMES:
+        known = [s.reported.get(f"learning_{name}") for s in win]
+        known = [v for v in known if v is not None]
+        if known:
+            out[name] = statistics.fmean(known)
     return out
 
 

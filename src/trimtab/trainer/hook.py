@@ -36,6 +36,7 @@ from typing import Mapping, Optional, Sequence, Union
 import httpx
 
 from trimtab.contract.knobs import MAX_JOB_NAME, MAX_NAME, MODES as SERVER_MODES, NAME_PATTERN
+from trimtab.contract.learning import SIGNAL_NAMES
 from trimtab.contract.roles import RolePlacement
 from trimtab.trainer.apply import KnobApplier, KnobChange
 from trimtab.trainer.backlog import SPOOL_MAX_BYTES
@@ -179,7 +180,8 @@ class Hook:
                  step: Optional[int] = None, phases_s: Optional[Mapping[str, float]] = None,
                  step_time_s: Optional[float] = None, memory: Optional[Mapping[str, object]] = None,
                  rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None,
-                 framework: Optional[Mapping[str, object]] = None) -> None:
+                 framework: Optional[Mapping[str, object]] = None,
+                 learning: Optional[Mapping[str, float]] = None) -> None:
         """Ends the step: agree on knobs (every rank, same boundary), queue the report, apply changes.
 
         ``step``: the job's own step number (default: counted from 0). ``phases_s``: phase seconds measured
@@ -189,7 +191,11 @@ class Hook:
         ``free_bytes`` and ``total_bytes`` as it sees them: memory another process holds lowers the line raises plan
         against). ``rollout_s``: (slowest, mean) sample generation time, the rollout's long tail. ``framework``:
         what the framework logged for the step: ``prompts``, ``completions``, ``completion_mean_tokens``, ``reward_mean``, ``logged``, and a
-        prefetching job's ``queue_high_water`` (the most batches that waited unclaimed at once in the step)."""
+        prefetching job's ``queue_high_water`` (the most batches that waited unclaimed at once in the step).
+        ``learning``: what the step says about learning, by trimtab's names (``reward``, ``clip_fraction``, ``kl``,
+        ``eff_sample_size``, ``grad_norm``, ``entropy``, ``stale_share``; see :mod:`trimtab.contract.learning`): a
+        change to a knob that changes what is learned is judged on these too. An unknown name is said once and
+        left out."""
         now_s = time.perf_counter()
         ended_ms = time.time_ns() // 1_000_000  # the step's time, kept if its report waits out a head outage
         if step is not None:
@@ -205,7 +211,7 @@ class Hook:
         try:
             self._outbox.report(step_no, boundary, step_time_s, phases, samples, tokens, now_s,
                                 latency_us if latency_us is not None else resolved_us, memory, rollout_s, framework,
-                                ran_at, ended_ms)
+                                ran_at, ended_ms, learning=self._known_learning(learning))
         except Exception:  # a bug in bookkeeping must not stop training; say it once
             self._say("report", "trimtab: could not build the step report", exc_info=True)
         self._changes.apply(changes, agreed, applied_at_step=step_no + 1)
@@ -290,6 +296,16 @@ class Hook:
                 "hostnames": hostnames, "knobs": knobs, "mode": self._mode,
                 **({"roles": [p.to_wire() for p in self.roles]} if self.roles else {}),
                 **({"advise_only_reason": self._advise_only_reason[:1024]} if self._advise_only_reason else {})}
+
+    def _known_learning(self, learning: Optional[Mapping[str, float]]) -> Optional[dict[str, float]]:
+        """The signals trimtab knows; an unknown name (a typo, a framework's own name) is said once, not sent."""
+        if not learning:
+            return None
+        unknown = sorted(str(k) for k in learning if k not in SIGNAL_NAMES)
+        if unknown:
+            self._say("learning-names", f"trimtab: step_end(learning=...) names {', '.join(unknown)} that trimtab "
+                                        f"does not know (known: {', '.join(SIGNAL_NAMES)}); left out")
+        return {k: v for k, v in learning.items() if k in SIGNAL_NAMES} or None
 
     def _say(self, key: str, msg: str, **kw) -> None:
         if key not in self._said:

@@ -46,9 +46,11 @@ class Outbox:
                latency_us: Optional[float], framework_memory: Optional[Mapping[str, object]] = None,
                rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None,
                framework: Optional[Mapping[str, object]] = None,
-               knobs: Optional[Mapping[str, float]] = None, ended_ms: Optional[int] = None) -> None:
+               knobs: Optional[Mapping[str, float]] = None, ended_ms: Optional[int] = None,
+               learning: Optional[Mapping[str, float]] = None) -> None:
         """``knobs``: the values the step ran at (the rebalancer labels the step's memory and throughput by them);
-        ``ended_ms``: when the step ended by the wall clock (the server files a late report at it)."""
+        ``ended_ms``: when the step ended by the wall clock (the server files a late report at it); ``learning``:
+        the step's learning signals by trimtab's names."""
         memory = self._memory.maybe_sample(now_s)
         if framework_memory:
             memory = {**(memory or {}), **{k: v for k, v in framework_memory.items() if v is not None}}
@@ -64,6 +66,7 @@ class Outbox:
             collective_baseline_us=self._probe.baseline_us,
             oom=oom_report, rollout_slowest_s=(rollout_s or (None, None))[0],
             rollout_mean_s=(rollout_s or (None, None))[1], knobs=dict(knobs) if knobs else None, ended_ms=ended_ms,
+            learning=dict(learning) if learning else None,
             **{k: v for k, v in (framework or {}).items() if k in FRAMEWORK_FIELDS})
         self.last_report = report
         if self._timer.pending(step) or self._held:  # its GPU time is still to come (or an earlier report's is)

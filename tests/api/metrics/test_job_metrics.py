@@ -208,3 +208,16 @@ def test_queries_per_scrape_do_not_grow_with_the_number_of_jobs(make_ctx):
     # changes, failed plans), GPU aggregates; the GPU-time ledger: the jobs, how far each is accumulated (none of
     # these is due to advance: their reports are too fresh), simulated nodes, the accumulated cells
     assert (first, second) == (12, 11), counts
+
+
+def test_the_learning_signals_a_job_reports_are_exported_as_window_means_and_absent_ones_are_no_series(ctx):
+    job = register(ctx, name="learner", ranks=1)
+    for step, (reward, clip) in enumerate([(0.1, 0.05), (0.3, 0.07), (0.5, 0.09), (0.7, 0.11)]):
+        assert job_store.add_report(ctx.engine, job.id, dict(step=step, rank=0, step_time_s=2.0, samples=8,
+                                                             learning_reward=reward, learning_clip_fraction=clip))
+    got = scrape(ctx)
+    series = of(got, "trimtab_job_learning_signal", job="learner")
+    # the window: the newest 4 s of steps (steps 2–3, two 2-s steps)
+    assert series == {frozenset({("mode", "auto"), ("signal", "reward")}): pytest.approx(0.6),
+                      frozenset({("mode", "auto"), ("signal", "clip_fraction")}):
+                          pytest.approx(0.10)}  # kl, ess, … never reported: no series, not 0

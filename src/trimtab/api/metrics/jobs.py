@@ -61,6 +61,12 @@ def job_families(data: JobScrape) -> Iterator[Metric]:
              f"(when the host returned), beside the graded share. Unit: ratio 0-1.",
              lambda jp: jp[0].wall_phase_shares.get(jp[1])),
     ), [(j, p) for j in jobs for p in PHASES], lambda jp: {**_base(jp[0]), "phase": jp[1]}, _simulated)
+    yield from gauges((
+        Spec("trimtab_job_learning_signal", f"Mean of a learning signal the job reports (reward, clip_fraction, kl, "
+             f"eff_sample_size, grad_norm, entropy, stale_share; by trimtab's names, mapped from the framework's) "
+             f"{_WINDOW}. Unit: the signal's own (fractions 0-1).", lambda js: js[0].learning.get(js[1])),
+    ), [(j, s) for j in jobs for s in sorted(j.learning)], lambda js: {**_base(js[0]), "signal": js[1]},
+        _simulated)
     knobs = [(j, k, spec) for j in jobs for k, spec in sorted(j.knobs.items())]
     yield from gauges((
         Spec("trimtab_job_knob_value", "Current value of a job's knob (batch_size, prefetch, sync_every; follows "

@@ -24,6 +24,7 @@ import logging
 import os
 from typing import Any, Mapping, Optional
 
+from trimtab.trainer.adapters.learning_names import LearningNames
 from trimtab.trainer.adapters.phases import DeferredStep, PhaseStack, Refuse, lazy_class, lazy_hook
 from trimtab.trainer.hook import Hook
 
@@ -66,6 +67,7 @@ class CallbackCore:
             log.warning("trimtab: %s declared by the hook: every change will be refused (%s)", ", ".join(claimed),
                         self.advise_only_reason)
         self._phases, self._held = PhaseStack(self.hook), DeferredStep(self.hook)
+        self._learning = LearningNames(self.learning_framework)
         self._tokens_seen = state.num_input_tokens_seen or 0
 
     def _begin(self) -> None:
@@ -92,9 +94,11 @@ class CallbackCore:
         """Report fields taken from the framework's logs (the TRL adapter maps its names)."""
         return {}
 
+    learning_framework = "user"  # whose names the learning signals are read by (learning_names.toml)
+
     def _log(self, state, logs) -> None:
         if self.active and logs and self._held.step == state.global_step:
-            self._held.log(logs, **self._from_logs(logs))
+            self._held.log(logs, learning=self._learning.signals(logs), **self._from_logs(logs))
 
     def _finish(self) -> None:
         if self.active:

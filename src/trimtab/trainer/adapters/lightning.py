@@ -9,7 +9,9 @@
 One report per training batch, with the batch's first dimension as its samples; it goes out when the next batch
 starts (or when training ends), so a validation run after a batch — mid-epoch or at the epoch's end, the last one
 included — is that step's "validation" phase. Phases: the batch (forward, backward, optimizer) is "update"; the
-rest until the next batch is "other". The sanity-check validation before training is no step and is not timed.
+rest until the next batch is "other". Learning signals are read from what the module logs with ``self.log``
+(``trainer.callback_metrics``) by the names in ``learning_names.toml``'s ``[user]`` table (``reward``, ``kl``,
+``clip_fraction``, …). The sanity-check validation before training is no step and is not timed.
 Steps count training batches (``global_step`` repeats under gradient accumulation) and continue across a resume:
 the count is saved in the checkpoint (``state_dict``), else it starts from the restored ``global_step``. An
 exception in training reports the last finished step and closes the hook. Lightning is imported on first use of
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from trimtab.trainer.adapters.learning_names import LearningNames
 from trimtab.trainer.adapters.phases import DeferredStep, PhaseSwitch, batch_len, lazy_class
 from trimtab.trainer.hook import Hook
 
@@ -34,6 +37,7 @@ def _build() -> type:
         def __init__(self, hook: Hook, samples_per_step: Optional[int] = None, close_on_train_end: bool = True):
             self.hook, self.samples_per_step, self.close_on_train_end = hook, samples_per_step, close_on_train_end
             self._phases, self._held = PhaseSwitch(hook), DeferredStep(hook)
+            self._learning = LearningNames("user")
             self._next_step: Optional[int] = None  # from a checkpoint, else the restored global_step
 
         def state_dict(self) -> dict[str, Any]:
@@ -54,6 +58,9 @@ def _build() -> type:
             self._phases.switch(None)
             samples = self.samples_per_step if self.samples_per_step is not None else batch_len(batch)
             self._held.end(self._next_step, samples=samples)
+            learning = self._learning.signals(trainer.callback_metrics)  # what training_step logged (self.log)
+            if learning:
+                self._held.log({}, learning=learning)
             self._next_step += 1
 
         def on_validation_start(self, trainer, pl_module):

@@ -71,14 +71,17 @@ class DeferredStep:
         self.flush()
         self._pending = {"step": int(step), **report}
 
-    def log(self, values: Mapping[str, Any], **framework: Any) -> None:
+    def log(self, values: Mapping[str, Any], learning: Optional[Mapping[str, float]] = None,
+            **framework: Any) -> None:
         """Values the framework logged for the held step: kept in its report's ``logged`` (and ``framework``
-        fields such as ``reward_mean``, where given)."""
+        fields such as ``reward_mean``, where given); ``learning``: the learning signals read from them."""
         if self._pending is None:
             return
         fw = self._pending.setdefault("framework", {})
         fw.setdefault("logged", {}).update(values)
         fw.update({k: v for k, v in framework.items() if v is not None})
+        if learning:
+            self._pending.setdefault("learning", {}).update(learning)
 
     def flush(self) -> None:
         """Report the held step now (no-op without one)."""

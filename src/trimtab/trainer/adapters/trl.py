@@ -110,6 +110,8 @@ class TrlCore(CallbackCore):
     def _from_logs(self, logs: Mapping[str, Any]) -> dict:
         return {field: logs[key] for key, field in LOGGED_FIELDS.items() if key in logs}
 
+    learning_framework = "trl"
+
 
 def _trl_version() -> str:
     try:

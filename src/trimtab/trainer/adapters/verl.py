@@ -25,6 +25,7 @@ import threading
 from typing import Any, Mapping, Optional
 
 from trimtab.trainer.adapters.follow import FileFollower
+from trimtab.trainer.adapters.learning_names import LearningNames
 from trimtab.trainer.adapters.verl_metrics import TRAINERS, V1, verl_step
 from trimtab.trainer.server_link import Reporter
 from trimtab.trainer.step_record import StepReport
@@ -33,11 +34,11 @@ log = logging.getLogger("trimtab.trainer")
 
 def record_to_report(record: Mapping[str, Any], *, rank: int = 0, hostname: Optional[str] = None,
                      samples_per_step: Optional[int] = None, n_gpus: Optional[int] = None,
-                     trainer: str = V1) -> Optional[StepReport]:
+                     trainer: str = V1, names: Optional[LearningNames] = None) -> Optional[StepReport]:
     """One verl JSONL record → a step report (see :mod:`~trimtab.trainer.adapters.verl_metrics`), or None for a
-    line that is not a training step."""
+    line that is not a training step. ``names``: the run's learning-signal mapper (one per file followed)."""
     step = verl_step(record.get("step"), record.get("data"), trainer=trainer, samples_per_step=samples_per_step,
-                     n_gpus=n_gpus)
+                     n_gpus=n_gpus, names=names)
     return None if step is None else step_to_report(step, rank=rank, hostname=hostname)
 
 
@@ -47,7 +48,8 @@ def step_to_report(step, *, rank: int, hostname: Optional[str] = None, pid: Opti
     slowest, mean = step.rollout_s or (None, None)
     return StepReport(step=step.step, rank=rank, step_time_s=step.step_time_s, phases_s=dict(step.phases_s),
                       samples=step.samples, tokens=step.tokens, hostname=hostname, pid=pid, memory=step.memory,
-                      rollout_slowest_s=slowest, rollout_mean_s=mean, queue_high_water=step.queue_high_water)
+                      rollout_slowest_s=slowest, rollout_mean_s=mean, queue_high_water=step.queue_high_water,
+                      learning=step.learning)
 
 
 class VerlTailer:
@@ -59,7 +61,7 @@ class VerlTailer:
         self.follower = FileFollower(path, from_start=from_start)
         self.reporter = reporter
         self._options = {"samples_per_step": samples_per_step, "n_gpus": n_gpus, "hostname": socket.gethostname(),
-                         "trainer": trainer}
+                         "trainer": trainer, "names": LearningNames("verl")}
         self.bad_lines = 0
 
     def poll(self) -> list[StepReport]:

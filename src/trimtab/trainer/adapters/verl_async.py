@@ -46,6 +46,7 @@ import logging
 import socket
 from typing import Any, Callable, Optional
 
+from trimtab.trainer.adapters.learning_names import LearningNames
 from trimtab.trainer.adapters.verl_async_channel import _Channel
 from trimtab.trainer.adapters.verl_staleness import PREFETCH, SYNC_EVERY, AsyncLimits, versions_ahead
 
@@ -91,6 +92,7 @@ class TrainerSession:
             declaration["advise_only_reason"] = reason
         self.channel = _Channel(options, TRAINER_RANK, (SYNC_EVERY,) if SYNC_EVERY in knobs else (), declaration)
         self.unmapped: set[str] = set()
+        self.learning_names = LearningNames("verl")
         log.warning("trimtab: attached to verl's FullyAsyncTrainer as job %r rank 0 (actor), knobs: %s%s",
                     options["job"], ", ".join(f"{k} {v}" for k, v in knobs.items()) or "none",
                     f" ({reason})" if reason else "")
@@ -106,7 +108,7 @@ class TrainerSession:
     def on_log(self, data: Any, step: Any) -> None:
         from trimtab.trainer.adapters.verl_metrics import verl_step
 
-        record = verl_step(step, data, trainer=self.kind)
+        record = verl_step(step, data, trainer=self.kind, names=self.learning_names)
         if record is None:
             return  # the sync's rollouter timings and validation lines: not a step
         new = set(record.unmapped_timers) - self.unmapped

@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from trimtab.trainer.adapters.learning_names import LearningNames
+
 GIB = 1024 ** 3
 V1, LEGACY = "v1", "legacy"
 FULLY_ASYNC, ONE_STEP_OFF = "fully_async", "one_step_off"   # verl/experimental/: see verl_async.py
@@ -83,6 +85,7 @@ class VerlStep:
     rollout_s: Optional[tuple[Optional[float], Optional[float]]] = None  # (slowest sample, mean sample)
     unmapped_timers: tuple[str, ...] = ()            # timers this mapping does not know (they land in "other")
     queue_high_water: Optional[int] = None           # how far generation got ahead, in the prefetch knob's unit
+    learning: Optional[dict[str, float]] = None      # trimtab's learning signals from verl's names (learning_names)
 
 
 def timers(data: Mapping[str, Any]) -> dict[str, float]:
@@ -122,9 +125,10 @@ def _memory(data: Mapping[str, Any]) -> Optional[dict[str, int]]:
 
 
 def verl_step(step: Any, data: Mapping[str, Any], *, trainer: str = V1, samples_per_step: Optional[int] = None,
-              n_gpus: Optional[int] = None) -> Optional[VerlStep]:
+              n_gpus: Optional[int] = None, names: Optional[LearningNames] = None) -> Optional[VerlStep]:
     """The step verl logged as ``Tracking.log(data, step)``, or None for a line that is no training step (the
-    validation-only line verl writes before training has no ``timing_s/step``)."""
+    validation-only line verl writes before training has no ``timing_s/step``). ``names``: the run's mapper of
+    verl's learning metrics (one per run: a stale count is read as its increase since the previous step)."""
     if trainer not in TRAINERS:
         raise ValueError(f"trainer must be one of {TRAINERS}, got {trainer!r}")
     if not isinstance(data, Mapping) or not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -149,4 +153,5 @@ def verl_step(step: Any, data: Mapping[str, Any], *, trainer: str = V1, samples_
                     samples=None if samples is None else round(samples),
                     tokens=None if tokens is None else round(tokens), memory=_memory(data),
                     rollout_s=(slowest, mean) if slowest is not None or mean is not None else None,
-                    unmapped_timers=unknown)
+                    unmapped_timers=unknown,
+                    learning=(names.signals(data, samples) or None) if names is not None else None)

@@ -99,6 +99,7 @@ class VerlSession:
 
     def __init__(self, trainer: Any, kind: str, options: dict[str, Any]):
         from trimtab.contract.roles import device_map_of
+        from trimtab.trainer.adapters.learning_names import LearningNames
         from trimtab.trainer.adapters.verl_knobs import VerlKnobApplier, declared_knobs, wrap_worker_groups
         from trimtab.trainer.adapters.verl_roles import find_roles
         from trimtab.trainer.hook import attach
@@ -121,6 +122,7 @@ class VerlSession:
                            appliers={k: self.applier for k in declared}, memory_every_s=0.0)
         self._unwrap = wrap_worker_groups(trainer, self.applier)
         self.unmapped: set[str] = set()
+        self.learning_names = LearningNames("verl")
         log.warning("trimtab: attached to verl %s fit() as job %r (%s), knobs: %s", kind, options["job"],
                     options["server"], ", ".join(f"{k} {spec[0]} in [{spec[1]}, {spec[2]}] ({why})"
                                                  for k, (_, spec, why) in declared.items()) or "none")
@@ -128,7 +130,7 @@ class VerlSession:
     def on_log(self, data: Any, step: Any) -> None:
         from trimtab.trainer.adapters.verl_metrics import verl_step
 
-        record = verl_step(step, data, trainer=self.kind)
+        record = verl_step(step, data, trainer=self.kind, names=self.learning_names)
         if record is None:
             return  # the validation line before training: not a step
         new = set(record.unmapped_timers) - self.unmapped
@@ -137,7 +139,8 @@ class VerlSession:
             log.warning("trimtab: verl timers counted as 'other': %s", ", ".join(sorted(new)))
         phases = {k: v for k, v in record.phases_s.items() if k != "other"}
         self.hook.step_end(samples=record.samples, tokens=record.tokens, step=record.step, phases_s=phases,
-                           step_time_s=record.step_time_s, memory=record.memory, rollout_s=record.rollout_s)
+                           step_time_s=record.step_time_s, memory=record.memory, rollout_s=record.rollout_s,
+                           learning=record.learning)
 
     def close(self) -> None:
         try:

@@ -1,0 +1,191 @@
+"""Changes judged on learning, not only samples per second (issue 41): the guards a change to a knob that changes
+what is learned must hold, read from the learning signals the job reports (``step_end(learning=...)``, or its
+framework's own metrics through the adapters).
+
+Raising staleness or syncing less often buys samples per second by training on older data. A throughput verdict
+alone would keep a +20 % staleness raise while the policy's importance ratios blow up. So a change to such a knob
+(``[learning] changes_learning``) is kept only if, over its after window against its before window:
+
+* each off-policy indicator the job reports stays within its bound — clip fraction and stale share at most so much
+  higher, KL and gradient norm at most so many times higher (above a floor), the effective sample size at most so
+  much lower — each side's mean over at least ``guard_min_steps`` steps that report it;
+* where a reward is reported, the reward gained per wall-second (the slope of reward against the steps' wall time,
+  by least squares) is not lower than before, at ``reward_rate_confidence_pct`` (a one-sided test on the two slopes
+  with their standard errors), each side over at least ``reward_min_steps`` steps. A reward that saturates on its
+  own reads slower after any change; the test needs the drop to stand out of both slopes' noise, so such a curve
+  rolls back only what surely slowed it.
+
+A guard that breaks rolls the change back at once — while the throughput verdict is still measuring too — with the
+signal named in the reason. A job that reports no learning signal gets advice, not an automatic change, on these
+knobs where ``[learning] without_signals = "advise"`` (:func:`blind_to_learning`); the shipped rules still judge
+such a job on throughput alone (``"throughput"``) until the reference pipeline and the workloads report learning.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from trimtab.contract.learning import SIGNAL_NAMES
+from trimtab.contract.statuses import APPLIED, KEPT, ROLLED_BACK
+from trimtab.control.plan import JobState, Plan
+from trimtab.grading.learning_rules import LearningSettings
+from trimtab.grading.rules import RuleSet
+from trimtab.grading.window import JobStep
+from trimtab.store.decisions import StoredDecision
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A guard that does not hold: the signal, its before and after figures, and the bound it broke (in words)."""
+
+    signal: str
+    before: float
+    after: float
+    bound: str
+
+    def words(self) -> str:
+        return f"{self.signal} {self.before:.4g} → {self.after:.4g} ({self.bound})"
+
+
+def _values(steps: Sequence[JobStep], signal: str) -> list[float]:
+    return [v for v in (s.reported.get(f"learning_{signal}") for s in steps) if v is not None]
+
+
+def reports_learning(steps: Sequence[JobStep]) -> bool:
+    """True when any of ``steps`` reports any learning signal."""
+    return any(s.reported.get(f"learning_{name}") is not None for s in steps for name in SIGNAL_NAMES)
+
+
+def blind_to_learning(rules: RuleSet, knob: str, steps: Sequence[JobStep]) -> Optional[str]:
+    """Why a change to ``knob`` must stay advice: it changes what is learned and the job reports no learning signal
+    in ``steps``; None when it may be made."""
+    if rules.learning.without_signals != "advise" or rules.learning.changes_learning_of(knob) is not True \
+            or reports_learning(steps):
+        return None
+    return (f"{knob} changes what is learned and the job reports no learning signal (reward, clip fraction, KL, "
+            f"effective sample size: step_end(learning=...) or its framework's logs), so trimtab cannot judge a "
+            f"change to it on learning: advice only")
+
+
+def _slope(steps: Sequence[JobStep]) -> Optional[tuple[float, float, int]]:
+    """(reward per wall-second, its standard error, points): least squares of reward on each step's end time."""
+    points = [(s.end_ms / 1000.0, s.reported["learning_reward"]) for s in steps
+              if s.reported.get("learning_reward") is not None]
+    if len(points) < 3:
+        return None
+    xs, ys = zip(*points)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
+    se = math.sqrt(residual / (len(points) - 2) / sxx) if len(points) > 2 else math.inf
+    return slope, se, len(points)
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def _mean_guards(cfg: LearningSettings, before: Sequence[JobStep], after: Sequence[JobStep],
+                 evidence: dict[str, Any]) -> Optional[Broken]:
+    bounds: dict[str, Callable[[float, float], Optional[str]]] = {
+        "clip_fraction": lambda b, a: f"rose by {a - b:+.3f}, bound +{cfg.clip_fraction_max_rise:g}"
+        if a - b > cfg.clip_fraction_max_rise else None,
+        "stale_share": lambda b, a: f"rose by {a - b:+.3f}, bound +{cfg.stale_share_max_rise:g}"
+        if a - b > cfg.stale_share_max_rise else None,
+        "eff_sample_size": lambda b, a: f"fell by {b - a:.3f}, bound {cfg.eff_sample_size_max_drop:g}"
+        if b - a > cfg.eff_sample_size_max_drop else None,
+        "kl": lambda b, a: f"above {cfg.kl_max_x:g}× the before window's (or {cfg.kl_floor:g})"
+        if abs(a) > max(cfg.kl_max_x * abs(b), cfg.kl_floor) else None,
+        "grad_norm": lambda b, a: f"above {cfg.grad_norm_max_x:g}× the before window's (or {cfg.grad_norm_floor:g})"
+        if a > max(cfg.grad_norm_max_x * b, cfg.grad_norm_floor) else None,
+    }
+    broken = None
+    for signal, bound in bounds.items():
+        b_vals, a_vals = _values(before, signal), _values(after, signal)
+        if len(b_vals) < cfg.guard_min_steps or len(a_vals) < cfg.guard_min_steps:
+            continue
+        b, a = statistics.fmean(b_vals), statistics.fmean(a_vals)
+        why = bound(b, a)
+        evidence[signal] = {"before": round(b, 6), "after": round(a, 6), "steps": [len(b_vals), len(a_vals)],
+                            "holds": why is None}
+        if why is not None and broken is None:
+            broken = Broken(signal, b, a, why)
+    return broken
+
+
+def _reward_guard(cfg: LearningSettings, before: Sequence[JobStep], after: Sequence[JobStep],
+                  evidence: dict[str, Any]) -> Optional[Broken]:
+    if len(_values(before, "reward")) < cfg.reward_min_steps or len(_values(after, "reward")) < cfg.reward_min_steps:
+        return None
+    b, a = _slope(before), _slope(after)
+    if b is None or a is None:
+        return None
+    se = math.hypot(b[1], a[1])
+    sure_lower = _normal_cdf((b[0] - a[0]) / se) if se > 0 and math.isfinite(se) else 0.5
+    holds = 100.0 * sure_lower < cfg.reward_rate_confidence_pct
+    evidence["reward_per_s"] = {"before": round(b[0], 6), "after": round(a[0], 6), "steps": [b[2], a[2]],
+                                "sure_lower_pct": round(100.0 * sure_lower, 1), "holds": holds}
+    if holds:
+        return None
+    return Broken("reward per wall-second", b[0], a[0],
+                  f"lower, {100.0 * sure_lower:.0f} % sure, bound {cfg.reward_rate_confidence_pct:g} %")
+
+
+def guards(cfg: LearningSettings, before: Sequence[JobStep], after: Sequence[JobStep]) -> tuple[Optional[Broken],
+                                                                                                  dict[str, Any]]:
+    """The first guard that breaks (None: all that could be judged hold) and what each showed."""
+    evidence: dict[str, Any] = {}
+    broken = _mean_guards(cfg, before, after, evidence)
+    reward = _reward_guard(cfg, before, after, evidence)
+    return broken or reward, evidence
+
+
+RollBack = Callable[..., Plan]
+
+
+def _before(state: JobState, rules: RuleSet, change: Any, throughput_before: list[JobStep]) -> list[JobStep]:
+    """The guards' before window: the throughput verdict's, stretched to the steps a signal needs (a 45 s step
+    covers the verdict's seconds alone), never past the previous change (those steps ran another setting)."""
+    earlier = [c.applied_step for c in state.changes
+               if c.id != change.id and c.applied_step is not None and c.applied_step < change.applied_step]
+    floor = max(earlier, default=-1)
+    pool = [s for s in state.steps if floor <= s.step < change.applied_step]
+    cfg = rules.learning
+    return pool[-max(len(throughput_before), cfg.guard_min_steps, cfg.reward_min_steps):]
+
+
+def judge_learning(state: JobState, rules: RuleSet, open_d: StoredDecision, plan: Plan,
+                   before_steps: Callable[[JobState, RuleSet, Any], list[JobStep]], roll_back: RollBack) -> Plan:
+    """``plan`` (the throughput's follow-up of ``open_d``) with the learning guards of a change to a knob that
+    changes what is learned: a broken guard rolls the change back at once, naming the signal; a change kept for
+    throughput keeps the guards' figures in its evidence. Other knobs: ``plan`` as it is."""
+    change = next((c for c in state.changes if c.id == open_d.change_id), None)
+    if change is None or change.status != APPLIED or change.applied_step is None \
+            or rules.learning.changes_learning_of(change.knob) is not True or plan.outcome == ROLLED_BACK:
+        return plan
+    before = _before(state, rules, change, before_steps(state, rules, change))
+    after = [s for s in state.steps if s.step >= change.applied_step]
+    broken, shown = guards(rules.learning, before, after)
+    if not shown and not reports_learning(after):
+        return plan
+    evidence = {**(plan.evidence or open_d.evidence or {}), "learning_guards": shown}
+    if broken is None:
+        plan.evidence = evidence if plan.close is not None else plan.evidence
+        return plan
+    evidence["learning_broken"] = {"signal": broken.signal, "before": broken.before, "after": broken.after,
+                                   "bound": broken.bound}
+    closed = dict(close=open_d.id, throughput_after=plan.throughput_after, applied_step=change.applied_step)
+    out = roll_back(state, open_d, change, f"learning does not keep up: {broken.words()}", evidence, closed)
+    if out.outcome == ROLLED_BACK:
+        out.note = (f"decision {open_d.id}: learning does not keep up: {broken.words()}: rolling {change.knob} back "
+                    f"to {out.rollback_to:g}")
+    return out
+
+
+__all__ = ["Broken", "blind_to_learning", "guards", "judge_learning", "reports_learning"]

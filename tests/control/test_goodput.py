@@ -1,0 +1,113 @@
+"""Changes judged on learning (issue 41): a change to a knob that changes what is learned (prefetch, sync_every)
+is rolled back when a learning guard breaks — whatever its throughput did — naming the signal; kept when the guards
+hold; a knob that changes only speed (a micro-batch, a token budget) is judged on throughput alone; a job that
+reports no learning signal gets advice, not a change, on such a knob where the rules say so."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.support.plans import NOW, RULES, change, decision, job, state, steps
+from trimtab.control.controller import plan
+from trimtab.control.goodput import blind_to_learning, guards
+from trimtab.grading.rules import RulesError
+
+
+def learning(steps_, **signals):
+    """The steps with their reports' learning signals: each a constant, or a function of the step number."""
+    out = []
+    for s in steps_:
+        values = {f"learning_{k}": (v(s.step) if callable(v) else v) for k, v in signals.items()}
+        out.append(replace(s, reported={**s.reported, **values}))
+    return out
+
+
+def prefetch_raise_measured(before_signals, after_signals, after_step_time=40.0):
+    """A prefetch raise 0 → 2 applied at step 10: 10 steps before it at 45 s, 14 after at ``after_step_time``
+    (faster: a throughput gain), each side reporting its learning signals."""
+    before = learning(steps(0, 10), **before_signals)
+    after = learning(steps(10, 14, step_time=after_step_time, gen=after_step_time - 1.0), **after_signals)
+    after = [replace(s, start_ms=s.start_ms - (s.step - 9) * 5000, end_ms=s.end_ms - (s.step - 9) * 5000)
+             for s in after]  # wall times of the faster steps
+    return state(before + after, job(batch=64, prefetch=2),
+                 changes=[change(knob="prefetch", value=2, previous=0, applied_step=10)],
+                 decisions=[decision(knob="prefetch", old=0, new=2)])
+
+
+def test_a_staleness_raise_that_gained_throughput_is_rolled_back_when_the_clip_fraction_climbs():
+    p = plan(prefetch_raise_measured({"clip_fraction": 0.04, "reward": 0.5}, {"clip_fraction": 0.15,
+                                                                              "reward": 0.5}), RULES)
+    assert p.outcome == "rolled_back" and p.rollback_knob == "prefetch" and p.rollback_to == 0, p.note
+    assert "learning does not keep up: clip_fraction" in p.note
+    assert p.evidence["learning_broken"]["signal"] == "clip_fraction"
+    assert p.evidence["learning_guards"]["clip_fraction"]["holds"] is False
+
+
+def test_the_same_raise_is_kept_when_its_guards_hold():
+    p = plan(prefetch_raise_measured({"clip_fraction": 0.04, "kl": 0.002, "eff_sample_size": 0.95},
+                                     {"clip_fraction": 0.06, "kl": 0.003, "eff_sample_size": 0.9}), RULES)
+    assert p.outcome == "kept", p.note
+    shown = p.evidence["learning_guards"]
+    assert all(shown[s]["holds"] for s in ("clip_fraction", "kl", "eff_sample_size"))
+
+
+@pytest.mark.parametrize("before, after, signal", [
+    ({"eff_sample_size": 0.95}, {"eff_sample_size": 0.6}, "eff_sample_size"),
+    ({"kl": 0.004}, {"kl": 0.02}, "kl"),
+    ({"grad_norm": 1.0}, {"grad_norm": 5.0}, "grad_norm"),
+    ({"stale_share": 0.1}, {"stale_share": 0.6}, "stale_share"),
+])
+def test_each_off_policy_indicator_has_its_bound(before, after, signal):
+    p = plan(prefetch_raise_measured(before, after), RULES)
+    assert p.outcome == "rolled_back" and p.evidence["learning_broken"]["signal"] == signal, p.note
+
+
+def test_reward_per_wall_second_surely_lower_rolls_back_and_a_noisy_one_does_not():
+    climbing = prefetch_raise_measured({"reward": lambda s: 0.02 * s}, {"reward": lambda s: 0.2 + 0.001 * (s - 10)})
+    p = plan(climbing, RULES)
+    assert p.outcome == "rolled_back" and p.evidence["learning_broken"]["signal"] == "reward per wall-second"
+    noise = [0.03, -0.02, 0.01, -0.03, 0.02, 0.0, -0.01, 0.03, -0.02, 0.01, 0.02, -0.03, 0.0, 0.01]
+    flat = prefetch_raise_measured({"reward": lambda s: 0.5 + noise[s % 14]},
+                                   {"reward": lambda s: 0.5 + noise[(s + 3) % 14]})
+    kept = plan(flat, RULES)
+    assert kept.outcome == "kept", kept.note
+    assert kept.evidence["learning_guards"]["reward_per_s"]["holds"] is True
+
+
+def test_a_guard_needs_enough_steps_of_its_signal_on_each_side():
+    before = learning(steps(0, 10), clip_fraction=0.04)
+    after = learning(steps(10, 3), clip_fraction=0.5)  # 3 steps < guard_min_steps (4)
+    broken, shown = guards(RULES.learning, before, after)
+    assert broken is None and "clip_fraction" not in shown
+
+
+def test_a_speed_only_knob_is_judged_on_throughput_alone():
+    assert RULES.learning.changes_learning_of("log_prob_micro_batch") is False
+    assert RULES.learning.changes_learning_of("actor_update_max_tokens") is False
+    assert RULES.learning.changes_learning_of("prefetch") is True
+    assert RULES.learning.changes_learning_of("batch_size") is None  # the job's to declare
+    declared = RULES.with_overrides({"learning": {"changes_learning": ["batch_size", "prefetch", "sync_every"]}})
+    assert declared.learning.changes_learning_of("batch_size") is True
+
+
+def test_without_signals_advise_makes_a_learning_knob_advice_only_until_the_job_reports_learning():
+    advise = RULES.with_overrides({"learning": {"without_signals": "advise"}})
+    quiet = steps(0, 3)
+    assert "reports no learning signal" in blind_to_learning(advise, "prefetch", quiet)
+    assert blind_to_learning(advise, "batch_size", quiet) is None  # not declared a learning knob
+    assert blind_to_learning(advise, "prefetch", learning(quiet, reward=0.1)) is None
+    assert blind_to_learning(RULES, "prefetch", quiet) is None  # the shipped rules: judged on throughput
+    p = plan(state(steps(0, 3), job(batch=64)), advise)  # generation-bound at its max batch: prefetch +2
+    assert p.change is None and p.advised is not None and p.advised.knob == "prefetch"
+    assert "reports no learning signal" in p.advised.reason
+
+
+def test_a_learning_table_that_cannot_be_used_is_refused_with_its_key():
+    with pytest.raises(RulesError, match="learning.without_signals"):
+        RULES.with_overrides({"learning": {"without_signals": "maybe"}})
+    with pytest.raises(RulesError, match="both in changes_learning"):
+        RULES.with_overrides({"learning": {"changes_learning": ["ppo_micro_batch_size_per_gpu"]}})
+    with pytest.raises(RulesError, match="has no key"):
+        RULES.with_overrides({"learning": {"kl_max": 3}})
