@@ -70,6 +70,7 @@ SMOKE = {
     "nvml_tick.py": Smoke(("--fake-nvml", "--fake-gpus", "2", "--ticks", "4", "--naive-ticks", "0", "--wait", "sleep",
                            "--hz", "50"), ("ratio ours/bare", "ratio ours/ours without per-process"),
                           gpu="times real NVML calls: here against its stand-in (--fake-nvml)"),
+    "learning_staleness.py": Smoke(("--seeds", "1", "--budget-s", "40"), "stale-hurts: 1/1 rolled back citing a signal"),
     "pipeline_ledger.py": Smoke(("--config", "smoke", "--steps", "3"), "GET /v1/jobs/ppo-ledger/gpu-time"),
     "process_activity.py": Smoke(("--help",), "--seconds",
                                  gpu="two CUDA processes on one GPU against the agent's per-process attribution: its "
