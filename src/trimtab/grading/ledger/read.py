@@ -1,6 +1,6 @@
 """The ledger from the store: a job's ledger over a window (``GET /v1/jobs/{name}/gpu-time``), and the accumulated
 ledger behind /metrics' counters, advanced by the time since its last advance (never a sliding window: a counter
-must not go down, and a scrape must not re-read history).
+must not go down, and an advance must not re-read history; the server's ticker advances it, :mod:`.ticker`).
 
 What a window reads: the job's reports stamped in it (plus the first ones after it, whose steps cover its tail) and
 its GPUs' utilization samples in it — range reads of the (job, received_ms) index and each GPU's (gpu, time) key,
@@ -22,9 +22,9 @@ from trimtab.store.jobs import StoredJob
 TRACE_LOOKBACK_MS = 10_000  # samples before the window: the state of the other GPUs at its first ticks
 SETTLE_MS = 10_000          # the accumulated ledger stays this far behind now (reports in flight)
 LIVE_MS = 300_000           # a job that reported within this long is live: its ledger keeps advancing
-# One advance adds at most this much, and a job seen for the first time starts at most this far back: a scrape after
-# an outage of the daemon catches up a few minutes at a time (the counters lag, never jump a scrape past its
-# timeout; bench/gpu_ledger.py: 15 minutes of 8 jobs took one scrape 5.4 s on the 2-core dev machine).
+# One advance adds at most this much, and a job seen for the first time starts at most this far back: a tick after
+# an outage of the daemon catches up a few minutes at a time (the counters lag rather than one tick holding the
+# store for long; bench/gpu_ledger.py: 15 minutes of 8 jobs took one advance 5.4 s on the 2-core dev machine).
 MAX_ADVANCE_MS = 300_000
 
 
