@@ -28,7 +28,8 @@ LIVE_MS = 300_000           # a job that reported within this long is live: its 
 MAX_ADVANCE_MS = 300_000
 
 
-def _gpu_keys(job: StoredJob, reports: Sequence[dict]) -> set[tuple[str, int]]:
+def job_gpu_keys(job: StoredJob, reports: Sequence[dict]) -> set[tuple[str, int]]:
+    """(node, GPU index) of the job's GPUs: its roles', its device map's (one node), and those its reports name."""
     keys = {(p.node, g) for p in job.roles for g in p.gpus}
     single = job.hostnames[0] if len(job.hostnames) == 1 else None
     if single:
@@ -55,7 +56,7 @@ def job_ledger(engine: Engine, job: StoredJob, start_ms: int, end_ms: int, inter
     clipped = job.created_ms > start_ms
     start_ms = max(start_ms, job.created_ms)
     reports = ledger_store.window_reports(engine, job.id, job.ranks, start_ms, end_ms)
-    traces = _traces(engine, _gpu_keys(job, reports), start_ms, end_ms)
+    traces = _traces(engine, job_gpu_keys(job, reports), start_ms, end_ms)
     ledger = compute_ledger(job.name, start_ms, end_ms, interval_ms or (end_ms - start_ms), reports, job.roles,
                             job.device_map, job.hostnames, traces, rules, process_busy_pct)
     if clipped:
@@ -88,7 +89,7 @@ def advance_ledgers(engine: Engine, jobs: Sequence[StoredJob], now_ms: int,
     if not due:
         return 0
     reports = ledger_store.window_reports_many(engine, {i: (j.ranks, *span) for i, (j, _, span) in due.items()})
-    keys = set().union(*(_gpu_keys(j, reports[i]) for i, (j, _, _) in due.items()))
+    keys = set().union(*(job_gpu_keys(j, reports[i]) for i, (j, _, _) in due.items()))
     traces = _traces(engine, keys, min(s for _, _, (s, _) in due.values()), max(e for _, _, (_, e) in due.values()))
     advances = {}
     for job_id, (job, done, (start, end)) in due.items():
