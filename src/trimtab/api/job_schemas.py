@@ -275,7 +275,11 @@ class DecisionOut(Model):
                                                  "step was chosen), and once judged the after-window, gain_pct, the "
                                                  "verdict with its before_sample/after_sample (a lone stalled period "
                                                  "left out of one is named under left_out) and each rank's "
-                                                 "acknowledged step.")
+                                                 "acknowledged step; gpu_time_waste: the GPU-time ledger's largest "
+                                                 "waste over the job's last 600 s that the decided knob addresses "
+                                                 "(gpu_s, gpu_hours, cause, role, waiting_for, gpus, what, action, "
+                                                 "matched: how it was matched; the largest overall for advice that "
+                                                 "names no knob).")
     change_id: Optional[int] = Field(description="The knob change made, if any.")
     knob: Optional[str] = Field(description="Knob changed.")
     old_value: Optional[Union[int, float]] = Field(description="Value before.")
