@@ -118,8 +118,9 @@ def _accumulate(engine: Engine, new: list, moved: dict, advances: Mapping) -> No
     st = job_ledger_state.c
     with write_transaction(engine) as conn:
         done = 0
-        if new:
-            done += conn.execute(insert_for(conn.dialect, job_ledger_state).on_conflict_do_nothing().values(new)).rowcount
+        if new:  # the rows RETURNING gives, not rowcount: PostgreSQL's driver answers -1 for a multi-row insert
+            done += len(conn.execute(insert_for(conn.dialect, job_ledger_state).on_conflict_do_nothing().values(new)
+                                     .returning(st.job_id)).all())
         if moved:
             done += conn.execute(update(job_ledger_state)
                                  .where(tuple_(st.job_id, st.through_ms).in_([(j, f) for j, (f, _) in moved.items()]))
