@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 from trimtab.grading.ledger.attribute import GpuTrace
 from trimtab.grading.ledger.compute import compute_ledger
 from trimtab.grading.ledger.model import GpuKey, Ledger, LedgerRules
+from trimtab.grading.ledger.shares import busy_pct_by_process
 from trimtab.store import ledger as ledger_store
 from trimtab.store.jobs import StoredJob
 
@@ -39,9 +40,12 @@ def job_gpu_keys(job: StoredJob, reports: Sequence[dict]) -> set[tuple[str, int]
     return keys
 
 
-def _traces(engine: Engine, keys, start_ms: int, end_ms: int) -> dict[GpuKey, GpuTrace]:
-    samples = ledger_store.utilization(engine, keys, start_ms - TRACE_LOOKBACK_MS, end_ms)
-    return {GpuKey(h, g): GpuTrace([t for t, _ in rows], [u for _, u in rows]) for (h, g), rows in samples.items()}
+def _traces(engine: Engine, keys, start_ms: int, end_ms: int) -> tuple[dict[GpuKey, GpuTrace], dict]:
+    """The GPUs' utilization traces (from ``TRACE_LOOKBACK_MS`` before the window) and their per-process activity
+    in the window (:mod:`.shares`)."""
+    samples, activity = ledger_store.utilization_and_activity(engine, keys, start_ms - TRACE_LOOKBACK_MS, end_ms)
+    traces = {GpuKey(h, g): GpuTrace([t for t, _ in rows], [u for _, u in rows]) for (h, g), rows in samples.items()}
+    return traces, activity
 
 
 def job_ledger(engine: Engine, job: StoredJob, start_ms: int, end_ms: int, interval_ms: Optional[int] = None,
@@ -49,14 +53,17 @@ def job_ledger(engine: Engine, job: StoredJob, start_ms: int, end_ms: int, inter
                process_busy_pct: Optional[dict[tuple[str, int, int], float]] = None) -> Ledger:
     """The job's ledger over [start_ms, end_ms), cut into intervals of ``interval_ms`` (one interval: None), from
     the job's registration on (before it, its GPUs' time is not the job's: the ledger starts there and says so).
-    ``process_busy_pct``: per-process activity where the store has it (see :mod:`.attribute`)."""
+    ``process_busy_pct``: each process's busy % of the window (None: from the store's per-process activity, as
+    :mod:`.shares` estimates it)."""
     if job.created_ms >= end_ms:
         return Ledger(job.name, end_ms, end_ms, interval_ms or 1, (),
                       notes=[f"job {job.name!r} registered after the window's end"])
     clipped = job.created_ms > start_ms
     start_ms = max(start_ms, job.created_ms)
     reports = ledger_store.window_reports(engine, job.id, job.ranks, start_ms, end_ms)
-    traces = _traces(engine, job_gpu_keys(job, reports), start_ms, end_ms)
+    traces, activity = _traces(engine, job_gpu_keys(job, reports), start_ms, end_ms)
+    if process_busy_pct is None:
+        process_busy_pct = busy_pct_by_process(activity, traces, start_ms, end_ms)
     ledger = compute_ledger(job.name, start_ms, end_ms, interval_ms or (end_ms - start_ms), reports, job.roles,
                             job.device_map, job.hostnames, traces, rules, process_busy_pct)
     if clipped:
@@ -90,11 +97,13 @@ def advance_ledgers(engine: Engine, jobs: Sequence[StoredJob], now_ms: int,
         return 0
     reports = ledger_store.window_reports_many(engine, {i: (j.ranks, *span) for i, (j, _, span) in due.items()})
     keys = set().union(*(job_gpu_keys(j, reports[i]) for i, (j, _, _) in due.items()))
-    traces = _traces(engine, keys, min(s for _, _, (s, _) in due.values()), max(e for _, _, (_, e) in due.values()))
+    first, last = min(s for _, _, (s, _) in due.values()), max(e for _, _, (_, e) in due.values())
+    traces, activity = _traces(engine, keys, first, last)
+    busy_pct = busy_pct_by_process(activity, traces, first, last)  # one share over the ticks' span (see .shares)
     advances = {}
     for job_id, (job, done, (start, end)) in due.items():
         ledger = compute_ledger(job.name, start, end, end - start, reports[job_id], job.roles, job.device_map,
-                                job.hostnames, traces, rules)
+                                job.hostnames, traces, rules, busy_pct)
         advances[job_id] = (done, end, _summed(ledger))
     return len(advances) if ledger_store.accumulate(engine, advances) else 0
 
