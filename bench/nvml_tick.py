@@ -334,7 +334,8 @@ def side_by_side(source: Any, without: Any, bare: BareTick, ticks: int, hz: floa
 
     ran = paced(3 * (ticks + warm), hz, how, tick, stop_at)
     b, o, w = (us_stats(x) for x in spent_s)
-    return {"wait": how, "ticks_each": min(len(x) for x in spent_s), "cut_short": ran < 3 * (ticks + warm), "bare": b, "ours": o, "ours_without_activity": w,
+    return {"wait": how, "ticks_each": min(len(x) for x in spent_s), "cut_short": ran < 3 * (ticks + warm),
+            "bare": b, "ours": o, "ours_without_activity": w,
             "ours_ticks_with_gpm": gpm_ticks[0],
             "ratio_median": _ratio(o["median_us"], b["median_us"]), "ratio_p99": _ratio(o["p99_us"], b["p99_us"]),
             "ours_minus_bare_median_us": o["median_us"] - b["median_us"] if b["median_us"] else None,
@@ -459,7 +460,8 @@ def main(argv=None) -> int:
             runs.append(side_by_side(source, without, bare, args.ticks, args.hz, how, stop_at))
             run = runs[-1]
             cut = " (cut short by --budget-s)" if run["cut_short"] else ""
-            progress(f"wait={how}: {run['ticks_each']} ticks a side{cut}, ours/bare {_fmt(run['ratio_median'])}x, ours/ours without per-process "
+            progress(f"wait={how}: {run['ticks_each']} ticks a side{cut}, ours/bare {_fmt(run['ratio_median'])}x, "
+                     f"ours/ours without per-process "
                      f"{_fmt(run['activity_ratio_median'])}x ({time.perf_counter() - started:.1f} s so far)")
         each = bare.each_call_alone()
         progress(f"each call alone timed ({time.perf_counter() - started:.1f} s so far)")

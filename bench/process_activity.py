@@ -277,7 +277,8 @@ def report(args, own: dict, rows: list, raw: list, calls: list, ticks: list, sou
     utils = [t[1] for t in ticks if t[1] is not None]
     out["device_util"] = {"ticks": len(ticks), "mean_pct_of_readings": statistics.fmean(utils) if utils else None,
                           "mean_pct_of_samples": _mean([t[2] for t in ticks])}
-    estimators = {"b_share_x_util": share_times_util(ticks, False), "b2_share_x_util_samples": share_times_util(ticks, True),
+    estimators = {"b_share_x_util": share_times_util(ticks, False),
+                  "b2_share_x_util_samples": share_times_util(ticks, True),
                   "c_sm_x_dt_gpu": sm_times_dt(raw, False), "c2_sm_x_dt_process": sm_times_dt(raw, True)}
     within = period_s is not None
     for kind, pid in mapping.items():

@@ -12,7 +12,8 @@ counts, it is unknown and the verdict says so — it is never invented, and an u
 word back (the other two parts decide), but the word says it is unknown.
 
 Reads: the job's newest rank reports (one range read of the (job, received_ms) index, bounded by
-``end_state_history_steps`` × ranks) and its GPUs' utilization samples in the window (one range read per GPU key).
+``end_state_history_steps`` × ranks, at most ``MAX_HISTORY_ROWS``) and its GPUs' utilization samples in the
+window (a range read of each GPU's (gpu, time) key).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from trimtab.store.jobs import StoredJob
 AT_END_STATE, NOT_YET, UNKNOWN = "at_end_state", "not_yet", "unknown"
 BELOW, IN, ABOVE = "below", "in", "above"
 MIN_STEPS = 3  # steps a variation or a throughput needs (a window or a baseline of fewer says unknown)
+MAX_HISTORY_ROWS = 50_000  # rank reports one verdict reads at most (GET /v1/jobs/{name} stays a bounded read)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,8 @@ def verdict(ctl: ControllerSettings, window_s: float, start_ms: Optional[int], e
     if not bands:
         missing.append("the job names no GPUs")
     elif any(b.band == UNKNOWN for b in bands):
-        missing.append(f"no utilization samples of GPU {', '.join(f'{b.hostname}:{b.gpu}' for b in bands if b.band == UNKNOWN)}")
+        unknown = ", ".join(f"{b.hostname}:{b.gpu}" for b in bands if b.band == UNKNOWN)
+        missing.append(f"no utilization samples of GPU {unknown}")
     if off:
         misses.append(f"utilization outside {ctl.end_state_util_low_pct:g}–{ctl.end_state_util_high_pct:g} % "
                       f"({'; '.join(off)})")
@@ -182,7 +185,8 @@ def job_end_state(engine: Engine, job: StoredJob, rules: RuleSet, now_ms: int) -
     """The job's end state over its last ``end_state_window_s`` seconds up to its newest report (or now)."""
     ctl = rules_for(job, rules).controller
     single = job.hostnames[0] if len(job.hostnames) == 1 else None
-    rows = step_store.newest_rank_rows(engine, job.id, int(ctl.end_state_history_steps) * max(1, job.ranks))
+    rows = step_store.newest_rank_rows(engine, job.id, min(MAX_HISTORY_ROWS,
+                                                            int(ctl.end_state_history_steps) * max(1, job.ranks)))
     end_ms = min(now_ms, job.last_report_ms) if job.last_report_ms is not None else now_ms
     start_ms = end_ms - int(ctl.end_state_window_s * 1000)
     history = steps_of(rows, single)

@@ -158,7 +158,7 @@ class ControllerSettings:
     end_state_util_high_pct: float = 75.0
     end_state_step_cv_max_pct: float = 5.0
     end_state_scaling_min_pct: float = 90.0
-    end_state_history_steps: int = 5000
+    end_state_history_steps: int = 2000
 
 
 @dataclass(frozen=True)
