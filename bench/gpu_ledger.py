@@ -8,9 +8,10 @@ steps; 1 Hz samples) over the last ``--minutes`` minutes.
 * per report: ``GET /v1/jobs/{name}/gpu-time``'s work (the window's reads and the ledger) over a window of R
   reports, divided by R, against storing one report (``job_store.add_reports``, the report path, per report) —
   the ledger adds nothing to the report path itself, so this says what reading it back costs per report.
-* per scrape: /metrics (render_metrics) with the ledger's counters — each scrape advances every job by the 15 s
-  since the last one, then renders the accumulated table — against /metrics without them (today's), scrapes
-  alternated, same store, same moment's data.
+* per scrape: /metrics (render_metrics) with the ledger's counters — a scrape reads the accumulated table only;
+  the ledger's ticker advances every job by 15 s between scrapes, timed apart (per tick) — against /metrics
+  without them, scrapes alternated, same store, same moment's data. (On main at ef53228 the scrape itself
+  advanced the ledger: 1.15x.)
 
     python bench/gpu_ledger.py                     # 8 jobs, 30 minutes, 20 scrapes each way
     python bench/gpu_ledger.py --smoke             # < 20 s
@@ -28,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's tests/ helpers
 
 import trimtab.api.metrics.collector as collector  # noqa: E402
-import trimtab.api.metrics.ledger as ledger_metrics  # noqa: E402
 import trimtab.store.jobs as job_store  # noqa: E402
 from trimtab.agent.scenarios import PIPELINE_SCHEDULE  # noqa: E402
 from trimtab.agent.simulated import SimulatedNode  # noqa: E402
@@ -38,6 +38,7 @@ from trimtab.contract.readings import Batch, NodeInfo  # noqa: E402
 from trimtab.contract.roles import RolePlacement  # noqa: E402
 from trimtab.contract.step_report import to_columns  # noqa: E402
 from trimtab.grading.ledger.read import MAX_ADVANCE_MS, job_ledger  # noqa: E402
+from trimtab.grading.ledger.ticker import advance_all  # noqa: E402
 from trimtab.store.engine import migrate, open_engine  # noqa: E402
 from trimtab.store.ingest import BatchWriter  # noqa: E402
 from tests.support.pipeline_job import RANKS, report  # noqa: E402
@@ -88,21 +89,34 @@ def per_report(engine, jobs, now_ms: int, window_s: float, rounds: int) -> tuple
     return statistics.median(times) / reports, reports
 
 
-def per_scrape(ctx, start_ms: int, scrapes: int) -> tuple[list[float], list[float]]:
-    """Scrape times with the ledger (advancing 15 s a scrape) and without it, alternated."""
-    with_ledger, without = [], []
+def per_scrape(ctx, start_ms: int, scrapes: int) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Scrape times with the ledger's counters and without them, alternated; the ledger's tick times (a tick
+    advancing every job by 15 s before each pair of scrapes, then one untimed scrape: the first read after a write
+    re-reads SQLite's pages, whichever scrape it is); and the time the counters' own part took in each scrape."""
+    with_ledger, without, ticks, own = [], [], [], []
     original = collector.ledger_families
+
+    def timed(ctx_):
+        begin = time.perf_counter()
+        families = list(original(ctx_))
+        own.append(time.perf_counter() - begin)
+        return iter(families)
+
     for k in range(scrapes):
-        ledger_metrics.now_ms = lambda k=k: start_ms + k * SCRAPE_EVERY_MS
+        begin = time.perf_counter()
+        advance_all(ctx.engine, start_ms + k * SCRAPE_EVERY_MS)
+        ticks.append(time.perf_counter() - begin)
+        collector.ledger_families = original
+        render_metrics(ctx)
         for on in ((True, False) if k % 2 else (False, True)):
-            collector.ledger_families = original if on else (lambda _ctx: iter(()))
+            collector.ledger_families = timed if on else (lambda _ctx: iter(()))
             begin = time.perf_counter()
             body = render_metrics(ctx)
             (with_ledger if on else without).append(time.perf_counter() - begin)
-            if on and b"trimtab_job_gpu_seconds_total" not in body and k > 0:
+            if on and b"trimtab_job_gpu_seconds_total" not in body:
                 raise SystemExit("the ledger's counters are missing from /metrics")
     collector.ledger_families = original
-    return with_ledger, without
+    return with_ledger, without, ticks, own
 
 
 def main(argv=None) -> int:
@@ -124,16 +138,21 @@ def main(argv=None) -> int:
         ledger_report_s, n = per_report(engine, jobs, now_ms, args.window_s, args.rounds)
         ctx = ApiContext(engine=engine, mode="server", state_dir=Path(tmp))
         scrape_start = now_ms - int(args.minutes * 60_000 / 2)
-        with_ledger, without = per_scrape(ctx, scrape_start, args.scrapes)
+        with_ledger, without, ticks, own = per_scrape(ctx, scrape_start, args.scrapes)
         engine.dispose()
     print(f"store: {args.jobs} pipeline jobs x 4 GPUs, {args.minutes:g} min of 10 s steps and 1 Hz samples (SQLite)")
     print(f"per report: storing it {1e3 * store_report_s:.3f} ms; the ledger of a {args.window_s:g} s window "
           f"({n} reports) {1e3 * ledger_report_s:.3f} ms per report; ratio ledger/store "
           f"{ledger_report_s / store_report_s:.2f}")
-    first, rest_on, rest_off = with_ledger[0], with_ledger[1:] or with_ledger, without[1:] or without
-    print(f"per scrape: /metrics today {1e3 * statistics.median(rest_off):.1f} ms, with the ledger's counters "
-          f"{1e3 * statistics.median(rest_on):.1f} ms (median of {len(rest_on)}; the first, which accumulates "
-          f"{min(args.minutes / 2, MAX_ADVANCE_MS / 60_000):g} min at once, {1e3 * first:.1f} ms); ratio {statistics.median(rest_on) / statistics.median(rest_off):.2f}")
+    rest_on, rest_off, rest_ticks = with_ledger[1:] or with_ledger, without[1:] or without, ticks[1:] or ticks
+    print(f"per scrape: /metrics without the ledger's counters {1e3 * statistics.median(rest_off):.1f} ms, with them "
+          f"{1e3 * statistics.median(rest_on):.1f} ms (median of {len(rest_on)}); ratio "
+          f"{statistics.median(rest_on) / statistics.median(rest_off):.2f}; the counters' own part of a scrape "
+          f"{1e3 * statistics.median(own):.1f} ms (median), {statistics.median(own) / statistics.median(rest_off):.3f} "
+          f"of a scrape without them")
+    print(f"per tick (the ledger's timer, off the scrape path): {1e3 * statistics.median(rest_ticks):.1f} ms to "
+          f"advance {args.jobs} jobs by {SCRAPE_EVERY_MS / 1000:g} s (median of {len(rest_ticks)}; the first, which "
+          f"accumulates {min(args.minutes / 2, MAX_ADVANCE_MS / 60_000):g} min at once, {1e3 * ticks[0]:.1f} ms)")
     return 0
 
 

@@ -24,8 +24,14 @@ time, two processes busy), so bare is the bindings' own Python and ours − bare
 per tick (the figure a real run adds to NVML's own cost). It says so in its output; the naive tick is left out
 (its blocking is the driver's).
 
-    python3 bench/nvml_tick.py [--ticks 200] [--hz 9.5] [--wait sleep|spin|both] [--naive-ticks 20] [--gpus 0,1]
-                               [--fake-nvml [--fake-gpus 8]] [--json]
+Runs unattended in under a minute by default (50 ticks a side per wait mode: 2 × 156 ticks at 9.5 Hz ≈ 33 s, then
+the calls alone and the naive tick), printing a progress line (stderr, flushed) at each stage; ``--budget-s`` caps
+the timed ticks (a run cut short says how many ticks each side had). On main at ef53228 the defaults were 200 ticks a
+side: 2 × 606 ticks at 9.5 Hz = 128 s of pacing before anything was printed (all at the end, and block-buffered
+when piped), so an 80 s limit on an H100 saw no output at all.
+
+    python3 bench/nvml_tick.py [--ticks 50] [--hz 9.5] [--wait sleep|spin|both] [--naive-ticks 20] [--gpus 0,1]
+                               [--budget-s 45] [--fake-nvml [--fake-gpus 8]] [--json]
 """
 
 from __future__ import annotations
@@ -175,13 +181,22 @@ def wait_until(deadline: float, how: str) -> None:
         time.sleep(max(0.0, deadline - time.perf_counter()))
 
 
-def paced(ticks: int, hz: float, how: str, body: Callable[[int], None]) -> None:
-    """``body(k)`` on a fixed grid of 1/hz, waiting ``how`` between; a late tick runs at once (no burst)."""
+def progress(message: str) -> None:
+    """A progress line on stderr, flushed at once (a run under a time limit shows how far it got)."""
+    print(f"nvml_tick: {message}", file=sys.stderr, flush=True)
+
+
+def paced(ticks: int, hz: float, how: str, body: Callable[[int], None], stop_at: float = math.inf) -> int:
+    """``body(k)`` on a fixed grid of 1/hz, waiting ``how`` between; a late tick runs at once (no burst). Stops at
+    ``stop_at`` (perf_counter) if the ticks have not ended by then; returns how many ran."""
     period, deadline = 1.0 / hz, time.perf_counter()
     for k in range(ticks):
+        if time.perf_counter() >= stop_at:
+            return k
         deadline += period
         body(k)
         wait_until(deadline, how)
+    return ticks
 
 
 # -- bare: the calls our tick makes, straight ----------------------------------------------------------------------
@@ -258,7 +273,7 @@ class BareTick:
             except nv.NVMLError:  # TIMEOUT: no event waiting
                 pass
 
-    def each_call_alone(self, repeat: int = 200) -> dict:
+    def each_call_alone(self, repeat: int = 100) -> dict:
         """Each call of GPU 0's tick alone in a tight loop: µs per call (warm)."""
         nv = self.nv
         handle, calls, gpm = self.gpus[0]
@@ -294,9 +309,10 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def side_by_side(source: Any, without: Any, bare: BareTick, ticks: int, hz: float, how: str) -> dict:
-    """Bare, ours and ours without the per-process call take turns, ``ticks`` each, after the same wait; per GPU
-    per tick."""
+def side_by_side(source: Any, without: Any, bare: BareTick, ticks: int, hz: float, how: str,
+                 stop_at: float = math.inf) -> dict:
+    """Bare, ours and ours without the per-process call take turns, ``ticks`` each (fewer if ``stop_at`` comes
+    first), after the same wait; per GPU per tick."""
     n = max(1, len(bare.gpus))
     spent_s: list[list[float]] = [[], [], []]
     gpm_ticks = [0]
@@ -316,9 +332,10 @@ def side_by_side(source: Any, without: Any, bare: BareTick, ticks: int, hz: floa
         if side == 1:
             gpm_ticks[0] += any(s.sm_active_pct is not None for s in readings.gpu_samples)
 
-    paced(3 * (ticks + warm), hz, how, tick)
+    ran = paced(3 * (ticks + warm), hz, how, tick, stop_at)
     b, o, w = (us_stats(x) for x in spent_s)
-    return {"wait": how, "ticks_each": ticks, "bare": b, "ours": o, "ours_without_activity": w,
+    return {"wait": how, "ticks_each": min(len(x) for x in spent_s), "cut_short": ran < 3 * (ticks + warm),
+            "bare": b, "ours": o, "ours_without_activity": w,
             "ours_ticks_with_gpm": gpm_ticks[0],
             "ratio_median": _ratio(o["median_us"], b["median_us"]), "ratio_p99": _ratio(o["p99_us"], b["p99_us"]),
             "ours_minus_bare_median_us": o["median_us"] - b["median_us"] if b["median_us"] else None,
@@ -399,9 +416,9 @@ def print_report(r: dict) -> None:
     print(f"unsupported: {', '.join(r['unsupported']) or 'none'}")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ticks", type=int, default=200, help="ticks of each side per wait mode")
+    ap.add_argument("--ticks", type=int, default=50, help="ticks of each side per wait mode")
     ap.add_argument("--hz", type=float, default=9.5, help="ticks per second, both sides together")
     ap.add_argument("--wait", choices=("sleep", "spin", "both"), default="both")
     ap.add_argument("--naive-ticks", type=int, default=20, help="the naive tick blocks ~42 ms per GPU; 0: skip it")
@@ -409,8 +426,18 @@ def main(argv=None) -> int:
     ap.add_argument("--fake-nvml", action="store_true",
                     help="no GPU: real bindings over a no-cost NVML stand-in, to measure trimtab's own overhead")
     ap.add_argument("--fake-gpus", type=int, default=8, help="GPUs of the stand-in")
+    ap.add_argument("--budget-s", type=float, default=45.0,
+                    help="the most seconds the timed ticks may take, all wait modes together (then they stop)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    started = time.perf_counter()
+    modes = ("sleep", "spin") if args.wait == "both" else (args.wait,)
+    progress(f"{len(modes)} wait mode(s) x 3 sides x {args.ticks + 2} ticks at {args.hz:g} Hz: about "
+             f"{len(modes) * 3 * (args.ticks + 2) / args.hz:.0f} s of ticks (at most {args.budget_s:g} s)")
     indices = [int(i) for i in args.gpus.split(",")] if args.gpus else None
 
     nvml, SourceUnavailable = _import_agent()
@@ -425,13 +452,23 @@ def main(argv=None) -> int:
         return 2
     inv = source.inventory()
     bare = BareTick(nvml, source)
+    progress(f"NVML up in {time.perf_counter() - started:.1f} s: {len(inv.gpus)} GPU(s), per-process call "
+             f"{bare.activity_name or 'unsupported'}")
     try:
-        runs = [side_by_side(source, without, bare, args.ticks, args.hz, how)
-                for how in (("sleep", "spin") if args.wait == "both" else (args.wait,))]
+        stop_at, runs = time.perf_counter() + args.budget_s, []
+        for how in modes:
+            runs.append(side_by_side(source, without, bare, args.ticks, args.hz, how, stop_at))
+            run = runs[-1]
+            cut = " (cut short by --budget-s)" if run["cut_short"] else ""
+            progress(f"wait={how}: {run['ticks_each']} ticks a side{cut}, ours/bare {_fmt(run['ratio_median'])}x, "
+                     f"ours/ours without per-process "
+                     f"{_fmt(run['activity_ratio_median'])}x ({time.perf_counter() - started:.1f} s so far)")
         each = bare.each_call_alone()
+        progress(f"each call alone timed ({time.perf_counter() - started:.1f} s so far)")
         naive = None
         if args.naive_ticks and not args.fake_nvml:
             naive = bench_naive(bare.nv, [h for h, _, _ in bare.gpus], args.naive_ticks, args.hz)
+            progress(f"naive tick timed ({time.perf_counter() - started:.1f} s so far)")
         unsupported = [f"gpu{i}:{m}" if i is not None else m for i, m in source.unsupported()]
     finally:
         bare.close()
@@ -455,9 +492,10 @@ def main(argv=None) -> int:
         "unsupported": unsupported,
     }
     if args.json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json.dumps(result, indent=2, default=str), flush=True)
     else:
         print_report(result)
+        sys.stdout.flush()
     return 0
 
 

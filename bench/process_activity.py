@@ -9,11 +9,23 @@ start and end. Meanwhile this script runs the agent's NVML source (``NvmlSource`
 5 s) and, apart from it, reads NVML's raw per-process samples to estimate the driver's sampling period (a low percentile of the gaps between
 distinct sample times: the driver samples on a grid).
 
-Printed, per process, over the interval the agent's rows cover: its own CUDA-event busy seconds; the agent's
-attribution, sum over its rows of ``sm_util_pct / 100 × util_samples × period``; the same from the raw samples (a check of the agent's adding up); and the
-ratio agent / own (goal: within 5 %). Also the sampling period, samples per call, and whether an idle process
-ever had a sample (NVML documents that only busy ones do). Exit 0 within the goal, 1 outside it, 2 where it cannot
-run (no CUDA GPU, no NVML, per-process utilization unsupported: one line says which).
+Printed, per process, its own CUDA-event busy seconds and, side by side, each estimator of it as a ratio to
+them (each over the span it covers, the own total cut to the same span; goal: within 5 %):
+
+* **(a) agent**: the agent's attribution, sum over its rows of ``sm_util_pct / 100 × util_samples × period`` (the
+  period estimated from the raw samples' times), and the same from the raw samples (a check of its adding up);
+* **(b) share × device util**: per tick interval, the process's share of the summed per-process smUtil of the raw
+  samples read at that tick × the device's own utilization (``nvmlDeviceGetUtilizationRates.gpu`` read at the
+  tick) × the interval's wall time; **(b′)** the same with the mean of the device's utilization samples over the
+  interval (``nvmlDeviceGetSamples``) instead of the one reading;
+* **(c) sm × dt**: each raw sample's smUtil × the time since the previous sample's timestamp on the GPU (any
+  process's); **(c′)** since the same process's previous sample.
+
+And the raw numbers: samples per call (median, max), the sampling period, the device utilization's mean over the
+ticks, whether an idle process ever had a sample (NVML documents that only busy ones do). Progress lines go to
+stderr, flushed. Exit 0 when the agent's attribution (a) is within the goal, 1 outside it, 2 where it cannot run
+(no CUDA GPU, no NVML, per-process utilization unsupported: one line says which). Runs unattended in under 90 s
+with the defaults (30 s of loops; the children's start, torch's import and a calibration, ~15 s on an H100).
 
     python3 bench/process_activity.py [--gpu 0] [--seconds 30] [--json]
 """
@@ -28,6 +40,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 GOAL = 0.05
 LOOPS = {  # kind → (matrix side, burst ms, gap s after a burst, extra GiB held so the two differ in memory)
@@ -76,6 +89,11 @@ def loop(kind: str, gpu: int, seconds: float, lock, ready, go, results) -> None:
     results.put((kind, os.getpid(), bursts))
 
 
+def _mean(values) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
 def own_busy_s(bursts: list, from_s: float, to_s: float) -> float:
     """Busy seconds of the bursts inside (from_s, to_s], a burst cut by an edge counted pro rata of its wall time."""
     total = 0.0
@@ -86,8 +104,12 @@ def own_busy_s(bursts: list, from_s: float, to_s: float) -> float:
 
 
 def fail(message: str) -> int:
-    print(f"process_activity: {message}", file=sys.stderr)
+    print(f"process_activity: {message}", file=sys.stderr, flush=True)
     return 2
+
+
+def progress(message: str) -> None:
+    print(f"process_activity: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
@@ -129,28 +151,40 @@ def run(args, source) -> int:
                 for kind in LOOPS]
     for child in children:
         child.start()
+    progress(f"two loops starting on GPU {args.gpu} (spawned: torch's import and a calibration each)")
     try:
         for kind, ready in readies.items():
-            if not ready.wait(120):
-                return fail(f"the {kind} loop did not start within 120 s")
-        rows, raw, calls, last_seen, own = [], [], [], 0, {}
+            if not ready.wait(60):
+                return fail(f"the {kind} loop did not start within 60 s")
+        rows, raw, calls, ticks, last_seen, own = [], [], [], [], 0, {}
+        util_seen = 0
         go.set()
         next_tick = go_at = time.time()
+        next_note = go_at + 5
+        progress(f"loops ready; {args.seconds:g} s of turns, the agent ticking every {args.interval:g} s")
         while len(own) < len(children):
             ts_ms = int(time.time() * 1000)
             rows.extend(source.sample(ts_ms).processes)
+            got = []
             try:  # the raw samples, apart from the agent: NVML filters by time, so two readers do not interfere
-                got = nv.nvmlDeviceGetProcessUtilization(handle, last_seen)
-                raw.extend((s.pid, s.timeStamp, s.smUtil, s.memUtil) for s in got)
+                got = [(s.pid, s.timeStamp, s.smUtil, s.memUtil) for s in
+                       nv.nvmlDeviceGetProcessUtilization(handle, last_seen)]
                 calls.append(len(got))
-                last_seen = max([last_seen, *(s.timeStamp for s in got)])
+                last_seen = max([last_seen, *(g[1] for g in got)])
             except nv.NVMLError as exc:
                 calls.append(0 if exc.value == nv.NVML_ERROR_NOT_FOUND else -exc.value)
+            raw.extend(got)
+            util_now, util_seen, util_mean = device_util(nv, handle, util_seen)
+            ticks.append((time.time(), util_now, util_mean, got))
             while not results.empty():  # a loop's bursts, sent as it ends
                 kind, pid, bursts = results.get()
                 own[kind] = (pid, bursts)
-            if time.time() > go_at + args.seconds + 120:
-                return fail("the loops did not report within 120 s of their end")
+            if time.time() > go_at + args.seconds + 60:
+                return fail("the loops did not report within 60 s of their end")
+            if time.time() >= next_note:
+                next_note += 5
+                progress(f"t={time.time() - go_at:.0f} s: {len(rows)} agent rows, {len(raw)} raw samples, device "
+                         f"util now {util_now}")
             next_tick += args.interval
             time.sleep(max(0.0, next_tick - time.time()))
     finally:
@@ -160,10 +194,58 @@ def run(args, source) -> int:
                 child.terminate()
     if gpu.activity is None or not gpu.activity.supported:
         return fail("per-process utilization is unsupported on this GPU/driver (NVML NOT_SUPPORTED)")
-    return report(args, own, rows, raw, calls, source)
+    progress("loops done; adding up")
+    return report(args, own, rows, raw, calls, ticks, source)
 
 
-def report(args, own: dict, rows: list, raw: list, calls: list, source) -> int:
+def device_util(nv, handle, since_us: int) -> tuple:
+    """(nvmlDeviceGetUtilizationRates.gpu now, the newest utilization sample's time, the mean of the device's
+    utilization samples since ``since_us`` — None where a call fails)."""
+    try:
+        now = nv.nvmlDeviceGetUtilizationRates(handle).gpu
+    except nv.NVMLError:
+        now = None
+    try:
+        _, samples = nv.nvmlDeviceGetSamples(handle, nv.NVML_GPU_UTILIZATION_SAMPLES, since_us)
+        values = [(x.timeStamp, x.sampleValue.uiVal) for x in samples if x.timeStamp > since_us]
+    except nv.NVMLError:
+        values = []
+    if not values:
+        return now, since_us, None
+    return now, max(t for t, _ in values), statistics.fmean(v for _, v in values)
+
+
+def share_times_util(ticks: list, use_mean: bool) -> tuple[dict, Optional[tuple]]:
+    """Estimator (b): per tick interval, each pid's share of the summed smUtil × the device's utilization × the
+    interval's wall time. Returns pid → busy seconds and the (from_s, to_s) span covered."""
+    out: dict[int, float] = {}
+    for (t0, *_), (t1, now, mean, got) in zip(ticks, ticks[1:]):
+        util = mean if use_mean else now
+        total = sum(g[2] for g in got)
+        if util is None or total <= 0:
+            continue
+        for pid, _, sm, _ in got:
+            out[pid] = out.get(pid, 0.0) + sm / total * util / 100 * (t1 - t0)
+    return out, (ticks[0][0], ticks[-1][0]) if len(ticks) > 1 else None
+
+
+def sm_times_dt(raw: list, per_process: bool) -> tuple[dict, Optional[tuple]]:
+    """Estimator (c): each sample's smUtil × the time since the previous sample's timestamp (on the GPU: any
+    process's; ``per_process``: the same process's). Returns pid → busy seconds and the span (s) covered."""
+    out: dict[int, float] = {}
+    ordered = sorted(raw, key=lambda r: r[1])
+    if len(ordered) < 2:
+        return out, None
+    previous: dict = {}
+    for pid, stamp, sm, _ in ordered:
+        key = pid if per_process else None
+        if key in previous and stamp > previous[key]:
+            out[pid] = out.get(pid, 0.0) + sm / 100 * (stamp - previous[key]) / 1e6
+        previous[key] = stamp
+    return out, (ordered[0][1] / 1e6, ordered[-1][1] / 1e6)
+
+
+def report(args, own: dict, rows: list, raw: list, calls: list, ticks: list, source) -> int:
     known = [r for r in rows if r.util_samples is not None]
     if not known:
         return fail("the agent's process rows carried no activity (run longer than 5 s?)")
@@ -192,6 +274,12 @@ def report(args, own: dict, rows: list, raw: list, calls: list, source) -> int:
            "samples_per_call": {"median": statistics.median(calls) if calls else None, "max": max(calls, default=None)},
            "activity_function": source.tick_calls()[0][0].activity.function_name,
            "failed_calls": source.activity_failed_calls(), "processes": {}}
+    utils = [t[1] for t in ticks if t[1] is not None]
+    out["device_util"] = {"ticks": len(ticks), "mean_pct_of_readings": statistics.fmean(utils) if utils else None,
+                          "mean_pct_of_samples": _mean([t[2] for t in ticks])}
+    estimators = {"b_share_x_util": share_times_util(ticks, False),
+                  "b2_share_x_util_samples": share_times_util(ticks, True),
+                  "c_sm_x_dt_gpu": sm_times_dt(raw, False), "c2_sm_x_dt_process": sm_times_dt(raw, True)}
     within = period_s is not None
     for kind, pid in mapping.items():
         own_s = own_busy_s(own[kind][1], from_ms / 1000, to_ms / 1000)
@@ -204,7 +292,14 @@ def report(args, own: dict, rows: list, raw: list, calls: list, source) -> int:
         out["processes"][kind] = {"pid": pid, "own_busy_s": own_s, "agent_busy_s": agent_s, "raw_busy_s": raw_s,
                                   "agent_over_own": ratio, "rows": len(mine),
                                   "samples": sum(r.util_samples for r in mine),
-                                  "zero_sm_samples": sum(1 for s in by_pid.get(pid, ()) if s[2] == 0)}
+                                  "zero_sm_samples": sum(1 for s in by_pid.get(pid, ()) if s[2] == 0),
+                                  "estimators": {}}
+        for name, (busy, span) in estimators.items():
+            own_span = own_busy_s(own[kind][1], *span) if span else None
+            got = busy.get(pid) if span else None
+            out["processes"][kind]["estimators"][name] = {
+                "busy_s": got, "own_busy_s": own_span, "span_s": span[1] - span[0] if span else None,
+                "over_own": got / own_span if got is not None and own_span else None}
     out["within_goal"] = within
     if args.json:
         print(json.dumps(out, indent=2))
@@ -225,8 +320,20 @@ def print_report(out: dict) -> None:
     for kind, p in out["processes"].items():
         print(f"  {kind:12}{p['pid']:>9}{f(p['own_busy_s']):>12}{f(p['agent_busy_s']):>10}{f(p['raw_busy_s']):>10}"
               f"{f(p['agent_over_own']):>11}{p['samples']:>9}{p['zero_sm_samples']:>6}")
+    u = out["device_util"]
+    print(f"device utilization over {u['ticks']} ticks: mean of nvmlDeviceGetUtilizationRates readings "
+          f"{f(u['mean_pct_of_readings'], 1)} %, of nvmlDeviceGetSamples means {f(u['mean_pct_of_samples'], 1)} %")
+    names = list(next(iter(out["processes"].values()))["estimators"])
+    print(f"  estimators / own total: {'process':12}{'(a) agent':>11}" + "".join(f"{n:>26}" for n in names))
+    for kind, p in out["processes"].items():
+        cells = "".join(f"{f(e['over_own'])} ({f(e['busy_s'], 2)}/{f(e['own_busy_s'], 2)} s)".rjust(26)
+                        for e in p["estimators"].values())
+        print(f"  {'':24}{kind:12}{f(p['agent_over_own']):>11}{cells}")
     print(f"attribution {'within' if out['within_goal'] else 'NOT within'} {GOAL:.0%} of each process's own CUDA-event "
-          f"total")
+          f"total (the agent's, (a)); estimators within it: " + (", ".join(
+              n for n in names if all(p["estimators"][n]["over_own"] is not None
+                                      and abs(p["estimators"][n]["over_own"] - 1) <= GOAL
+                                      for p in out["processes"].values())) or "none"))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ knobs and the rebalancer's decisions. ``grafana.generate`` writes them."""
 
 from __future__ import annotations
 
+from grafana.ledger_panels import ledger_pg_panels
 from grafana.panels import (GUIDES, JOB_IS, LATENCY, OUTCOME_MAPPINGS, PG, PG_JOB, PHASES, PROBE_BASELINE_STEPS,
                             STEP_BUCKET, dashboard, graded_phase_columns, job_steps, override, sql, stat, table,
                             timeseries)
@@ -183,10 +184,11 @@ def job_pg() -> dict:
         table("Knob changes", "Changes queued for the job (by the rebalancer or by hand), their state, the step every "
               "rank applied them at, and why.", sql(CHANGES_SQL, "table"),
               ["queued", "knob", "from", "to", "source", "status", "applied at step", "ranks acked", "reason"], h=8),
+        *ledger_pg_panels(),
     ]
     return dashboard("trimtab-job", "trimtab · Job",
                      "One training job: step time, throughput, step composition, collective latency, GPUs by "
-                     "role, knobs.",
+                     "role, knobs, and where its GPU time went (the GPU-time ledger).",
                      [PG_JOB], panels, annotations=[{**DECISION_ANNOTATION, "_panels": [THROUGHPUT_TITLE]}],
                      tags=["job", "postgresql"])
 

@@ -3,6 +3,7 @@ read the store's samples and rollups, or dcgm-exporter's and trimtab's series. `
 
 from __future__ import annotations
 
+from grafana.ledger_panels import ledger_prom_panels
 from grafana.panels import (BUCKET, FRAGMENTATION, GPU_IDS, GPU_LABEL, JOB_MATCHES, LEGEND, MEMORY, PCIE, PG_GPU,
                             PG_HOST, PG_JOB_FOR_GPUS, PROM_DS, PROM_GPU, PROM_HOST, SEL, SPREAD, STATUS_MAPPINGS,
                             STEP_BUCKET, VERDICT_WINDOW_MS, bands, dashboard, gpu_source, job_steps, override,
@@ -121,6 +122,7 @@ def balance_prom() -> dict:
              mappings=[{"type": "value", "options": {"0": {"text": "real", "index": 0},
                                                      "1": {"text": "simulated", "color": "purple", "index": 1}}}],
              w=12, h=6),
+        *ledger_prom_panels(),
     ]
     return dashboard("trimtab-balance-prom", "trimtab · Balance (Prometheus)",
                      "The Balance dashboard's GPU panels on Prometheus (trimtab /metrics or dcgm-exporter).",

@@ -63,6 +63,7 @@ class ApiServer:
                                 lifespan="off", timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="trimtab-api", daemon=True)
+        self.ledger = None  # the GPU-time ledger's ticker beside the API (cli/serve_cmd.py starts it), stopped with it
 
     def start(self, timeout_s: float = 15.0) -> "ApiServer":
         self._thread.start()

@@ -5,24 +5,19 @@ action is generation batching and prefetch."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from click.testing import CliRunner
 
-from trimtab.agent.scenarios import PIPELINE_SCHEDULE
 from trimtab.cli.check_cmd import check
-from tests.support.pipeline_job import play
+from tests.support.pipeline_job import play_ending_now
 
 STEPS = 55
 
 
 @pytest.mark.parametrize("via", ["db", "server"])
 def test_check_prints_the_three_largest_wastes_with_their_actions(sqlite_api, monkeypatch, via):
-    period_ms = int(PIPELINE_SCHEDULE.period_s * 1000)
-    now = int(time.time() * 1000)
-    t0_ms = now - now % period_ms - (STEPS + 3) * period_ms
-    play(sqlite_api, monkeypatch, t0_ms, steps=STEPS, name="pipe", registered_ms=t0_ms)
+    play_ending_now(sqlite_api, monkeypatch, STEPS)
     where = ["--db", str(sqlite_api.ctx.engine.url)] if via == "db" else ["--server", sqlite_api.url]
     result = CliRunner().invoke(check, [*where, "--json"])
     assert result.exit_code in (0, 1, 2), result.output  # 2: the simulated node's samples end in the past (stale)

@@ -80,9 +80,26 @@ def test_long_windows_use_the_rollups_and_say_so(api):
     assert forced.json()["resolution"] == "raw" and len(forced.json()["points"]) == 12
 
 
-def test_samples_of_an_unknown_gpu_are_404(api):
-    r = api.get("/v1/gpus/GPU-nope/samples", window_s=60)
-    assert r.status_code == 404 and "GPU-nope" in r.json()["detail"]
+@pytest.mark.parametrize("what", ["samples", "processes"])
+def test_samples_and_processes_of_an_unknown_gpu_are_404(api, what):
+    r = api.get(f"/v1/gpus/GPU-nope/{what}", window_s=60)
+    assert r.status_code == 404 and r.json()["detail"] == "no GPU with uuid 'GPU-nope'"
+
+
+@pytest.mark.parametrize("what, reader", [("samples", "gpu_window"), ("processes", "gpu_process_window")])
+def test_a_gpu_gone_between_its_lookup_and_its_read_is_404(sqlite_api, monkeypatch, what, reader):
+    import trimtab.api.routes.gpus as routes
+
+    sqlite_api.ingest(make_batch([T0_MS], n_gpus=1, uuid_prefix="GPU-gone-"))
+    uuid = "GPU-gone-0000"
+    assert sqlite_api.get(f"/v1/gpus/{uuid}/samples", start_ms=T0_MS, end_ms=T0_MS + 1).status_code == 200
+
+    def gone(*_a, **_k):
+        raise LookupError(uuid)
+
+    monkeypatch.setattr(routes, reader, gone)
+    r = sqlite_api.get(f"/v1/gpus/{uuid}/{what}", window_s=60)
+    assert r.status_code == 404 and r.json()["detail"] == f"no GPU with uuid {uuid!r}"
 
 
 @pytest.mark.parametrize("params, field", [

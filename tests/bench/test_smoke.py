@@ -41,7 +41,7 @@ SMOKE = {
                               gpu="drives a known load on a real GPU against nvidia-smi dmon: its arguments only"),
     "failover.py": Smoke(("--smoke",), "decisions duplicated: same change 0, same window 0, two pending at once 0",
                          postgres=True),
-    "gpu_ledger.py": Smoke(("--smoke",), ("ratio ledger/store", "per scrape: /metrics today")),
+    "gpu_ledger.py": Smoke(("--smoke",), ("ratio ledger/store", "per scrape: /metrics without", "per tick")),
     "gpu_phases.py": Smoke(("--smoke",), "smoke ok",
                            gpu="phases of known GPU duration need CUDA: here the grading path on wall time only"),
     "head_outage.py": Smoke(("--outage-s", "2", "--warm-s", "1", "--after-s", "2", "--drain-s", "20"),

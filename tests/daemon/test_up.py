@@ -26,6 +26,9 @@ def test_up_serves_a_simulated_node_that_check_grades_over_http(tmp_path):
         wait_http(f"{base}/healthz", proc=proc)
         gpus = eventually(lambda: samples_of_every_gpu(base, at_least=3), timeout_s=30)  # what check grades
         assert gpus["simulated"] is True
+        ledger = eventually(lambda: (h := httpx.get(f"{base}/healthz").json()["components"]["ledger"])["ticks"] >= 1
+                            and h, timeout_s=30)  # the GPU-time ledger's ticker runs beside the API (at start)
+        assert ledger["state"] == "ok" and ledger["period_s"] == 15.0
         check = trimtab("check", "--server", base, "--window", "10", "--json")
         out, err = check.communicate(timeout=60)
         assert check.returncode == 1, err

@@ -17,6 +17,7 @@ from trimtab.agent.source import Inventory
 from trimtab.store.ingest import BatchWriter
 from trimtab.store.models import decisions, job_reports, jobs, knob_acks, knob_changes
 from trimtab.store.rollup import rollup
+from trimtab.grading.ledger.ticker import advance_all
 
 HOST_A, HOST_B = "sim-a", "sim-b"
 BARE_GPU = 1  # sim-b's GPU without NVLink and without GPM
@@ -184,3 +185,4 @@ def populate(engine: Engine, now_ms: int, minutes: int = 50) -> None:
     write_samples(engine, now_ms - minutes * 60_000 + SAMPLE_EVERY_MS // 2, now_ms)
     write_jobs(engine, now_ms)
     rollup(engine, now_ms)
+    advance_all(engine, now_ms)  # the GPU-time ledger's accumulated table, as the server's ticker fills it

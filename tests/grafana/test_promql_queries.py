@@ -21,6 +21,8 @@ import pytest
 from tests.support.prometheus import prometheus, prometheus_binary, wait_for
 from trimtab.agent.sampler import Sampler
 from trimtab.api.context import ApiContext
+from trimtab.contract.roles import RolePlacement
+from trimtab.grading.ledger.ticker import LedgerTicker
 from trimtab.store.engine import migrate, open_engine
 from trimtab.store.ingest import BatchWriter
 
@@ -88,17 +90,39 @@ def prom(tmp_path_factory):
     engine = open_engine(f"sqlite:///{tmp}/trimtab.db")
     migrate(engine)
     ctx = ApiContext(engine=engine, mode="up", state_dir=tmp)
+    _ledger_job(engine)
+    ticker = LedgerTicker(engine, period_s=0.5)  # the GPU-time ledger's counters, as the server's ticker advances them
     try:
         with Feed(ctx) as feed, ServedApp(create_app(ctx)) as app, \
                 prometheus(binary, app.port, tmp) as (port, log):
+            ticker.start()
             wait_for(port, "DCGM_FI_DEV_GPU_UTIL", N_GPUS, log)
             wait_for(port, "trimtab_balance_value", 2, log)
+            wait_for(port, "count_over_time(trimtab_gpu_idle_seconds_total[5m]) >= 3", 2, log)
+            # busy once the ledger's window (10 s behind now) holds the nodes' first samples
+            wait_for(port, "count_over_time(trimtab_job_gpu_seconds_total[5m]) >= 3", 2, log)
             # a few more scrapes, so range queries see more than one point
             wait_for(port, "count_over_time(DCGM_FI_DEV_GPU_UTIL[5m]) >= 3", N_GPUS, log)
             yield port, log
             assert feed.error is None, feed.error
     finally:
+        ticker.stop()
         engine.dispose()
+
+
+def _ledger_job(engine) -> None:
+    """A job holding GPU 0 of each node (registered a minute ago: the ledger stays 10 s behind now), sending no
+    step reports: its GPUs are busy for their utilization and idle for the rest (cause unknown)."""
+    import trimtab.store.jobs as job_store
+
+    real = job_store.now_ms
+    job_store.now_ms = lambda: int(time.time() * 1000) - 60_000
+    try:
+        job_store.register_job(engine, "ledger-job", 2, {}, [simrun.HOST_A, simrun.HOST_B], {}, "off", None, True,
+                               roles=[RolePlacement("actor", simrun.HOST_A, (0,), ()),
+                                      RolePlacement("reward", simrun.HOST_B, (0,), ())])
+    finally:
+        job_store.now_ms = real
 
 
 def _label_values(port: int, query: str, now_s: float) -> list[str]:

@@ -346,3 +346,34 @@ def test_step_composition_is_graded_on_gpu_time_where_the_steps_report_it(store:
         with engine.begin() as c:
             c.execute(delete(jobs).where(jobs.c.name == name))
         engine.dispose()
+
+
+def test_the_gpu_time_panels_read_the_ledger_and_the_reports_phases(store: Store):
+    picks = {"job": simrun.JOB}
+    ledger = _run_panel(store, "job.json", "GPU time since the job began", "raw", picks)
+    by_gpu: dict[str, float] = {}
+    for r in ledger:  # every GPU's cells are all of its time: shares add up to 100 %
+        by_gpu[r["GPU"]] = by_gpu.get(r["GPU"], 0.0) + float(r["share"])
+    assert set(by_gpu) == {f"{simrun.HOST_A}:{g}" for g in range(4)}  # the job's roles' GPUs (critic, reward: silent)
+    assert all(v == pytest.approx(100.0) for v in by_gpu.values())
+    assert {(r["kind"], r["role"], r["phase or cause"]) for r in ledger if r["GPU"].endswith(":0")} >= {
+        ("busy", "actor", "generation"), ("idle", "actor", "communication")}
+    # One bucket over the whole run: each role's phase adds up its reports' seconds (GPU 0, 1: rank 0, 1; actor).
+    tr = TimeRange(store.now_ms - 41 * 60_000, store.now_ms)
+    sql = _panel("job.json", "GPU-seconds by role and phase")["targets"][0]["rawSql"]
+    variables = resolve_variables(store, DASHES["job.json"], tr, 1000, picks)
+    cols, rows = store.run(expand_sql(sql.replace("$__interval", "1000w"), variables, tr, 1000))
+    got = {r[cols.index("metric")]: float(r[cols.index("GPU-seconds")]) for r in rows}
+    want = sum(simrun.report(0, step, rank, 0, "h", latency=None, ooms=0)["generation_s"]
+               for step in range(120) for rank in range(2))
+    assert set(got) == {"actor · generation", "actor · evaluation", "actor · update", "actor · validation"}
+    assert got["actor · generation"] == pytest.approx(want)
+
+
+def test_both_dashboard_sets_chart_the_ledger():
+    prom = load_dashboards()["balance-prometheus.json"]
+    exprs = [t["expr"] for p in all_panels(prom) for t in p.get("targets", [])]
+    assert any("rate(trimtab_job_gpu_seconds_total" in e and "by (role, phase)" in e for e in exprs)
+    assert any("rate(trimtab_gpu_idle_seconds_total" in e and "by (cause)" in e for e in exprs)
+    job = [t["rawSql"] for p in all_panels(DASHES["job.json"]) for t in p.get("targets", [])]
+    assert any("FROM job_gpu_ledger" in q for q in job)

@@ -96,3 +96,15 @@ def play(api, monkeypatch, t0_ms: int, steps: int = STEPS, name: str = "pipe", r
                 r = api.post(f"/v1/jobs/{name}/reports", body, scope="job")
             assert r.status_code in (200, 201, 202), r.text
     monkeypatch.undo()
+
+
+def play_ending_now(api, monkeypatch, steps: int, name: str = "pipe", steps_ago: int = 3) -> int:
+    """Plays ``steps`` steps registered at their start and ending ``steps_ago`` steps before now (on the period's
+    grid); returns the first step's start (epoch ms)."""
+    import time
+
+    period_ms = int(PIPELINE_SCHEDULE.period_s * 1000)
+    now = int(time.time() * 1000)
+    t0_ms = now - now % period_ms - (steps + steps_ago) * period_ms
+    play(api, monkeypatch, t0_ms, steps=steps, name=name, registered_ms=t0_ms)
+    return t0_ms

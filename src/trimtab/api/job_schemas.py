@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, StringConstraints, create_model, model_validator
 
+from trimtab.api.end_state_schemas import EndStateOut
 from trimtab.api.planner_schemas import PlannerOut
 from trimtab.api.schemas import NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Model, PageOut, contract_field, \
     input_type, message_model
@@ -130,6 +131,11 @@ class JobOut(Model):
                                          "plan's note, the gate that held it when nothing was decided (and the step "
                                          "at which it expects to decide), and whether planning the job fails (the "
                                          "error, since when, retried when); null before its first plan.")
+    end_state: Optional[EndStateOut] = Field(None, description="GET /v1/jobs/{name} only (null in the list): the "
+                                             "end state a balanced job reaches, over its last end_state_window_s "
+                                             "seconds — each GPU's utilization band, step-time variation, scaling "
+                                             "efficiency against the job's own history at another GPU count — and "
+                                             "the word.")
 
 
 class JobsOut(PageOut):
@@ -271,7 +277,11 @@ class DecisionOut(Model):
                                                  "step was chosen), and once judged the after-window, gain_pct, the "
                                                  "verdict with its before_sample/after_sample (a lone stalled period "
                                                  "left out of one is named under left_out) and each rank's "
-                                                 "acknowledged step.")
+                                                 "acknowledged step; gpu_time_waste: the GPU-time ledger's largest "
+                                                 "waste over the job's last 600 s that the decided knob addresses "
+                                                 "(gpu_s, gpu_hours, cause, role, waiting_for, gpus, what, action, "
+                                                 "matched: how it was matched; the largest overall for advice that "
+                                                 "names no knob).")
     change_id: Optional[int] = Field(description="The knob change made, if any.")
     knob: Optional[str] = Field(description="Knob changed.")
     old_value: Optional[Union[int, float]] = Field(description="Value before.")

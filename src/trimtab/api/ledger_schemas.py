@@ -29,7 +29,9 @@ class GpuTimeCellOut(Model):
     estimated: bool = Field(description="True when any part was estimated rather than measured (see sources).")
     sources: list[str] = Field(description="What the figure comes from: cuda_events (measured), wall_phase (a "
                                            "phase's wall time taken as GPU time), step_residual, gpu_samples, "
-                                           "process_activity, step_timeline, prorated (a step cut by the interval's "
+                                           "process_activity (a silent role's share of the GPU's per-process SM "
+                                           "utilization × the GPU's utilization: estimated), step_timeline, "
+                                           "prorated (a step cut by the interval's "
                                            "edge), scaled (times that added up to more than the wall time).")
 
 

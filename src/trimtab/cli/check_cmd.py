@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from trimtab.cli.end_state_read import each_stored_job, end_states_from_server, end_states_from_store
 from trimtab.cli.options import configured_rules, db_option, env_option, simulate_options
 from trimtab.paths import default_db_url
 
@@ -75,22 +76,13 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
 def _gpu_time_from_store(db_url: str, window_s: float, names) -> dict:
     """Job name → its GPU-time ledger's totals and largest wastes over the last ``window_s`` seconds."""
     from trimtab.grading.ledger.read import job_ledger
-    from trimtab.store import jobs as job_store
-    from trimtab.store.engine import open_engine
 
-    engine = open_engine(db_url)
-    out = {}
-    try:
-        end = int(time.time() * 1000)
-        for name in names:
-            job = job_store.get_job(engine, name)
-            if job is not None:
-                ledger = job_ledger(engine, job, end - int(window_s * 1000), end)
-                rows = [(f"{h}:{g}", k, r, n, w, v) for (h, g, k, r, n, w), v in ledger.totals().items()]
-                out[name] = _gpu_time(window_s, len(ledger.gpus), ledger.busy_gpu_s, ledger.idle_gpu_s, rows)
-    finally:
-        engine.dispose()
-    return out
+    def read(engine, job, end):
+        ledger = job_ledger(engine, job, end - int(window_s * 1000), end)
+        rows = [(f"{h}:{g}", k, r, n, w, v) for (h, g, k, r, n, w), v in ledger.totals().items()]
+        return _gpu_time(window_s, len(ledger.gpus), ledger.busy_gpu_s, ledger.idle_gpu_s, rows)
+
+    return each_stored_job(db_url, names, read)
 
 
 def _gpu_time_from_server(server_url: str, window_s: float, names) -> dict:
@@ -114,12 +106,15 @@ def _gpu_time(window_s: float, n_gpus: int, busy_gpu_s: float, idle_gpu_s: float
             "wall_gpu_s": busy_gpu_s + idle_gpu_s, "wastes": [w.to_dict() for w in largest_wastes(rows)]}
 
 
-def _with_gpu_time(section: str, g) -> str:
-    """A job's section with its GPU time inserted before its verdict line (its last)."""
-    if not g:
+def _with_gpu_time(section: str, g, end_state=None) -> str:
+    """A job's section with its GPU time and its end state inserted before its verdict line (its last)."""
+    from trimtab.grading.end_state import render
+
+    text = "\n".join(([_render_gpu_time(g)] if g else []) + ([render(end_state)] if end_state else []))
+    if not text:
         return section
     body, _, verdict = section.rstrip("\n").rpartition("\n")
-    return f"{body}\n{_render_gpu_time(g)}\n{verdict}" if body else f"{_render_gpu_time(g)}\n{verdict}"
+    return f"{body}\n{text}\n{verdict}" if body else f"{text}\n{verdict}"
 
 
 def _render_gpu_time(g: dict) -> str:
@@ -245,9 +240,12 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     it misses and the step at which it expects to decide; or, while its plans fail, the error: on the job's line)
     and its recent rebalancer decisions. A job row at "act" counts as out of balance. Last, per job, where its GPU
     time went over the last max(--window, 600) s (the GPU-time ledger: busy and idle GPU-seconds) and its three
-    largest wastes in GPU-hours, each with the action that addresses it.
+    largest wastes in GPU-hours, each with the action that addresses it; and its end state over its last
+    end_state_window_s (rules.toml, 300 s shipped): each GPU's utilization against the 60–75 % band, the step time's
+    variation (goal < 5 %), the scaling efficiency against the job's own steps at another GPU count in the store
+    (unknown without them), and the word: at end state, not yet (which part misses) or unknown.
     """
-    jobs, gpu_time = [], {}
+    jobs, gpu_time, end_states = [], {}, {}
     try:
         if server_url and rules_file and not (live or simulate):
             raise CheckError(f"--rules-file {rules_file} cannot apply with --server: the server grades by the rules it "
@@ -257,10 +255,13 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
         elif server_url:
             reports, jobs = _from_server(server_url, window, node)
             gpu_time = _gpu_time_from_server(server_url, max(window, GPU_TIME_MIN_WINDOW_S), [j.name for j in jobs])
+            end_states = end_states_from_server(server_url, [j.name for j in jobs], _get)
         else:
-            reports, jobs = _from_store(db_url or default_db_url(), window, node, _load_rules(rules_file))
+            rules = _load_rules(rules_file)
+            reports, jobs = _from_store(db_url or default_db_url(), window, node, rules)
             gpu_time = _gpu_time_from_store(db_url or default_db_url(), max(window, GPU_TIME_MIN_WINDOW_S),
                                             [j.name for j in jobs])
+            end_states = end_states_from_store(db_url or default_db_url(), [j.name for j in jobs], rules)
     except CheckError as exc:
         if as_json:
             click.echo(json.dumps({"status": "error", "error": str(exc)}))
@@ -276,12 +277,14 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
                                "generated_at_ms": int(time.time() * 1000),
                                "simulated": any(r.simulated for r in reports) or any(j.simulated for j in jobs),
                                "nodes": [r.to_dict() for r in reports],
-                               "jobs": [j.to_dict() for j in jobs], "gpu_time": gpu_time}, indent=2))
+                               "jobs": [j.to_dict() for j in jobs], "gpu_time": gpu_time,
+                               "end_state": end_states}, indent=2))
     else:
         from trimtab.cli.render import render_job, render_report
 
         click.echo("\n\n".join([render_report(r) for r in reports]
-                                 + [_with_gpu_time(render_job(j), gpu_time.get(j.name)) for j in jobs]))
+                                 + [_with_gpu_time(render_job(j), gpu_time.get(j.name), end_states.get(j.name))
+                                    for j in jobs]))
     for r in stale:
         click.echo(f"trimtab check: {r.staleness()}", err=True)
     for j in jobs:

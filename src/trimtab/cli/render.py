@@ -176,7 +176,8 @@ def render_job(j) -> str:
                 tp += f" → {after:.2f} samples/s" if after is not None else " samples/s before"
             step = f" at step {d.applied_step}" if d.applied_step is not None else ""
             lines.append(f"  {_age(d.ts_ms, j.generated_at_ms):>11}  {d.rule:<20} {d.change:<24} "
-                         f"{d.outcome or '?'}{step}{tp}" + (f" — {d.note}" if d.note else ""))
+                         f"{d.outcome or '?'}{step}{tp}" + (f" — {d.note}" if d.note else "")
+                         + (f"\n{'':13}addresses {d.waste}" if d.waste else ""))
     else:
         lines.append("recent decisions: none")
     verdict = {OK: "BALANCED", WATCH: "BALANCED (watch the rows marked WATCH)", ACT: "OUT OF BALANCE"}[j.status]

@@ -76,6 +76,8 @@ def _shut_down(notifier, api, rebalancer, engine) -> None:
 
     notifier.stopping()
     api.stop()
+    if api.ledger is not None:
+        api.ledger.stop()
     if rebalancer is not None:
         rebalancer.stop()
     release_engine(engine)
@@ -126,14 +128,20 @@ def _lead(rebalancer, host: str, port: int) -> None:
 
 
 def _serve(ctx, host: str, port: int):
+    """The API, listening, and the GPU-time ledger's ticker (/metrics' ledger counters advance on it, not on a
+    scrape)."""
     from trimtab.api.app import create_app
     from trimtab.daemon import ApiServer, DaemonError, settle_heap
+    from trimtab.grading.ledger.ticker import LedgerTicker
 
     try:
         api = ApiServer(create_app(ctx), host, port).start()
     except DaemonError as exc:
         raise click.ClickException(str(exc)) from exc
     settle_heap()  # after start-up, before the first request: full collections stop every request for less
+    api.ledger = LedgerTicker(ctx.engine).start()
+    parts = ctx.component_status
+    ctx.component_status = lambda: {**parts(), "ledger": api.ledger.health()}
     return api
 
 

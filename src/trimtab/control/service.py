@@ -44,6 +44,7 @@ from trimtab.control.leadership import Leadership
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
 from trimtab.control.plan_writes import RebalancerWrites, child_writes
 from trimtab.control.plan import Cadence, period, steps_needed
+from trimtab.control.waste_cite import with_waste
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.window import first_probes, load_steps, steps_since
 from trimtab.store import decisions as decision_store
@@ -446,9 +447,12 @@ class Rebalancer:
         elif p.measuring is not None and p.applied_step is not None and p.applied_step != stored_applied_step:
             # (once: every plan while measuring would rewrite it, and SQLite has one writer for reports too)
             self.writes.set_applied_step(engine, p.measuring, p.applied_step)
+        decided = p.change or p.advised
+        evidence = p.evidence if decided is None and p.advice_rule is None else \
+            with_waste(engine, job, p.evidence, decided.knob if decided else None, now_ms())  # the ledger's waste
         if p.change is not None:
             c = p.change
-            _, queued = self.writes.decide_change(engine, job.id, c.rule, p.evidence, c.knob, c.new_value,
+            _, queued = self.writes.decide_change(engine, job.id, c.rule, evidence, c.knob, c.new_value,
                                                   c.reason, throughput_before_samples_per_s=p.throughput_before,
                                                   advice=p.advice)
             counter = "changes_queued" if queued is not None else "advised"  # None: the job left auto meanwhile
@@ -456,13 +460,13 @@ class Rebalancer:
             log.info("rebalancer: job %s%s: %s", job.name, "" if queued else " (left auto: advised)", p.note)
         elif p.advised is not None:
             c = p.advised
-            self.writes.add_decision(engine, job.id, c.rule, p.evidence, knob=c.knob, old_value=c.old_value,
+            self.writes.add_decision(engine, job.id, c.rule, evidence, knob=c.knob, old_value=c.old_value,
                                      new_value=c.new_value, throughput_before_samples_per_s=p.throughput_before,
                                      outcome="advised", advice=f"{c.reason}. {p.advice or ''}".strip())
             self.stats.advised += 1
             log.info("rebalancer: job %s (advise): %s", job.name, p.note)
         elif p.advice_rule is not None:
-            self.writes.add_decision(engine, job.id, p.advice_rule, p.evidence, outcome="advised", advice=p.advice,
+            self.writes.add_decision(engine, job.id, p.advice_rule, evidence, outcome="advised", advice=p.advice,
                                      throughput_before_samples_per_s=p.throughput_before)
             self.stats.advised += 1
             log.info("rebalancer: job %s: %s", job.name, p.note)

@@ -54,6 +54,7 @@ class DecisionRow:
     throughput_before_samples_per_s: Optional[float]
     throughput_after_samples_per_s: Optional[float]
     note: Optional[str] = None                   # why it ended so, where the outcome needs a why (refused)
+    waste: Optional[str] = None                  # the ledger's largest waste it addresses (control/waste_cite.py)
 
     @property
     def change(self) -> str:
@@ -222,12 +223,22 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
                       wall_phase_shares=shares if graded_base == WALL_TIME else _shares(win, WALL_TIME))
 
 
+def cited_waste(evidence: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The GPU-time waste a decision's evidence cites, in one phrase ("0.012 GPU-h reward waiting for actor over
+    the last 600 s"); None where it cites none."""
+    w = (evidence or {}).get("gpu_time_waste") if isinstance(evidence, Mapping) else None
+    if not isinstance(w, Mapping) or w.get("gpu_hours") is None:
+        return None
+    return f"{w['gpu_hours']:.3f} GPU-h {w.get('what', w.get('cause'))} over the last {w.get('window_s', 0):g} s"
+
+
 def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:
     if n <= 0:
         return []
     return [DecisionRow(d.id, d.ts_ms, d.rule, d.knob, d.old_value, d.new_value, d.outcome, d.applied_step,
                         d.throughput_before_samples_per_s, d.throughput_after_samples_per_s,
-                        note=(d.evidence or {}).get("refused_reason") if d.outcome == REFUSED else None)
+                        note=(d.evidence or {}).get("refused_reason") if d.outcome == REFUSED else None,
+                        waste=cited_waste(d.evidence))
             for d in decision_store.list_decisions(engine, job.id, limit=n, offset=0)]
 
 

@@ -155,6 +155,12 @@ class ControllerSettings:
     stale_after_intervals: float = 5.0
     stale_min_s: float = 3.0
     report_clock_skew_s: float = 60.0
+    end_state_window_s: float = 300.0
+    end_state_util_low_pct: float = 60.0
+    end_state_util_high_pct: float = 75.0
+    end_state_step_cv_max_pct: float = 5.0
+    end_state_scaling_min_pct: float = 90.0
+    end_state_history_steps: int = 2000
 
 
 @dataclass(frozen=True)
@@ -296,6 +302,10 @@ def _build(data: Mapping[str, Any], source: str, text: Optional[str]) -> RuleSet
         if not ok(ctl[key]):
             raise RulesError(f"{source}{_line_of(text, 'controller', key)}: controller.{key}: must be {must}, "
                              f"got {ctl[key]:g}")
+    if not ctl["end_state_util_low_pct"] <= ctl["end_state_util_high_pct"] <= 100.0:
+        raise RulesError(f"{source}: controller needs end_state_util_low_pct ≤ end_state_util_high_pct ≤ 100")
+    if ctl["end_state_window_s"] <= 0:
+        raise RulesError(f"{source}: controller.end_state_window_s must be above 0")
     if ctl["plan_retry_max_s"] < ctl["plan_retry_min_s"]:
         raise RulesError(f"{source}: controller needs plan_retry_min_s ≤ plan_retry_max_s")
     if ctl["window_enough_steps"] < ctl["window_min_steps"] or ctl["verdict_enough_steps"] < ctl["window_min_steps"]:

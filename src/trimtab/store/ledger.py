@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from sqlalchemy import Engine, and_, case, or_, select, tuple_, union_all, update
+from sqlalchemy import Engine, and_, case, func, or_, select, tuple_, union_all, update
 
 from trimtab.store.engine import insert_for, write_transaction
-from trimtab.store.models import gpu_samples, gpus, job_gpu_ledger, job_ledger_state, job_reports, jobs, nodes
+from trimtab.store.models import (gpu_processes, gpu_samples, gpus, job_gpu_ledger, job_ledger_state, job_reports, jobs,
+                                  nodes)
 
 # What the ledger reads of a report: when it ended, how long it took, its phases, who ran it where.
 _PHASE_COLUMNS = tuple(c.name for c in job_reports.columns if c.name.endswith("_s") and c.name != "step_time_s")
@@ -51,23 +52,40 @@ def utilization(engine: Engine, gpu_keys: Iterable[tuple[str, int]], start_ms: i
                 end_ms: int) -> dict[tuple[str, int], list[tuple[int, float]]]:
     """(node, GPU index) → its utilization samples in [start_ms, end_ms] as (ts_ms, util %), oldest first: a
     range read of each GPU's (gpu, time) key. NULL utilization (unsupported) is left out."""
+    return utilization_and_activity(engine, gpu_keys, start_ms, end_ms, activity=False)[0]
+
+
+def utilization_and_activity(engine: Engine, gpu_keys: Iterable[tuple[str, int]], start_ms: int, end_ms: int,
+                             activity: bool = True) -> tuple[dict, dict]:
+    """:func:`utilization`, and (``activity``) each GPU's per-process activity over the same window: (node, GPU
+    index) → pid → (Σ sm_util_pct × util_samples, Σ util_samples) over its process rows taken in [start_ms, end_ms]
+    whose activity is known (NULL: unknown, left out). One range read of each table's (gpu, time) key."""
     keys = sorted(set(gpu_keys))
     out: dict[tuple[str, int], list[tuple[int, float]]] = {k: [] for k in keys}
+    busy: dict[tuple[str, int], dict[int, tuple[float, int]]] = {}
     if not keys:
-        return out
+        return out, busy
     with engine.connect() as conn:
         ids = {row.id: (row.hostname, row.gpu_index) for row in conn.execute(
             select(gpus.c.id, gpus.c.gpu_index, nodes.c.hostname).select_from(gpus.join(nodes))
             .where(tuple_(nodes.c.hostname, gpus.c.gpu_index).in_(keys)))}
         if not ids:
-            return out
+            return out, busy
         s = gpu_samples.c
         rows = conn.execute(select(s.gpu_id, s.ts_ms, s.util_pct)
                             .where(s.gpu_id.in_(list(ids)), s.ts_ms >= start_ms, s.ts_ms <= end_ms,
                                    s.util_pct.is_not(None)).order_by(s.gpu_id, s.ts_ms))
         for gpu_id, ts_ms, util in rows:
             out[ids[gpu_id]].append((int(ts_ms), float(util)))
-    return out
+        if activity:
+            p = gpu_processes.c
+            for gpu_id, pid, sm_x_n, n in conn.execute(
+                    select(p.gpu_id, p.pid, func.sum(p.sm_util_pct * p.util_samples), func.sum(p.util_samples))
+                    .where(p.gpu_id.in_(list(ids)), p.ts_ms >= start_ms, p.ts_ms <= end_ms,
+                           p.util_samples.is_not(None), p.sm_util_pct.is_not(None))
+                    .group_by(p.gpu_id, p.pid)):
+                busy.setdefault(ids[gpu_id], {})[int(pid)] = (float(sm_x_n or 0.0), int(n or 0))
+    return out, busy
 
 
 @dataclass(frozen=True)
@@ -118,8 +136,9 @@ def _accumulate(engine: Engine, new: list, moved: dict, advances: Mapping) -> No
     st = job_ledger_state.c
     with write_transaction(engine) as conn:
         done = 0
-        if new:
-            done += conn.execute(insert_for(conn.dialect, job_ledger_state).on_conflict_do_nothing().values(new)).rowcount
+        if new:  # the rows RETURNING gives, not rowcount: PostgreSQL's driver answers -1 for a multi-row insert
+            done += len(conn.execute(insert_for(conn.dialect, job_ledger_state).on_conflict_do_nothing().values(new)
+                                     .returning(st.job_id)).all())
         if moved:
             done += conn.execute(update(job_ledger_state)
                                  .where(tuple_(st.job_id, st.through_ms).in_([(j, f) for j, (f, _) in moved.items()]))
@@ -151,4 +170,4 @@ def accumulated(engine: Engine, job_ids: Optional[Sequence[int]] = None) -> list
 
 
 __all__ = ["LEDGER_REPORT_COLUMNS", "LedgerRow", "accumulate", "accumulated", "ledger_through", "utilization",
-           "window_reports", "window_reports_many"]
+           "utilization_and_activity", "window_reports", "window_reports_many"]

@@ -100,3 +100,17 @@ def completes_a_step(engine: Engine, job_id: int, steps: Sequence[int], ranks: i
     with engine.connect() as conn:
         params = {"job_id": job_id, "steps": sorted(set(steps)), "ranks": ranks}
         return conn.execute(_COMPLETE, params).first() is not None
+
+
+SCALE_COLUMNS = ("step", "rank", "received_ms", "step_time_s", "samples", "hostname", "local_gpu")
+
+
+def newest_rank_rows(engine: Engine, job_id: int, limit: int) -> list[Report]:
+    """The job's newest ``limit`` rank reports (newest first), with what says how many GPUs ran a step and how
+    fast: a range read of the (job, received_ms) index, bounded whatever the job's age."""
+    r = job_reports.c
+    query = (select(*(r[c] for c in SCALE_COLUMNS)).where(r.job_id == job_id)
+             .order_by(r.received_ms.desc(), r.step.desc(), r.rank).limit(max(0, int(limit))))
+    with engine.connect() as conn:
+        return [dict(row) for row in conn.execute(query).mappings()]
+

@@ -205,9 +205,9 @@ def test_queries_per_scrape_do_not_grow_with_the_number_of_jobs(make_ctx):
     assert counts[1] == counts[6], counts
     first, second = counts[6]
     # jobs, their newest steps, the baselines (first scrape only), simulated nodes, three counts (decisions,
-    # changes, failed plans), GPU aggregates; the GPU-time ledger: the jobs, how far each is accumulated (none of
-    # these is due to advance: their reports are too fresh), simulated nodes, the accumulated cells
-    assert (first, second) == (12, 11), counts
+    # changes, failed plans), GPU aggregates; the GPU-time ledger: simulated nodes, the accumulated cells (read
+    # only: the ledger's ticker advances them, never a scrape)
+    assert (first, second) == (10, 9), counts
 
 
 def test_the_learning_signals_a_job_reports_are_exported_as_window_means_and_absent_ones_are_no_series(ctx):

@@ -4,7 +4,7 @@ with their per-process activity."""
 from __future__ import annotations
 
 import time
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
@@ -110,11 +110,23 @@ def time_window(
     return resolve_window(start_ms, end_ms, window_s, int(time.time() * 1000))
 
 
-def _gpu_or_404(ctx: ApiContext, uuid: str) -> StoredGpu:
+T = TypeVar("T")
+
+
+def gpu_uuid_path() -> str:
+    return Path(min_length=1, max_length=96, pattern=NO_CONTROL_CHARS, description="The GPU's UUID.")
+
+
+def read_gpu(ctx: ApiContext, uuid: str, read: Callable[[], T]) -> tuple[StoredGpu, T]:
+    """The GPU and what ``read()`` reads of it; 404 for a GPU the store does not know, or no longer knows by the
+    time ``read()`` runs (it raises LookupError)."""
     gpu = next((g for g in list_gpus(ctx.engine) if g.uuid == uuid), None)
-    if gpu is None:
-        raise HTTPException(404, f"no GPU with uuid {uuid!r}")
-    return gpu
+    try:
+        if gpu is None:
+            raise LookupError(uuid)
+        return gpu, read()
+    except LookupError:
+        raise HTTPException(404, f"no GPU with uuid {uuid!r}") from None
 
 
 @router.get("/gpus/{uuid}/samples", response_model=SamplesOut, responses={**READ, **NOT_FOUND},
@@ -124,17 +136,15 @@ def _gpu_or_404(ctx: ApiContext, uuid: str) -> StoredGpu:
                         "up to 2 h, 1-minute rollups up to 3 days, 1-hour rollups beyond; the response says which. "
                         "At most max_points points, the latest ones (truncated says so). 404 for an unknown GPU.")
 def samples(
-    uuid: str = Path(min_length=1, max_length=96, pattern=NO_CONTROL_CHARS, description="The GPU's UUID."),
+    uuid: str = gpu_uuid_path(),
     span: tuple[int, int] = Depends(time_window),
     resolution: Literal["auto", "raw", "1m", "1h"] = Query("auto", description="auto, raw, 1m or 1h."),
     max_points: int = Query(1000, ge=1, le=20000, description="At most this many points (the latest)."),
     ctx: ApiContext = Depends(get_ctx),
 ) -> SamplesOut:
-    (start, end), gpu = span, _gpu_or_404(ctx, uuid)
-    try:
-        series = gpu_window(ctx.engine, uuid, start, end, resolution=resolution, max_points=max_points)
-    except LookupError:  # removed since the lookup above
-        raise HTTPException(404, f"no GPU with uuid {uuid!r}") from None
+    start, end = span
+    gpu, series = read_gpu(ctx, uuid, lambda: gpu_window(ctx.engine, uuid, start, end, resolution=resolution,
+                                                          max_points=max_points))
     raw = series.resolution == "raw"
     points = [PointOut(ts_ms=p.ts_ms, n=p.n, mean=p.mean, min=None if raw else p.min, max=None if raw else p.max)
               for p in series.points]
@@ -151,15 +161,12 @@ def samples(
                         "interval they cover. Unknown activity is null, never 0. At most max_rows rows, the latest "
                         "(truncated says so). 404 for an unknown GPU.")
 def processes(
-    uuid: str = Path(min_length=1, max_length=96, pattern=NO_CONTROL_CHARS, description="The GPU's UUID."),
+    uuid: str = gpu_uuid_path(),
     span: tuple[int, int] = Depends(time_window),
     max_rows: int = Query(1000, ge=1, le=20000, description="At most this many rows (the latest)."),
     ctx: ApiContext = Depends(get_ctx),
 ) -> ProcessesOut:
-    (start, end), gpu = span, _gpu_or_404(ctx, uuid)
-    try:
-        window = gpu_process_window(ctx.engine, uuid, start, end, max_rows=max_rows)
-    except LookupError:  # removed since the lookup above
-        raise HTTPException(404, f"no GPU with uuid {uuid!r}") from None
+    start, end = span
+    gpu, window = read_gpu(ctx, uuid, lambda: gpu_process_window(ctx.engine, uuid, start, end, max_rows=max_rows))
     return ProcessesOut(gpu_uuid=uuid, hostname=gpu.hostname, simulated=gpu.simulated, start_ms=start, end_ms=end,
                         truncated=window.truncated, processes=[ProcessOut(**vars(p)) for p in window.rows])

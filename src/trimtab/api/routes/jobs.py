@@ -8,17 +8,20 @@ its changes or re-register it (403), so an admin's job cannot be taken over by w
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Response
 
 from trimtab.api.context import ApiContext
+from trimtab.api.end_state_schemas import EndStateOut
 from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, require_scope
 from trimtab.api.job_schemas import JobIn, JobOut, JobsOut, ModeIn, RoleOut
 from trimtab.api.planner_schemas import PlannerOut, planner_out
 from trimtab.api.errors import invalid
 from trimtab.api.schemas import SLUG
 from trimtab.contract.roles import RolePlacement, device_map_of, gpus_by_role, merge
+from trimtab.grading.end_state import job_end_state
 from trimtab.grading.rules import RulesError, check_job_overrides
 from trimtab.store import jobs as job_store
 from trimtab.store import plan_status
@@ -111,12 +114,18 @@ def list_jobs(pages: Page = Depends(page), ctx: ApiContext = Depends(get_ctx)) -
                         "reached, memory headroom, a hold, advised recently, …), the window it read, the data it "
                         "misses and the step at which it expects to decide; while its plans raise, the error (type, "
                         "message, stage, step, where), failures in a row and since when, when it is tried again; its "
-                        "recent planning events. 404 for an unknown job.")
+                        "recent planning events. And its end state (end_state): each GPU's mean utilization against "
+                        "the band (60–75 % shipped), the step time's coefficient of variation (goal < 5 %) and the "
+                        "scaling efficiency against the job's own steps at another GPU count in the store (unknown "
+                        "without them), with the word: at end state, not yet (which part misses) or unknown. The "
+                        "thresholds are rules.toml's end_state_* keys. 404 for an unknown job.")
 def get_job(name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx)) -> JobOut:
     job = find_job(ctx, name)
     status = plan_status.plan_statuses(ctx.engine, [job.id]).get(job.id)
-    return job_out(job, job_store.simulated_hostnames(ctx.engine),
-                   planner_out(status, plan_status.events(ctx.engine, job.id, limit=5) if status else []))
+    out = job_out(job, job_store.simulated_hostnames(ctx.engine),
+                  planner_out(status, plan_status.events(ctx.engine, job.id, limit=5) if status else []))
+    out.end_state = EndStateOut(**job_end_state(ctx.engine, job, ctx.rules, int(time.time() * 1000)).to_dict())
+    return out
 
 
 @router.put("/{name}/mode", response_model=JobOut, responses={**WRITE, **NOT_FOUND}, summary="Set a job's mode",

@@ -7,13 +7,14 @@ GPUs are busy at that moment get one vote, split evenly when several are busy; t
 by the votes. The samples say when each GPU worked; the reports say how long each role waited — joining them is
 the point of the ledger. Without samples in the wait, whom it was for is ``unknown``, and the cell says so.
 
-Extension point, per-process activity: ``process_busy_pct`` maps (node, GPU, pid) to the process's mean SM
-utilization over the window (NVML's per-process samples, where the agent stores them; the reader passes them to
-:func:`trimtab.grading.ledger.read.job_ledger`). A role placed on a GPU whose process sends no step reports — alone
-on it, or sharing it with a reporting rank — is then busy for that share of the interval (source
-``process_activity``); without it, for the GPU's mean utilization (alone) or the utilization beyond the reporting
-ranks' own GPU time (shared), marked estimated (``gpu_samples``), and the notes say so. Ranks that report split a
-GPU by their own CUDA-event times and need neither.
+Per-process activity: ``process_busy_pct`` maps (node, GPU, pid) to the process's busy % of the window, estimated
+from NVML's per-process samples as :mod:`trimtab.grading.ledger.shares` says (its share of the GPU's summed
+per-process SM utilization × the GPU's mean utilization; the reader passes them to :func:`gpu_cells`). A role
+placed on a GPU whose process sends no step reports — alone on it, or sharing it with a reporting rank — is then busy
+for its processes' share of the interval (source ``process_activity``, estimated, and the notes say how the share
+was made); without it, for the GPU's mean utilization (alone) or the utilization beyond the reporting ranks' own GPU
+time (shared), estimated (``gpu_samples``), and the notes say so. Ranks that report split a GPU by their own
+CUDA-event times and need neither.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def _unreported(acc: _Acc, gpu: GpuKey, roles: Sequence[RolePlacement], start_ms
     notes = []
     if shares:
         busy_s, source = min(wall_s, wall_s * sum(shares) / 100.0), PROCESS_ACTIVITY
+        notes.append(_activity_note(gpu, role))
     elif trace is not None and (mean := trace.mean_pct(start_ms, end_ms)) is not None:
         busy_s, source = wall_s * mean / 100.0, GPU_SAMPLES
         notes.append(f"GPU {gpu.label()} ({role}) sends no step reports: its busy time is the GPU's mean utilization "
@@ -149,9 +151,16 @@ def _unreported(acc: _Acc, gpu: GpuKey, roles: Sequence[RolePlacement], start_ms
         busy_s, source = 0.0, GPU_SAMPLES
         notes.append(f"GPU {gpu.label()} ({role}) sends no step reports and has no samples: all of its time is "
                      f"idle, cause unknown")
-    acc.add((BUSY, role, UNREPORTED_PHASE, ""), busy_s, (source,), source != PROCESS_ACTIVITY)
+    acc.add((BUSY, role, UNREPORTED_PHASE, ""), busy_s, (source,), True)
     acc.add((IDLE, role, UNKNOWN, ""), wall_s - busy_s, (source,), True)
     return notes
+
+
+def _activity_note(gpu: GpuKey, role: str) -> str:
+    from trimtab.grading.ledger.shares import HOW
+
+    return (f"GPU {gpu.label()} ({role}) sends no step reports: its busy time is {HOW} (estimated: NVML's own "
+            f"per-process sample totals undercount busy time several-fold, bench/process_activity.py)")
 
 
 def _silent_placements(placed: Sequence[RolePlacement], spans: Sequence[StepSpan]) -> list[RolePlacement]:
@@ -164,15 +173,16 @@ def _silent_placements(placed: Sequence[RolePlacement], spans: Sequence[StepSpan
 
 def _share_with_silent(acc: _Acc, gpu: GpuKey, silent: Sequence[RolePlacement], start_ms: int, end_ms: int,
                        trace: Optional[GpuTrace], process_busy_pct: Mapping[tuple[str, int, int], float]) -> list[str]:
-    """A GPU shared by a reporting rank and a silent role: the silent role is busy for its processes' activity
-    (measured), else for the GPU's utilization beyond the reporting ranks' own GPU time (estimated); that time is
-    taken from the GPU's idle time (it ran while the reporting ranks did not)."""
+    """A GPU shared by a reporting rank and a silent role: the silent role is busy for its processes' share of the
+    GPU (estimated from per-process activity, :mod:`.shares`), else for the GPU's utilization beyond the reporting
+    ranks' own GPU time (estimated); that time is taken from the GPU's idle time (it ran while the reporting ranks
+    did not)."""
     role = "+".join(sorted({p.role for p in silent}))
     wall_s = (end_ms - start_ms) / 1000.0
     shares = [process_busy_pct[(gpu.hostname, gpu.gpu, pid)] for p in silent for pid in p.pids
               if (gpu.hostname, gpu.gpu, pid) in process_busy_pct]
     if shares:
-        busy_s, source, notes = wall_s * sum(shares) / 100.0, PROCESS_ACTIVITY, []
+        busy_s, source, notes = wall_s * sum(shares) / 100.0, PROCESS_ACTIVITY, [_activity_note(gpu, role)]
     elif trace is not None and (mean := trace.mean_pct(start_ms, end_ms)) is not None:
         busy_s, source = max(0.0, wall_s * mean / 100.0 - acc.total(BUSY)), GPU_SAMPLES
         notes = [f"GPU {gpu.label()}: {role} shares it and sends no step reports: its busy time is the GPU's "
@@ -185,7 +195,7 @@ def _share_with_silent(acc: _Acc, gpu: GpuKey, silent: Sequence[RolePlacement], 
     taken_s = min(busy_s, idle_s)
     if taken_s > 0:
         acc.scale(IDLE, (idle_s - taken_s) / idle_s)
-        acc.add((BUSY, role, UNREPORTED_PHASE, ""), taken_s, (source,), source != PROCESS_ACTIVITY)
+        acc.add((BUSY, role, UNREPORTED_PHASE, ""), taken_s, (source,), True)
     return notes
 
 

@@ -23,21 +23,22 @@ class WasteAction:
     waiter: str        # the idle GPU's role (ANY: whichever)
     waiting_for: str   # the role waited for (ANY: whichever; "" for causes other than waiting)
     action: str
+    knobs: tuple[str, ...] = ()  # the knobs the action moves (a rebalancer decision on one of them addresses it)
 
 
 # (cause, waiting role, role waited for) → what to do; the first match wins.
 ACTIONS: tuple[WasteAction, ...] = (
     WasteAction(WAITING, ANY, "actor", "generation waits hold the scorers up: raise the generation batch size "
                                        "(batch_size) and prefetch (prefetch) so critic/reward always have a "
-                                       "generated batch waiting"),
+                                       "generated batch waiting", ("batch_size", "prefetch")),
     WasteAction(WAITING, ANY, "reward", "the reward model holds the others up: put it apart on its own GPU, score in "
                                         "fp16/bf16 with gradient checkpointing, truncate its inputs"),
     WasteAction(WAITING, ANY, "critic", "the critic holds the others up: raise prefetch (prefetch) so its scoring "
-                                        "overlaps the next generation"),
+                                        "overlaps the next generation", ("prefetch",)),
     WasteAction(WAITING, ANY, ANY, "a role waits for another: raise prefetch (prefetch) to overlap them, or move "
-                                   "the slower role to more GPUs (device_map)"),
+                                   "the slower role to more GPUs (device_map)", ("prefetch",)),
     WasteAction(COMMUNICATION, ANY, ANY, "communication dominates: sync less often (sync_every up) and "
-                                         "check NCCL_ALGO"),
+                                         "check NCCL_ALGO", ("sync_every",)),
     WasteAction(HOST, ANY, ANY, "host-side work of the role itself: overlap it (data loading, tokenization, "
                                 "logging) with GPU work, more dataloader workers"),
     WasteAction(NO_JOB, ANY, ANY, "no step of the job on the GPU: give the GPU back, or place a role on it "
@@ -72,14 +73,26 @@ class Waste:
                 "action": self.action}
 
 
-def action_for(cause: str, role: str, waiting_for: str) -> Optional[str]:
+def row_for(cause: str, role: str, waiting_for: str) -> Optional[WasteAction]:
+    """The first row of :data:`ACTIONS` matching the waste (None: none)."""
     for a in ACTIONS:
         if a.cause == cause and a.waiter in (ANY, role) and a.waiting_for in (ANY, waiting_for):
-            return a.action
+            return a
     return None
 
 
-def largest_wastes(totals: Iterable[tuple[str, str, str, str, str, float]], n: int = 3) -> list[Waste]:
+def action_for(cause: str, role: str, waiting_for: str) -> Optional[str]:
+    row = row_for(cause, role, waiting_for)
+    return row.action if row else None
+
+
+def addressed_by(wastes: Iterable["Waste"], knob: str) -> list["Waste"]:
+    """The wastes whose action moves ``knob``, largest first."""
+    rows = ((w, row_for(w.cause, w.role, w.waiting_for)) for w in wastes)
+    return sorted((w for w, row in rows if row is not None and knob in row.knobs), key=lambda w: -w.gpu_s)
+
+
+def largest_wastes(totals: Iterable[tuple[str, str, str, str, str, float]], n: Optional[int] = 3) -> list[Waste]:
     """The ``n`` largest wastes from ledger totals ((gpu label, kind, role, name, waiting_for, gpu_s) rows)."""
     summed: dict[tuple[str, str, str], tuple[set, float]] = {}
     for gpu, kind, role, name, waiting_for, gpu_s in totals:
@@ -89,4 +102,4 @@ def largest_wastes(totals: Iterable[tuple[str, str, str, str, str, float]], n: i
         summed[(name, role, waiting_for)] = (gpus | {gpu}, total + gpu_s)
     wastes = [Waste(cause, role, waiting_for, tuple(sorted(gpus)), total, action_for(cause, role, waiting_for) or "")
               for (cause, role, waiting_for), (gpus, total) in summed.items()]
-    return sorted(wastes, key=lambda w: (-w.gpu_s, w.cause, w.role, w.waiting_for))[:n]
+    return sorted(wastes, key=lambda w: (-w.gpu_s, w.cause, w.role, w.waiting_for))[:n]  # n None: all

@@ -1,6 +1,6 @@
 """The accumulated GPU-time ledger behind /metrics' counters (issue 40): GPU-seconds of each job's GPUs by role and
 phase (busy) or cause (idle), added up from the moment the ledger first saw the job, and per job the time up to
-which it has been added (so each scrape adds only the time since, and a counter never goes down).
+which it has been added (so each advance adds only the time since, and a counter never goes down).
 
 Revision ID: 0021
 Revises: 0020
