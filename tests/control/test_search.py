@@ -62,16 +62,36 @@ def test_a_raise_from_the_current_value_measured_worse_turns_the_search_to_the_o
 
 
 def test_when_the_levels_put_the_top_ahead_the_search_stays_on_that_side():
-    # 32 → 45 cost only 1 % while 16 → 32 gained 40 %: the top is ahead of 32.
-    climb = [verdict(1, 4, 16, "kept", 2.16, "gain"), verdict(3, 16, 32, "kept", 1.4, "gain"),
+    # 32 → 45 cost only 3 % while 16 → 32 gained 200 %: the top is ahead of 32, the parabola puts 38 at +3.2 %.
+    climb = [verdict(1, 4, 16, "kept", 2.16, "gain"), verdict(3, 16, 32, "kept", 3.0, "gain"),
              verdict(4, 32, 45, "rolled_back", 0.97, "worse")]
     acts(at(32, climb), "generation_bound", "batch_size", 32, 38)
 
 
+def test_a_bracket_move_the_levels_put_under_the_dead_band_is_not_made():
+    # 16 → 32 gained 40 %, 32 → 45 cost 3 %: the top is ahead of 32, but the parabola through the three levels puts
+    # 38 at +0.1 % over 32 (nowhere between them above +0.5 %) — a gain no verdict could confirm, tried only to be
+    # sent back (the eval-bound prefetch job tried 5 between 4 and 6 that way: a second rollback of the knob).
+    climb = [verdict(1, 4, 16, "kept", 2.16, "gain"), verdict(3, 16, 32, "kept", 1.4, "gain"),
+             verdict(4, 32, 45, "rolled_back", 0.97, "worse")]
+    p = at(32, climb)
+    assert p.change.knob == "prefetch"  # the rule's next action: batch_size has nothing worth a move left
+    assert any("put 38 at +0.1 % over 32: under the 2 % dead band, no gain a verdict could confirm" in s
+               for s in p.evidence["skipped"]), p.evidence["skipped"]
+
+
 def test_a_gain_from_a_move_down_bounds_the_next_raise():
-    # 32 → 23 gained: 32 is worse than 23, so the raise from 23 goes between 23 and 32, not to 92.
+    # 32 → 23 gained: 32 is worse than 23, so the raise from 23 goes between 23 and 32, not to 92 — and there the
+    # levels at 16, 23 and 32 put 27 at +0.4 % over 23, under the dead band: not tried at all (true: −1.5 %).
     p = at(23, CLIMB + [verdict(4, 32, 45, "rolled_back", 0.777, "worse"), verdict(5, 32, 23, "kept", 1.04, "gain")])
-    acts(p, "generation_bound", "batch_size", 23, 27)
+    assert p.change.knob == "prefetch"
+    assert p.evidence["skipped"] == ["batch_size ×4: between 23 and 32 (measured worse at decision 5): the levels "
+                                     "measured at 16, 23 and 32 put 27 at +0.4 % over 23: under the 2 % dead band, "
+                                     "no gain a verdict could confirm"]
+    # where they put it above the dead band (16 → 32 gained 36 %, not 14 %: +2.3 %), it is tried
+    climb = [verdict(1, 4, 16, "kept", 2.16, "gain"), verdict(3, 16, 32, "kept", 1.36, "gain"),
+             verdict(4, 32, 45, "rolled_back", 0.777, "worse"), verdict(5, 32, 23, "kept", 1.04, "gain")]
+    acts(at(23, climb), "generation_bound", "batch_size", 23, 27)
 
 
 def test_a_probe_that_cannot_be_told_apart_ends_the_search_on_its_side():
