@@ -194,15 +194,19 @@ def _tied_points(state: "JobState", rules: RuleSet, action: Action, behind: floa
 
 def _worth_a_move(state: "JobState", rules: RuleSet, action: Action, behind: float, current: float, ahead: float,
                   value: float, now: Optional[Sample]) -> Optional[str]:
-    """Why a bracket move to ``value`` is not worth making, else None: the parabola through the three tied levels
-    puts ``value`` less than the dead band above the current value — a gain no verdict could confirm (one within
-    the dead band is "no measurable gain"), while the move's trial costs a window at a setting that is as likely
-    worse. The eval-bound prefetch job: 2 → 4 read +25 %, 4 → 6 −3 % (sure): the parabola puts 5 at +1.4 % over
-    4 (true +0.6 %), and the trial of 5 went back in half the runs — a second rollback of the knob for nothing."""
-    points = _tied_points(state, rules, action, behind, current, ahead, now)
-    if points is None or value <= 0 and action.op != "add":
+    """Why a bracket move to ``value`` of an additive step is not worth making, else None: the parabola through the
+    three tied levels puts ``value`` less than the dead band above the current value — a gain no verdict could
+    confirm (one within the dead band is "no measurable gain"), while the move's trial costs a window at a setting
+    that is as likely worse. The eval-bound prefetch job: 2 → 4 read +25 %, 4 → 6 −3 % (sure): the parabola puts 5
+    at +1.4 % over 4 (true +0.6 %), and the trial of 5 went back in half the runs — a second rollback of the knob
+    for nothing. Not on ×/÷ steps: their three values span ×16 (4, 16, 64) and a curve with a kink is no parabola
+    there — 4, 16 and 64 put 32 at −14 % where it is +11 % (the non-monotone curve then stood at 16, 87 %)."""
+    if action.op != "add":
         return None
-    x = value if action.op == "add" else math.log(value)
+    points = _tied_points(state, rules, action, behind, current, ahead, now)
+    if points is None:
+        return None
+    x = value
     level = sum(fy * math.prod((x - ox) / (fx - ox) for ox, _ in points if ox != fx) for fx, fy in points)
     gain_pct = math.expm1(level) * 100.0  # the current value's level is 0
     if gain_pct >= rules.controller.dead_band_pct:
