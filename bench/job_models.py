@@ -339,8 +339,26 @@ def periodic_heavy(every: int = 20, x: float = 10.0, phase: str = "validation") 
                     [{"batch_size": b} for b in (4, 8, 16, 32, 64)], steps=160)
 
 
+def generation_every(k: int = 4) -> Workload:
+    """One generation step, then k − 1 training steps on what it made (TRL's ``steps_per_generation``): the step
+    that generates takes 1.2 s + 40 ms a sample (decode) beside its training, each step trains 0.05 s + 6 ms a
+    sample, all ±10 %; every step trains ``batch_size`` samples. Step times alternate one long, k − 1 short: a
+    window that does not hold whole periods of k holds one generation more or less than its neighbour (at batch 4:
+    1.66 s against 0.07 s). Generation is a phase the batch acts on — the job's work, not its schedule — so its
+    steps stay in every window. Best at the max, 64 (samples/s rising 4.8× from batch 4)."""
+    def step(kn, i, rng):
+        b = int(kn["batch_size"])
+        train = _noisy(rng, 0.05 + 0.006 * b, 0.1)
+        gen = _noisy(rng, 1.2 + 0.04 * b, 0.1) if i % k == 0 else 0.0
+        return gen + train, {"generation": gen, "update": train}, b
+    return Workload(f"generation every {k} steps (TRL steps_per_generation)",
+                    {"batch_size": {"value": 4, "min": 1, "max": 64}}, step,
+                    [{"batch_size": b} for b in (4, 8, 16, 32, 64)], steps=160)
+
+
 WORKLOADS.update({"eval_10x_20": periodic_heavy, "eval_5x_50": lambda: periodic_heavy(50, 5.0),
-                  "checkpoint_25x_40": lambda: periodic_heavy(40, 25.0, "checkpoint")})
+                  "checkpoint_25x_40": lambda: periodic_heavy(40, 25.0, "checkpoint"),
+                  "generation_every_4": generation_every})
 
 
 # -- issue 38: memory the job does not own, and searches that must go on past one verdict that cannot tell ---------

@@ -47,6 +47,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
 from bench.job_models import GIB, GOAL_STEPS, LIMIT_GIB, WORKLOADS, Workload  # noqa: E402
 from bench.live_api import _seeds, local_api  # noqa: E402
+from trimtab.control.bracket import REAPPLIED  # noqa: E402
 
 
 def measure(w: Workload, setting: dict, seed: int, n: int = 64, first_step: int = 0) -> float:
@@ -129,11 +130,15 @@ class Score:
                                    # warm-up or noise credited to a change
     retried: list = None           # moves to a value measured worse with confidence before, the job not moved since
     neighbour: Optional[dict] = None  # a workload with a neighbour on the GPU: neighbour_score's figures
+    host_rollbacks: int = 0        # rollbacks a later move re-applied, the known setting having read slower too (the
+                                   # host's slowdown, not the move's: a measurement of the known setting, no flip-flop)
+    flip_flops: int = 0            # the most rollbacks on one knob, less those (issue 38: at most 1 a knob)
 
     def line(self) -> str:
         return (f"{self.name}: reached {self.reached:.1%} of best static ({self.best}; the tail measured "
                 f"{self.measured:.1%}), within 5 % from step "
-                f"{self.within}, {self.changes} changes, {self.rollbacks} rollbacks, {self.ooms} OOMs, "
+                f"{self.within}, {self.changes} changes, {self.rollbacks} rollbacks ({self.host_rollbacks} the host's, "
+                f"re-applied; at most {self.flip_flops} a knob less those), {self.ooms} OOMs, "
                 f"{len(self.false_gains or [])} false gains, {len(self.retried or [])} losers retried; final "
                 f"{self.final}")
 
@@ -182,8 +187,14 @@ def score(w: Workload, out: dict) -> Score:
     false_gains = [d for d in changes if d["outcome"] == "kept"
                    and (d["evidence"].get("verdict") or {}).get("result") == "gain"
                    and level(moved(d)) < 1.01 * level(before(d))]
+    host = {(d["evidence"].get(REAPPLIED) or {}).get("decision") for d in changes} - {None}
+    per_knob: dict = {}
+    for d in rollbacks:
+        if d["id"] not in host:
+            per_knob[d["knob"]] = per_knob.get(d["knob"], 0) + 1
     return Score(w.name, delivered / best, tail_measured / best, within, len(changes), len(rollbacks), out["ooms"],
-                 kept_worse, best_setting, out["history"][-1][0], false_gains, retried_losers(w, changes))
+                 kept_worse, best_setting, out["history"][-1][0], false_gains, retried_losers(w, changes),
+                 host_rollbacks=sum(d["id"] in host for d in rollbacks), flip_flops=max(per_knob.values(), default=0))
 
 
 LINE_PCT = 95.0  # rules.toml's memory_line_pct: a batch "fits beside the neighbour" with its peak under this
@@ -273,9 +284,10 @@ def main() -> int:
                     continue
                 print(f"seed {seed}: {s.line()}{'' if s.met else '  ← goal missed'}", flush=True)
     print("\n| workload | runs | goal met | reached: mean [min, max] | tail measured: mean [min, max] | "
-          "steps to within 5 %: median [max] | changes (mean) | rollbacks (mean) | OOMs | kept worse | "
-          "false gains | losers retried |")
-    print("|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
+          "steps to within 5 %: median [max] | changes (mean) | rollbacks (mean) | of them the host's, re-applied "
+          "(mean) | rollbacks on one knob less the host's: median [max] | OOMs | kept worse | false gains | "
+          "losers retried |")
+    print("|---|---:|---:|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|")
 
     def spread(values: list[float]) -> str:
         return f"{100 * statistics.fmean(values):.1f} % [{100 * min(values):.1f}, {100 * max(values):.1f}]"
@@ -285,7 +297,10 @@ def main() -> int:
         print(f"| {scores[0].name} | {len(scores)} | {sum(s.met for s in scores)} | "
               f"{spread([s.reached for s in scores])} | {spread([s.measured for s in scores])} | "
               f"{statistics.median(within):g} [{max(within)}] | {statistics.fmean(s.changes for s in scores):.1f} | "
-              f"{statistics.fmean(s.rollbacks for s in scores):.1f} | {sum(s.ooms for s in scores)} | "
+              f"{statistics.fmean(s.rollbacks for s in scores):.1f} | "
+              f"{statistics.fmean(s.host_rollbacks for s in scores):.1f} | "
+              f"{statistics.median(s.flip_flops for s in scores):g} [{max(s.flip_flops for s in scores)}] | "
+              f"{sum(s.ooms for s in scores)} | "
               f"{sum(len(s.kept_worse) for s in scores)} | {sum(len(s.false_gains) for s in scores)} | "
               f"{sum(len(s.retried) for s in scores)} |")
     with_neighbour = {k: v for k, v in results.items() if v[0].neighbour is not None}

@@ -289,3 +289,28 @@ def test_a_flat_rung_ahead_does_not_end_the_search_before_the_top_the_levels_poi
     tried = at(19, moves + [verdict(9, 19, p.change.new_value, "rolled_back", 0.99, "inconclusive",
                                     back_to_known=True)])
     assert tried.change is None or tried.change.knob != "batch_size", tried.note  # tried once
+
+
+def _prefetch_verdict(id: int, old: float, new: float, outcome: str, ratio: float, result: str):
+    evidence = {"reading": {}, "knobs": {"batch_size": 128, "prefetch": old, "sync_every": 1},
+                "verdict": {"result": result, "ratio": ratio, "confidence_pct": 99.0}}
+    return decision(id=id, change_id=id, knob="prefetch", old=old, new=new, outcome=outcome, evidence=evidence)
+
+
+def test_an_additive_bracket_move_the_levels_put_under_the_dead_band_is_not_made():
+    # The eval-bound prefetch job: 2 → 4 read +25 %, 4 → 6 −3.3 % (sure). The parabola through 2, 4 and 6 puts 5 at
+    # +1.5 % over 4 (true +0.6 %): a gain no verdict could confirm, and its trial went back in half the runs — a
+    # second rollback of the knob. Where 4 → 6 cost more of what 2 → 4 gained less, 5 is no better either; where 6
+    # read within 1 % of 4 after a +60 % step, the top lies between them and 5 is tried.
+    def at_prefetch(ratios) -> object:
+        (up, over) = ratios
+        decisions = [_prefetch_verdict(1, 2, 4, "kept", up, "gain"), _prefetch_verdict(2, 4, 6, "rolled_back", over,
+                                                                                      "worse")]
+        changes = [applied(99, "prefetch", 4, 2, 20)]
+        return plan(state(steps(0, 30, **GEN_BOUND), job(batch=128, batch_max=128, prefetch=4), changes=changes,
+                          decisions=list(reversed(decisions))), RULES)
+    p = at_prefetch((1.25, 0.967))
+    assert p.change is None or p.change.knob != "prefetch", p.note
+    assert any("the levels measured at 2, 4 and 6 put 5 at +1.5 % over 4: under the 2 % dead band" in s
+               for s in p.evidence["skipped"]), p.evidence["skipped"]
+    acts(at_prefetch((1.6, 0.99)), "generation_bound", "prefetch", 4, 5)

@@ -12,6 +12,7 @@ from dataclasses import replace
 from tests.support.plans import RULES, T0, acts, change, decision, job, state, steps
 from trimtab.control.controller import plan
 from trimtab.control.bracket import blocked
+from trimtab.control.holds import host_slowed
 from trimtab.control.plan import steps_needed
 from trimtab.grading.rules import load_rules
 from trimtab.control.verdict import TREND_LINE_MIN_PERIODS, Sample, compare, gain_within_trend, unsettled
@@ -168,6 +169,13 @@ def test_a_move_rolled_back_is_tried_again_once_the_known_setting_reads_no_highe
 
     assert not tried([unsure], 80.0)   # the known setting reads as it did: the verdict holds
     assert tried([unsure], 72.0)       # …reads no higher than the move did, surely lower than before: the drift's
+    # … and the move made again says which rollback it re-applies (a measurement of the known setting, not a
+    # flip-flop of the knob); where the verdict holds, none
+    slowed = state(since_back(72.0), at_one, changes=back, decisions=[unsure])
+    assert host_slowed(slowed, RULES, "sync_every", 1.0, 4.0)["decision"] == 5
+    assert host_slowed(slowed, RULES, "sync_every", 1.0, 2.0) is None  # another move
+    assert host_slowed(state(since_back(80.0), at_one, changes=back, decisions=[unsure]), RULES, "sync_every", 1.0,
+                       4.0) is None
     # a sure loss too (drift inside the windows reads as one) — but a real loss stays: the known setting reads
     # above the move again (−34 % while the job drifted 10 %)
     sure = replace(unsure, evidence={**unsure.evidence, "verdict": {"result": "worse", "ratio": 0.897},

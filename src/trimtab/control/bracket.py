@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
-from trimtab.control.holds import evidence_of, known_unmeasured, remeasured, result_of, same_move, still_holds, \
-    verdict_ms
+from trimtab.control.holds import evidence_of, host_slowed, known_unmeasured, remeasured, result_of, same_move, \
+    still_holds, verdict_ms
 from trimtab.control.verdict import GAIN, Sample
 from trimtab.store.decisions import StoredDecision
 
 if TYPE_CHECKING:
     from trimtab.control.plan import JobState
+
+REAPPLIED = "reapplies_after_host_slowdown"  # the decision's evidence: the rollback its move goes back on (holds.py)
 
 
 def _no_gain_rungs(state: "JobState", d: StoredDecision, way: int) -> int:
@@ -171,16 +173,46 @@ def _top_side(state: "JobState", rules: RuleSet, action: Action, behind: float, 
     """Which side of the current value the top lies on (+1 ahead, −1 behind, in the action's direction) and where,
     from the parabola through the three measured levels (on the log scale for ×/÷ steps); None when the verdicts
     do not tie all three together."""
-    levels = _levels(state, rules, action.knob, now)
-    if behind not in levels or ahead not in levels or min(behind, current, ahead) <= 0 and action.op != "add":
-        return None
-    scale = (lambda v: v) if action.op == "add" else math.log
-    xs = sorted((behind, current, ahead))
-    top = _peak_between([(scale(x), levels[x]) for x in xs])
+    points = _tied_points(state, rules, action, behind, current, ahead, now)
+    top = None if points is None else _peak_between(points)
     if top is None:
         return None
     where = top if action.op == "add" else math.exp(top)
     return (1 if (where - current) * action.direction >= 0 else -1), where
+
+
+def _tied_points(state: "JobState", rules: RuleSet, action: Action, behind: float, current: float, ahead: float,
+                 now: Optional[Sample]) -> Optional[list[tuple[float, float]]]:
+    """The three values (on the log scale for ×/÷ steps), lowest first, with their levels as the verdicts that
+    still hold tie them to the current value's; None when they do not tie all three."""
+    levels = _levels(state, rules, action.knob, now)
+    if behind not in levels or ahead not in levels or min(behind, current, ahead) <= 0 and action.op != "add":
+        return None
+    scale = (lambda v: v) if action.op == "add" else math.log
+    return [(scale(x), levels[x]) for x in sorted((behind, current, ahead))]
+
+
+def _worth_a_move(state: "JobState", rules: RuleSet, action: Action, behind: float, current: float, ahead: float,
+                  value: float, now: Optional[Sample]) -> Optional[str]:
+    """Why a bracket move to ``value`` of an additive step is not worth making, else None: the parabola through the
+    three tied levels puts ``value`` less than the dead band above the current value — a gain no verdict could
+    confirm (one within the dead band is "no measurable gain"), while the move's trial costs a window at a setting
+    that is as likely worse. The eval-bound prefetch job: 2 → 4 read +25 %, 4 → 6 −3 % (sure): the parabola puts 5
+    at +1.4 % over 4 (true +0.6 %), and the trial of 5 went back in half the runs — a second rollback of the knob
+    for nothing. Not on ×/÷ steps: their three values span ×16 (4, 16, 64) and a curve with a kink is no parabola
+    there — 4, 16 and 64 put 32 at −14 % where it is +11 % (the non-monotone curve then stood at 16, 87 %)."""
+    if action.op != "add":
+        return None
+    points = _tied_points(state, rules, action, behind, current, ahead, now)
+    if points is None:
+        return None
+    x = value
+    level = sum(fy * math.prod((x - ox) / (fx - ox) for ox, _ in points if ox != fx) for fx, fy in points)
+    gain_pct = math.expm1(level) * 100.0  # the current value's level is 0
+    if gain_pct >= rules.controller.dead_band_pct:
+        return None
+    return (f"the levels measured at {behind:g}, {current:g} and {ahead:g} put {value:g} at {gain_pct:+.1f} % over "
+            f"{current:g}: under the {rules.controller.dead_band_pct:g} % dead band, no gain a verdict could confirm")
 
 
 def _flat_once(state: "JobState", d: StoredDecision) -> bool:
@@ -219,8 +251,10 @@ def _reopened(state: "JobState", rules: RuleSet, d: StoredDecision, fires: bool)
 
 
 def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integer: bool,
-            now: Optional[Sample], strong: bool = False, fires: bool = False) -> tuple[Optional[float], Optional[str]]:
-    """The move after what the verdicts say (new None when nothing is left to try), with a note for the evidence:
+            now: Optional[Sample], strong: bool = False,
+            fires: bool = False) -> tuple[Optional[float], Union[str, dict, None]]:
+    """The move after what the verdicts say (new None when nothing is left to try), with a note for the evidence
+    (a dict: fields of it — the rollback a move re-applies, ``REAPPLIED``):
 
     * a step that would reach or pass a value measured worse goes to the middle between the current value and
       that one (geometric for ×/÷ steps) until they are less than ``bracket_min_gap_pct`` apart;
@@ -236,7 +270,8 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
     below, above = bounds(state, rules, action.knob, now)
     ahead, behind = (above, below) if action.direction > 0 else (below, above)
     if ahead is None or (new - ahead.value) * action.direction < 0:
-        return new, None  # the step stays short of any value measured worse
+        again = host_slowed(state, rules, action.knob, current, new)
+        return new, None if again is None else {REAPPLIED: again}  # the step stays short of any value measured worse
     waiting = known_unmeasured(state, rules, ahead.decision) if ahead.sure else None
     if waiting is not None:
         return None, f"waiting: {waiting}"
@@ -280,11 +315,18 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
         if back is None:
             return None, f"{top}, between {behind.value:g} and {current:g}: {why_not}"
         near = _toward_top(back, current, side[1], integer, rules)
+        small = _worth_a_move(state, rules, action, behind.value, current, ahead.value, near, now)
+        if small is not None:
+            return None, f"{top}: {small}"
         if near != back:
             return near, f"bracket search, the other side: {top}: {near:g} (the top, nearer than the middle {back:g})"
         return back, f"bracket search, the other side: {top}: {back:g}"
     if forward is None:
         return None, f"{where}: {why}"
+    small = _worth_a_move(state, rules, action, behind.value, current, ahead.value, forward, now) \
+        if behind is not None else None
+    if small is not None:
+        return None, f"{where}: {small}"
     return forward, f"bracket search {where}: {forward:g}"
 
 

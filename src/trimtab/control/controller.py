@@ -294,7 +294,7 @@ def readings_for(state: JobState, rules: RuleSet, win: Sequence[JobStep]) -> dic
     advised = [int(v) for v in advised if isinstance(v, (int, float))]
     ctx = JobContext(all_steps=state.steps, probe_baseline_us=state.probe_baseline_us,
                      ooms_since_step=last_applied_step(state), ooms_reported=max(advised) if advised else None,
-                     period=period(state.job, rules))
+                     period=period(state.job, rules, state.steps))
     gpus: Optional[Sequence[GpuWindow]] = None
     out = {}
     # a knob that follows the memory line at every step needs to fit only until its next move
@@ -356,7 +356,7 @@ def _plan(state: JobState, rules: RuleSet,
           placement: Optional[Callable[[JobState, dict[str, Reading], Sequence[JobStep]], Optional[dict]]]) -> Plan:
     job = state.job
     ctl = rules.controller
-    every = period(job, rules)
+    every = period(job, rules, state.steps)
     # Until a new window's worth of steps is in, the same rules would read the same figures: plan per window.
     next_window = window_wait(rules, every)
     if job.mode == "off":

@@ -19,7 +19,9 @@ from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control import memory_follow
+from trimtab.control.cadence import with_cadence
 from trimtab.control.composition import composition
+from trimtab.control.drain import drain_read
 from trimtab.control.drift import at_equal_length
 from trimtab.control.lost_steps import lost_note, lost_steps, measured_throughput
 from trimtab.control.memory_fit import GIB
@@ -114,8 +116,8 @@ def _first_move(state: JobState, change: StoredChange) -> bool:
 
 def _old_period(state: JobState, rules: RuleSet, change: StoredChange) -> int:
     if change.knob == rules.controller.period_knob and change.previous_value:
-        return as_period(change.previous_value)
-    return period(state.job, rules)
+        return with_cadence(as_period(change.previous_value), state.steps)
+    return period(state.job, rules, state.steps)
 
 
 def _within_bounds(spec: dict, value: Optional[float]) -> Optional[float]:
@@ -204,8 +206,10 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
     as_run = state.steps
     at_length, length_model = at_equal_length(_at_old_setting(state, rules, change), as_run, ctl)
     state = replace(state, steps=at_length)
-    every = period(state.job, rules)
+    every = period(state.job, rules, state.steps)
     first = own_verdict_from(change, rules, state.steps)
+    drained = drain_read(change, rules, state.steps, first, every)  # a bank its own steps show drained (drain.py)
+    first = first if drained is None else max(first, int(drained["to"]))
     after_steps = [s for s in state.steps if s.step >= first]
     x = memory_follow.after_window_x(open_d)  # a first climb: judged from a window as short as the one before it
     after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s * x, every,
@@ -228,6 +232,8 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
                 "acks": [{"rank": a.rank, "applied_at_step": a.applied_at_step} for a in change.acks]}
     if before:
         evidence["before_window"] = window_evidence(before)
+    if drained is not None:
+        evidence["after_window_past_drain"] = drained
     # the decision's row keeps the samples/s the job ran at; the verdict's figures (and gain_pct) are at the
     # reference length where there is one
     ran_tp = after_tp if length_model is None else \

@@ -93,7 +93,7 @@ def _at_setting(state: "JobState", rules: RuleSet) -> list:
     """The job's newest steps at its setting now (after the last change's settle steps), a before window's worth."""
     last = last_applied(state)
     start = settled_from(last, rules) if last is not None else 0
-    return before_window([s for s in state.steps if s.step >= start], rules, period(state.job, rules))
+    return before_window([s for s in state.steps if s.step >= start], rules, period(state.job, rules, state.steps))
 
 
 def same_move(a: StoredDecision, b: StoredDecision) -> bool:
@@ -121,10 +121,26 @@ def _drift_explains(state: "JobState", rules: RuleSet, d: StoredDecision) -> boo
     same = [e for e in state.decisions if e.outcome == ROLLED_BACK and not remeasured(e) and same_move(e, d)]
     if len(same) > ctl.drift_retries:
         return False
-    every = period(state.job, rules)
+    every = period(state.job, rules, state.steps)
     again = state.persistence.sample(_at_known(state, rules, d, back), every)
     return again is not None and again.n >= known.n and again.mean_log <= min(after.mean_log, known.mean_log) \
         and changed_level(known, again, ctl, drift_sure_pct(d, ctl))
+
+
+def host_slowed(state: "JobState", rules: RuleSet, knob: str, current: float, new: float) -> Optional[dict]:
+    """What a move of ``knob`` from ``current`` to ``new`` re-applies, for the decision's evidence: the newest move
+    the same way rolled back on a loss that the known setting, measured again since, shows was the job's (or its
+    host's) own slowdown (``_drift_explains``: A, B, A′) — the move goes again, and that rollback was a measurement
+    of the known setting, not a flip-flop of the knob. None when no such rollback is behind the move."""
+    for d in state.decisions:  # newest first
+        if d.knob != knob or d.outcome != ROLLED_BACK or remeasured(d) or d.old_value is None \
+                or d.new_value is None or float(d.old_value) != current or float(d.new_value) != new:
+            continue
+        if not _drift_explains(state, rules, d):
+            return None
+        return {"decision": d.id, "why": f"{knob}={current:g} read slower since decision {d.id}'s rollback too: the "
+                                          f"loss measured then was the host's slowdown, not the move's"}
+    return None
 
 
 def known_unmeasured(state: "JobState", rules: RuleSet, d: StoredDecision) -> Optional[str]:
@@ -149,7 +165,7 @@ def known_unmeasured(state: "JobState", rules: RuleSet, d: StoredDecision) -> Op
     back = _rollback_of(state, d)
     if back is None or back.applied_step is None:
         return None
-    again = state.persistence.sample(_at_known(state, rules, d, back), period(state.job, rules))
+    again = state.persistence.sample(_at_known(state, rules, d, back), period(state.job, rules, state.steps))
     periods = 0 if again is None else again.n
     if periods >= known.n:
         return None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from trimtab.contract.statuses import APPLIED
+from trimtab.control.cadence import with_cadence
 from trimtab.control.gates import Gate
 from trimtab.control.persistence import NONE as NO_PERSISTENCE, Persistence
 from trimtab.grading.balance import GpuWindow
@@ -103,10 +104,11 @@ class Plan:
     gate: Optional[Gate] = None                        # why nothing was decided (gates.py), for the job's API and check
 
 
-def period(job: StoredJob, rules: RuleSet) -> int:
-    """Steps per sync period (the period knob's value; 1 when the job has no such knob)."""
+def period(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep] = ()) -> int:
+    """Steps per sync period (the period knob's value; 1 when the job has no such knob), stretched to whole
+    generation periods where ``steps`` show generation every k steps (``cadence.py``)."""
     spec = job.knobs.get(rules.controller.period_knob)
-    return as_period(spec.get("value")) if isinstance(spec, dict) else 1
+    return with_cadence(as_period(spec.get("value")) if isinstance(spec, dict) else 1, steps)
 
 
 def longest_period(state: JobState, rules: RuleSet) -> int:
@@ -114,7 +116,7 @@ def longest_period(state: JobState, rules: RuleSet) -> int:
     knob = rules.controller.period_knob
     values = [c.value for c in state.changes if c.knob == knob] + \
         [c.previous_value for c in state.changes if c.knob == knob and c.previous_value is not None]
-    return max([period(state.job, rules)] + [as_period(v) for v in values])
+    return max([period(state.job, rules, state.steps)] + [as_period(v) for v in values])
 
 
 def leading(steps: Sequence[JobStep], min_steps: int, min_s: float, every: int,
