@@ -55,16 +55,20 @@ def local_api(job_token_name: str, rules_file: Optional[str] = None) -> Iterator
 
 @contextmanager
 def trimtab_server(db_url: str, state_dir: Path, start_timeout_s: float = 30.0,
-                   env: Optional[dict] = None) -> Iterator[tuple[str, str, int]]:
+                   env: Optional[dict] = None, own_session: bool = False) -> Iterator[tuple[str, str, int]]:
     """A real `trimtab server` over ``db_url`` on loopback (ephemeral port), stopped at the end; yields its URL,
     admin token, pid. Shared by the benches that load a server process (``report_latency.py``, ``server_load.py``);
-    ``env``: variables the server gets on top of this process's."""
+    ``env``: variables the server gets on top of this process's. ``own_session``: the server in a session (and
+    process group) of its own, for a bench that stops it with SIGSTOP: the kernel sends SIGCONT to every stopped
+    process of a process group that becomes orphaned (the shell that started the bench exits), which ended a
+    "600 s" outage after 4 s on 2026-12-06."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "TRIMTAB_STATE_DIR": str(state_dir), "TRIMTAB_LOG_LEVEL": "warning", **(env or {})}
     server = subprocess.Popen([sys.executable, "-m", "trimtab.cli.main", "server", "--db", db_url,
-                               "--port", str(port)], env=env, stderr=subprocess.DEVNULL)
+                               "--port", str(port)], env=env, stderr=subprocess.DEVNULL,
+                              start_new_session=own_session)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_timeout_s

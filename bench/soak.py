@@ -130,8 +130,17 @@ def timed_get(http: httpx.Client, path: str, repeat: int) -> float:
     return statistics.median(times)
 
 
+def gpus_in_metrics(http: httpx.Client) -> int:
+    """The GPUs one /metrics scrape shows (its per-GPU sample-time series): the live view drops a GPU whose newest
+    reading is over 300 s old, so on a starved machine whose live agents fall behind a scrape renders fewer GPUs
+    than the fleet has, and its time is not the fleet's (seen 2026-12-06: 1 600 GPUs "59 ms" at load 10)."""
+    text = http.get("/metrics").text
+    return sum(line.startswith("trimtab_gpu_sample_timestamp_seconds{") for line in text.splitlines())
+
+
 def measure(http: httpx.Client, uuid: str, repeat: int) -> dict[str, float]:
-    return {"metrics_ms": timed_get(http, "/metrics", repeat), "gpus_ms": timed_get(http, "/v1/gpus", repeat),
+    return {"metrics_ms": timed_get(http, "/metrics", repeat), "metrics_gpus": gpus_in_metrics(http),
+            "gpus_ms": timed_get(http, "/v1/gpus", repeat),
             "balance_ms": timed_get(http, "/v1/balance", repeat),
             "window_ms": timed_get(http, f"/v1/gpus/{uuid}/samples?window_s=300&resolution=raw", repeat)}
 
@@ -277,7 +286,8 @@ def find_n(args) -> None:
     where = (f"{args.servers} servers on one {args.db} store, agents {args.agents}" if args.servers > 1
              else f"one server on {args.db}")
     print(f"find-n: {where}, {args.hours:g} h of history a run")
-    print(f"{'GPUs':>6} {'rows':>10} {'metrics':>9} {'gpus':>8} {'balance':>9} {'rss MB':>7}  (medians, ms)")
+    print(f"{'GPUs':>6} {'shown':>6} {'rows':>10} {'metrics':>9} {'gpus':>8} {'balance':>9} {'rss MB':>7}  (medians, ms;"
+          f" shown: the GPUs /metrics rendered)")
     best = None
     for n_gpus in [int(x) for x in args.find_n.split(",")]:
         with fresh_store(args.db) as (url, tmp):
@@ -285,10 +295,14 @@ def find_n(args) -> None:
         last = rows[-1]
         each = (" [" + ", ".join(f"{ms:.1f}" for ms in last["metrics_ms_by_server"]) + "]"
                 if "metrics_ms_by_server" in last else "")
-        print(f"{n_gpus:>6} {last['rows']:>10} {last['metrics_ms']:>9.1f} {last['gpus_ms']:>8.1f} "
+        print(f"{n_gpus:>6} {last['metrics_gpus']:>6} {last['rows']:>10} {last['metrics_ms']:>9.1f} {last['gpus_ms']:>8.1f} "
               f"{last['balance_ms']:>9.1f} {last['rss_mb']:>7.1f}{each}", flush=True)
         if last["metrics_ms"] >= LIVE_METRICS_S * 1000:
             break
+        if last["metrics_gpus"] < max(1, n_gpus // args.gpus) * args.gpus:
+            print(f"  /metrics showed {last['metrics_gpus']} of the {n_gpus} GPUs (the live agents fell behind): "
+                  f"this N is not measured")
+            continue
         best = n_gpus
     print(f"largest N tried with /metrics < {LIVE_METRICS_S:g} s ({where}): {best}")
 

@@ -45,7 +45,7 @@ SMOKE = {
     "gpu_phases.py": Smoke(("--smoke",), "smoke ok",
                            gpu="phases of known GPU duration need CUDA: here the grading path on wall time only"),
     "head_outage.py": Smoke(("--outage-s", "2", "--warm-s", "1", "--after-s", "2", "--drain-s", "20"),
-                            '"duplicated_rows": 0'),
+                            ('"duplicated_rows": 0', '"outage_held": true')),
     "hook_overhead.py": Smoke(("--config", "smoke", "--rounds", "1", "--block", "1", "--warmup", "0", "--daemon"),
                               "mean step (throughput)"),
     "job_models.py": Smoke(("--seeds", "1", "--max-steps", "40", "--workloads", "drift,regimes"), "regime-shifting",
