@@ -161,8 +161,8 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
             new = max(float(spec["min"]), min(float(spec["max"]), climbed))
             policy.append(f"first climb: memory has room for {rules.controller.memory_first_climb_rungs} rungs of "
                           f"×{action.by:g} at once ({current:g} → {new:g})")
-            policy.append({memory_follow.CLIMB: {"rungs": rules.controller.memory_first_climb_rungs,
-                                                 "window_x": rules.controller.memory_first_window_x}})
+            policy.append({memory_follow.CLIMB: {"rungs": rules.controller.memory_first_climb_rungs, "window_x":
+                                                 memory_follow.climb_window_x(rules, current, new, action.by)}})
         if new == current:
             bound = "max" if action.direction > 0 else "min"
             skipped.append(f"{action.describe()}: {action.knob} is at its {bound} ({spec[bound]:g})")
