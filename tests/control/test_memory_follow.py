@@ -12,7 +12,7 @@ from tests.control.test_memory_forecast import CTL, MIB, TOTAL, kv, moving
 from tests.support.plans import GIB, RULES, acts, change, decision, job, state
 from trimtab.control.controller import plan
 from trimtab.control.memory_fit import fit
-from trimtab.control.memory_follow import CAPPED, CLIMB, FOLLOW, climb_window_x, follow_steps, landing_steps
+from trimtab.control.memory_follow import CAPPED, CLIMB, FOLLOW, climb_settings, climb_window_x, follow_steps, landing_steps
 
 ROOM = (CTL.memory_line_pct - CTL.memory_margin_pct) / 100 * TOTAL - 2 * GIB  # under the line, less the margin
 
@@ -148,7 +148,10 @@ def test_a_climb_of_r_rungs_is_decided_and_judged_on_windows_one_r_squared_as_lo
     # ×64 on a ninth, never under 3 steps; no longer than memory_first_window_x, and off at 1
     assert climb_window_x(RULES, 4, 64, 4) == pytest.approx(0.25)
     assert climb_window_x(RULES, 4, 32, 4) == pytest.approx(1 / 1.5 ** 2)
-    assert climb_window_x(RULES, 4, 256, 4) == pytest.approx(3 / CTL.window_enough_steps)
+    assert climb_window_x(RULES, 4, 256, 4) == pytest.approx(1 / 9)
+    ninth = climb_settings(CTL, 1 / 9)
+    assert ninth.window_min_s == pytest.approx(CTL.window_min_s / 9) and ninth.window_min_steps == 3
+    assert ninth.window_enough_steps == 3 and climb_settings(CTL, 1.0) is CTL
     assert climb_window_x(RULES, 4, 8, 4) == pytest.approx(CTL.memory_first_window_x)  # half a rung: the cap
     off = replace(RULES, controller=replace(CTL, memory_first_window_x=1.0))
     assert climb_window_x(off, 4, 64, 4) == 1.0
@@ -164,6 +167,12 @@ def test_the_first_window_is_as_short_as_the_climb_it_decides_needs():
     assert x == pytest.approx(climb_window_x(RULES, 4, p.change.new_value, 4)) and x < 0.2
     tight = moving(0, 8, lambda s: 4, lambda s: 128, kv(20.0, 4.5), step_time=0.3, gen=0.29)
     assert plan(state(tight, job(batch=4, batch_max=1024)), RULES).change is None
+    # 1 s steps: a sixth of 4 s is one step, but a window holds 3 at least
+    slow = moving(0, 2, lambda s: 4, lambda s: 128, kv(2.0, 4.5), step_time=1.0, gen=0.97)
+    assert plan(state(slow, job(batch=4, batch_max=1024)), RULES).change is None
+    p = plan(state(moving(0, 3, lambda s: 4, lambda s: 128, kv(2.0, 4.5), step_time=1.0, gen=0.97),
+                   job(batch=4, batch_max=1024)), RULES)
+    assert p.change is not None and p.evidence["window"]["n_steps"] == 3, p.note
 
 
 def test_a_first_climb_is_judged_once_an_equally_short_after_window_is_in():

@@ -375,8 +375,7 @@ def _plan(state: JobState, rules: RuleSet,
     start = (settled_from(last, rules) + ctl.cooldown_steps) if last is not None else 0
     candidates = [s for s in state.steps if s.step >= start]
     first_x = memory_follow.first_window_x(state, rules) if last is None else 1.0
-    wctl = ctl if first_x == 1.0 else replace(ctl, window_min_s=ctl.window_min_s * first_x,
-                                               window_enough_steps=max(1, round(ctl.window_enough_steps * first_x)))
+    wctl = memory_follow.climb_settings(ctl, first_x)
     win = window(candidates, wctl.window_min_steps, wctl.window_min_s, wctl.window_max_steps, every,
                  wctl.window_enough_steps)
     if win is None and candidates and forecast.preempts(state, rules) is not None:

@@ -22,6 +22,7 @@ move comes that soon.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 from trimtab.contract.statuses import KEPT, PENDING
@@ -30,7 +31,7 @@ from trimtab.control.holds import evidence_of, result_of
 from trimtab.control.memory_fit import MemoryFit
 from trimtab.control.plan import JobState, NewChange, Plan, Wait, last_applied
 from trimtab.control.verdict import GAIN
-from trimtab.grading.rules import Rule, RuleSet
+from trimtab.grading.rules import ControllerSettings, Rule, RuleSet
 from trimtab.store.decisions import StoredDecision
 
 FOLLOW = "memory_follow"   # a decision's evidence key: a move along the memory line
@@ -190,15 +191,25 @@ def first_climb(state: JobState, rules: RuleSet, knob: str, current: float, by: 
 def climb_window_x(rules: RuleSet, current: float, climbed: float, by: float) -> float:
     """The factor on ``window_min_s`` and ``window_enough_steps`` for the windows that decide and judge a first climb
     of ``current`` → ``climbed`` on a ladder of ×``by``: 1/r² for its r rungs, at most ``memory_first_window_x``
-    (1: off) and never under ``MIN_CLIMB_WINDOW_STEPS`` steps. A t-test needs samples in the inverse square of the
-    effect it must see, and r rungs are r times one rung's effect in log throughput (a rung the window is sized for):
-    a ×16 climb is seen on a quarter of a window, ×64 on a ninth."""
-    cap, ctl = rules.controller.memory_first_window_x, rules.controller
+    (1: off). A t-test needs samples in the inverse square of the effect it must see, and r rungs are r times one
+    rung's effect in log throughput (a rung the window is sized for): a ×16 climb is seen on a quarter of a window,
+    ×64 on a ninth — never on fewer than ``MIN_CLIMB_WINDOW_STEPS`` steps (``climb_settings``)."""
+    cap = rules.controller.memory_first_window_x
     if cap >= 1.0 or by <= 1.0 or current <= 0 or climbed <= current:
         return 1.0
     rungs = max(1.0, math.log(climbed / current) / math.log(by))
-    floor = MIN_CLIMB_WINDOW_STEPS / max(1, ctl.window_enough_steps)
-    return min(cap, max(1.0 / rungs ** 2, floor))
+    return min(cap, 1.0 / rungs ** 2)
+
+
+def climb_settings(ctl: ControllerSettings, x: float) -> ControllerSettings:
+    """The window settings a climb's windows use (``climb_window_x``: ``x``): ``window_min_s`` and
+    ``window_enough_steps`` × x, and at least ``MIN_CLIMB_WINDOW_STEPS`` steps (a spread on each side of the test:
+    a ninth of 4 s is one step of 0.85 s)."""
+    if x >= 1.0:
+        return ctl
+    least = max(ctl.window_min_steps, MIN_CLIMB_WINDOW_STEPS)
+    return replace(ctl, window_min_s=ctl.window_min_s * x, window_min_steps=least,
+                   window_enough_steps=max(least, round(ctl.window_enough_steps * x)))
 
 
 def first_window_x(state: JobState, rules: RuleSet) -> float:
@@ -245,5 +256,6 @@ def kept_once_run(state: JobState, rules: RuleSet, open_d: StoredDecision, appli
                 evidence={**open_d.evidence, "verdict_ms": state.now_ms}, wait=Wait(steps=1))
 
 
-__all__ = ["CAPPED", "CLIMB", "FOLLOW", "after_window_x", "anchor", "bound", "bound_knob", "climb_window_x", "first_climb",
+__all__ = ["CAPPED", "CLIMB", "FOLLOW", "after_window_x", "anchor", "bound", "bound_knob", "climb_settings", "climb_window_x",
+           "first_climb",
            "first_window_x", "follow_ahead_s", "follow_steps", "landing_steps", "is_follow", "kept_once_run", "move"]
