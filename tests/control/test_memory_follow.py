@@ -12,7 +12,7 @@ from tests.control.test_memory_forecast import CTL, MIB, TOTAL, kv, moving
 from tests.support.plans import GIB, RULES, acts, change, decision, job, state
 from trimtab.control.controller import plan
 from trimtab.control.memory_fit import fit
-from trimtab.control.memory_follow import CAPPED, FOLLOW
+from trimtab.control.memory_follow import CAPPED, CLIMB, FOLLOW, climb_settings, climb_window_x, follow_steps, landing_steps
 
 ROOM = (CTL.memory_line_pct - CTL.memory_margin_pct) / 100 * TOTAL - 2 * GIB  # under the line, less the margin
 
@@ -94,6 +94,26 @@ def test_a_memory_bound_batch_is_lowered_for_its_next_steps_as_lengths_grow():
     assert at == pytest.approx(480 + 3 * 59 + 3 / 0.5 * ahead, abs=3)  # sized for its next steps, not 5 s
 
 
+def test_a_memory_bound_batch_is_sized_until_its_next_move_can_land():
+    # the raise was decided on a window ending at step 19 and took effect at 20: the job applies a change at its
+    # next step, so a move decided now lands at the next step, is kept once the step after shows its peak, and the
+    # move after it lands a step later — sized for 2 steps, not 4; where changes landed 3 steps after their
+    # decision, for 6
+    sized = {}
+    for decided in (19, 17):
+        history, changes, decisions = bound_job(lambda s: 480 + 3 * s, n=60)
+        d = decisions[0]
+        decisions = [replace(d, evidence={**d.evidence, "window": {"steps": [10, decided]}})]
+        st = state(history, job(batch=60, batch_max=512), changes=changes, decisions=decisions)
+        assert landing_steps(st) == 20 - decided
+        p = plan(st, RULES)
+        assert p.change is not None and FOLLOW in p.evidence and p.evidence["decided_at_step"] == 59, p.note
+        sized[decided] = p.evidence["memory_prediction"]["tokens_per_sample_at"]
+    assert sized[19] == pytest.approx(480 + 3 * 59 + 3 * 2, abs=3)
+    assert sized[17] == pytest.approx(480 + 3 * 59 + 3 * 6, abs=3)
+    assert follow_steps(st, RULES) == 6
+
+
 def test_a_following_move_is_kept_once_the_job_ran_at_it():
     history, changes, decisions = bound_job(lambda s: 480, n=43)
     follow = decision(id=8, change_id=4, old=60, new=66, rule="memory_forecast",
@@ -123,13 +143,36 @@ def test_the_first_raise_goes_as_far_as_memory_allows_where_it_has_room_for_two_
     acts(plan(state(tight, job(batch=4, batch_max=1024)), RULES), "generation_bound", "batch_size", 4, 16)
 
 
-def test_the_first_window_is_halved_where_the_first_move_is_such_a_climb():
-    # 0.3 s steps: a window is 4 s (14 steps); before a climb with room for ×16, 2 s (7 steps) decide
+def test_a_climb_of_r_rungs_is_decided_and_judged_on_windows_one_r_squared_as_long():
+    # a t-test needs samples in the inverse square of the effect: ×16 (2 rungs of ×4) on a quarter of a window,
+    # ×64 on a ninth, never under 3 steps; no longer than memory_first_window_x, and off at 1
+    assert climb_window_x(RULES, 4, 64, 4) == pytest.approx(0.25)
+    assert climb_window_x(RULES, 4, 32, 4) == pytest.approx(1 / 1.5 ** 2)
+    assert climb_window_x(RULES, 4, 256, 4) == pytest.approx(1 / 9)
+    ninth = climb_settings(CTL, 1 / 9)
+    assert ninth.window_min_s == pytest.approx(CTL.window_min_s / 9) and ninth.window_min_steps == 3
+    assert ninth.window_enough_steps == 3 and climb_settings(CTL, 1.0) is CTL
+    assert climb_window_x(RULES, 4, 8, 4) == pytest.approx(CTL.memory_first_window_x)  # half a rung: the cap
+    off = replace(RULES, controller=replace(CTL, memory_first_window_x=1.0))
+    assert climb_window_x(off, 4, 64, 4) == 1.0
+
+
+def test_the_first_window_is_as_short_as_the_climb_it_decides_needs():
+    # 0.3 s steps: a window is 4 s (14 steps); before a climb of ×30 (2.5 rungs of ×4) 3 steps decide (the half
+    # window of 7 steps cost 4 more steps at batch 4, a thirtieth of what fits)
     history = moving(0, 8, lambda s: 4, lambda s: 128, kv(2.0, 4.5), step_time=0.3, gen=0.29)
     p = plan(state(history, job(batch=4, batch_max=1024)), RULES)
-    assert p.change is not None and p.evidence["window"]["n_steps"] == 7, p.note
+    assert p.change is not None and p.evidence["window"]["n_steps"] == 3, p.note
+    x = p.evidence[CLIMB]["window_x"]
+    assert x == pytest.approx(climb_window_x(RULES, 4, p.change.new_value, 4)) and x < 0.2
     tight = moving(0, 8, lambda s: 4, lambda s: 128, kv(20.0, 4.5), step_time=0.3, gen=0.29)
     assert plan(state(tight, job(batch=4, batch_max=1024)), RULES).change is None
+    # 1 s steps: a sixth of 4 s is one step, but a window holds 3 at least
+    slow = moving(0, 2, lambda s: 4, lambda s: 128, kv(2.0, 4.5), step_time=1.0, gen=0.97)
+    assert plan(state(slow, job(batch=4, batch_max=1024)), RULES).change is None
+    p = plan(state(moving(0, 3, lambda s: 4, lambda s: 128, kv(2.0, 4.5), step_time=1.0, gen=0.97),
+                   job(batch=4, batch_max=1024)), RULES)
+    assert p.change is not None and p.evidence["window"]["n_steps"] == 3, p.note
 
 
 def test_a_first_climb_is_judged_once_an_equally_short_after_window_is_in():

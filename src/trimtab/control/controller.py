@@ -162,8 +162,8 @@ def _choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Rea
             new = max(float(spec["min"]), min(float(spec["max"]), climbed))
             policy.append(f"first climb: memory has room for {rules.controller.memory_first_climb_rungs} rungs of "
                           f"×{action.by:g} at once ({current:g} → {new:g})")
-            policy.append({memory_follow.CLIMB: {"rungs": rules.controller.memory_first_climb_rungs,
-                                                 "window_x": rules.controller.memory_first_window_x}})
+            policy.append({memory_follow.CLIMB: {"rungs": rules.controller.memory_first_climb_rungs, "window_x":
+                                                 memory_follow.climb_window_x(rules, current, new, action.by)}})
         if new == current:
             bound = "max" if action.direction > 0 else "min"
             skipped.append(f"{action.describe()}: {action.knob} is at its {bound} ({spec[bound]:g})")
@@ -376,8 +376,7 @@ def _plan(state: JobState, rules: RuleSet,
     start = (settled_from(last, rules) + ctl.cooldown_steps) if last is not None else 0
     candidates = [s for s in state.steps if s.step >= start]
     first_x = memory_follow.first_window_x(state, rules) if last is None else 1.0
-    wctl = ctl if first_x == 1.0 else replace(ctl, window_min_s=ctl.window_min_s * first_x,
-                                               window_enough_steps=max(1, round(ctl.window_enough_steps * first_x)))
+    wctl = memory_follow.climb_settings(ctl, first_x)
     win = window(candidates, wctl.window_min_steps, wctl.window_min_s, wctl.window_max_steps, every,
                  wctl.window_enough_steps)
     if win is None and candidates and forecast.preempts(state, rules) is not None:

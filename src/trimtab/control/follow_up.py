@@ -211,13 +211,13 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
     drained = drain_read(change, rules, state.steps, first, every)  # a bank its own steps show drained (drain.py)
     first = first if drained is None else max(first, int(drained["to"]))
     after_steps = [s for s in state.steps if s.step >= first]
-    x = memory_follow.after_window_x(open_d)  # a first climb: judged from a window as short as the one before it
-    after, complete = leading(after_steps, ctl.window_min_steps, ctl.window_min_s * x, every,
-                              max(1, round(ctl.window_enough_steps * x)))
+    # a first climb: judged from a window as short as the one before it
+    wctl = memory_follow.climb_settings(ctl, memory_follow.after_window_x(open_d))
+    after, complete = leading(after_steps, wctl.window_min_steps, wctl.window_min_s, every, wctl.window_enough_steps)
     measuring = Plan(note=f"measuring throughput after change {change.id} (from step {first})",
                      applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None,
-                     wait=wait_to_cover(after_steps, ctl.window_min_steps, ctl.window_min_s * x, every,
-                                        max(1, round(ctl.window_enough_steps * x))))
+                     wait=wait_to_cover(after_steps, wctl.window_min_steps, wctl.window_min_s, every,
+                                        wctl.window_enough_steps))
     if not complete:
         return measuring
     state = replace(state, persistence=persistence(state, rules))  # a verdict's spreads widen by it (persistence.py)

@@ -14,13 +14,15 @@ Bound by memory from a raise kept as a gain (or an unconfirmed gain) that the fi
 evidence), or whose next rung of the same size would not fit — until the knob's next move that is not a memory move
 (a throughput decision on it ends the following, whichever way it went).
 A raise along the line goes only where it is at least ``memory_follow_min_pct`` above the value (fewer, larger
-moves); a lower comes as soon as the forecast fires (``memory_forecast.py``). Both are sized for the next
-``memory_follow_lookahead_steps`` steps, not the forecast's look-ahead: the next move comes that soon.
+moves); a lower comes as soon as the forecast fires (``memory_forecast.py``). Both are sized to fit until the next
+move can land (``follow_steps``: from the job's own measured landing delay), not the forecast's look-ahead: the next
+move comes that soon.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 from trimtab.contract.statuses import KEPT, PENDING
@@ -29,12 +31,14 @@ from trimtab.control.holds import evidence_of, result_of
 from trimtab.control.memory_fit import MemoryFit
 from trimtab.control.plan import JobState, NewChange, Plan, Wait, last_applied
 from trimtab.control.verdict import GAIN
-from trimtab.grading.rules import Rule, RuleSet
+from trimtab.grading.rules import ControllerSettings, Rule, RuleSet
 from trimtab.store.decisions import StoredDecision
 
 FOLLOW = "memory_follow"   # a decision's evidence key: a move along the memory line
 CAPPED = "memory_capped"   # a raise's evidence key: the memory fit cut it short of what the rule asked for
 CLIMB = "first_climb"      # a raise's evidence key: a first climb of several rungs at once
+LANDINGS = 3               # a move's landing delay: the most of this many newest measured
+MIN_CLIMB_WINDOW_STEPS = 3  # a climb's windows hold at least this many steps (a spread on each side of the test)
 
 
 def _forecast_rule(rules: RuleSet) -> Optional[Rule]:
@@ -84,14 +88,42 @@ def bound_knob(state: JobState, rules: RuleSet) -> Optional[str]:
     return knob if knob is not None and bound(state, rules, knob) is not None else None
 
 
+def landing_steps(state: JobState) -> Optional[int]:
+    """Steps from the newest step a move was decided on to the step it took effect at, the most of the job's newest
+    ``LANDINGS`` measured (1 where the job applies a change at its next step; more where its reports are queued
+    or batched); None before any was measured. A decision's step is its window's newest (a rule's) or
+    ``decided_at_step`` (a follow move's)."""
+    seen: list[int] = []
+    for d in state.decisions:  # newest first
+        ev = evidence_of(d)
+        at = ev.get("decided_at_step", ((ev.get("window") or {}).get("steps") or [None, None])[1])
+        if d.applied_step is None or not isinstance(at, int) or d.applied_step < at:
+            continue
+        seen.append(d.applied_step - at)
+        if len(seen) >= LANDINGS:
+            break
+    return max(seen) if seen else None
+
+
+def follow_steps(state: JobState, rules: RuleSet) -> float:
+    """How many steps past the newest a value the knob moves to must fit: until the move after it can land. A move
+    decided at step i lands at i + lag (``landing_steps``), is kept once step i + lag + settle reports its peak, and
+    the next move decided then lands lag steps later: the value runs to step i + 2 lag + settle − 1 (2 steps where the
+    job applies a change at its next step). ``memory_follow_lookahead_steps`` until a landing was measured."""
+    lag = landing_steps(state)
+    if lag is None:
+        return rules.controller.memory_follow_lookahead_steps
+    return float(max(1, 2 * lag + rules.controller.settle_steps - 1))
+
+
 def follow_ahead_s(state: JobState, rules: RuleSet) -> float:
-    """How far ahead a knob that follows the memory line must fit: until its next move can land, the
-    ``memory_follow_lookahead_steps`` next steps at the median time of the newest ones (the forecast's own
-    ``memory_lookahead_s`` covers a window and a verdict: 5 s sized the growing job's batch for 38 tokens per sample
-    more than it ran at, 20 % under its line)."""
+    """How far ahead a knob that follows the memory line must fit: until its next move can land (``follow_steps``),
+    at the median time of the newest steps (the forecast's own ``memory_lookahead_s`` covers a window and a verdict:
+    5 s sized the growing job's batch for 38 tokens per sample more than it ran at, 20 % under its line; a fixed 4
+    steps left it 4 % under the line at 200 tokens per sample, with the next move 2 steps away)."""
     recent = sorted(s.step_time_s for s in state.steps[-9:])
     median_s = recent[len(recent) // 2] if recent else 0.0
-    return rules.controller.memory_follow_lookahead_steps * median_s
+    return follow_steps(state, rules) * median_s
 
 
 def move(state: JobState, rules: RuleSet) -> Optional[Plan]:
@@ -132,6 +164,7 @@ def move(state: JobState, rules: RuleSet) -> Optional[Plan]:
     reason = (f"{rule.name}: {why} → {knob} follows the memory line ({current:g} → {new:g}; memory-bound since "
               f"decision {bound_by.id})")
     evidence = {FOLLOW: {"anchor_decision": bound_by.id, "target": target, "why": why},
+                "decided_at_step": state.steps[-1].step,
                 "memory_prediction": mfit.evidence(new, length), "reading": reading.evidence(),
                 "knobs": {k: v["value"] for k, v in state.job.knobs.items()}, "mode": state.job.mode}
     change = NewChange(rule.name, knob, current, new, reason)
@@ -155,13 +188,37 @@ def first_climb(state: JobState, rules: RuleSet, knob: str, current: float, by: 
     return min(float(largest), current * by ** (rungs + 1)) if largest >= current * by ** rungs else None
 
 
+def climb_window_x(rules: RuleSet, current: float, climbed: float, by: float) -> float:
+    """The factor on ``window_min_s`` and ``window_enough_steps`` for the windows that decide and judge a first climb
+    of ``current`` → ``climbed`` on a ladder of ×``by``: 1/r² for its r rungs, at most ``memory_first_window_x``
+    (1: off). A t-test needs samples in the inverse square of the effect it must see, and r rungs are r times one
+    rung's effect in log throughput (a rung the window is sized for): a ×16 climb is seen on a quarter of a window,
+    ×64 on a ninth — never on fewer than ``MIN_CLIMB_WINDOW_STEPS`` steps (``climb_settings``)."""
+    cap = rules.controller.memory_first_window_x
+    if cap >= 1.0 or by <= 1.0 or current <= 0 or climbed <= current:
+        return 1.0
+    rungs = max(1.0, math.log(climbed / current) / math.log(by))
+    return min(cap, 1.0 / rungs ** 2)
+
+
+def climb_settings(ctl: ControllerSettings, x: float) -> ControllerSettings:
+    """The window settings a climb's windows use (``climb_window_x``: ``x``): ``window_min_s`` and
+    ``window_enough_steps`` × x, and at least ``MIN_CLIMB_WINDOW_STEPS`` steps (a spread on each side of the test:
+    a ninth of 4 s is one step of 0.85 s)."""
+    if x >= 1.0:
+        return ctl
+    least = max(ctl.window_min_steps, MIN_CLIMB_WINDOW_STEPS)
+    return replace(ctl, window_min_s=ctl.window_min_s * x, window_min_steps=least,
+                   window_enough_steps=max(least, round(ctl.window_enough_steps * x)))
+
+
 def first_window_x(state: JobState, rules: RuleSet) -> float:
-    """``memory_first_window_x`` for the job's first window where its first move would be a two-rung climb
-    (``first_climb``: a batch knob with memory for ×16 and no decision on the job yet), else 1. The move is large
-    (×16 is +500–1 400 % on a generation-bound job) and still measured; the window before it is what the job runs
-    at batch 4, the least it will run at — half of it read (10 steps of the growing job's 0.2 s) decides as well."""
-    x = rules.controller.memory_first_window_x
-    if x >= 1.0 or state.decisions:
+    """The factor on the job's first window where its first move would be a climb of several rungs
+    (``first_climb``: a batch knob with memory for ×16 and no decision on the job yet; ``climb_window_x``), else 1.
+    The move is large (×16 is +500–1 400 % on a generation-bound job) and still measured; the window before it is
+    what the job runs at batch 4, the least it will run at — each step of it costs a step at a sixteenth or less of
+    what fits."""
+    if rules.controller.memory_first_window_x >= 1.0 or state.decisions:
         return 1.0
     seen: set[str] = set()
     for rule in rules.rules:  # by priority: the first rule that raises a knob is the one whose rung counts
@@ -170,8 +227,10 @@ def first_window_x(state: JobState, rules: RuleSet) -> float:
             if spec is None or not a.needs_memory_headroom or a.op != "mul" or a.knob in seen:
                 continue
             seen.add(a.knob)
-            if first_climb(state, rules, a.knob, float(spec["value"]), a.by) is not None:
-                return x
+            current = float(spec["value"])
+            climbed = first_climb(state, rules, a.knob, current, a.by)
+            if climbed is not None:
+                return climb_window_x(rules, current, min(float(spec["max"]), climbed), a.by)
     return 1.0
 
 
@@ -197,4 +256,6 @@ def kept_once_run(state: JobState, rules: RuleSet, open_d: StoredDecision, appli
                 evidence={**open_d.evidence, "verdict_ms": state.now_ms}, wait=Wait(steps=1))
 
 
-__all__ = ["CAPPED", "CLIMB", "FOLLOW", "after_window_x", "anchor", "bound", "bound_knob", "first_climb", "first_window_x", "follow_ahead_s", "is_follow", "kept_once_run", "move"]
+__all__ = ["CAPPED", "CLIMB", "FOLLOW", "after_window_x", "anchor", "bound", "bound_knob", "climb_settings", "climb_window_x",
+           "first_climb",
+           "first_window_x", "follow_ahead_s", "follow_steps", "landing_steps", "is_follow", "kept_once_run", "move"]
