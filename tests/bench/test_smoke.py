@@ -59,6 +59,8 @@ SMOKE = {
                            "OOMs 0",
                            gpu="real KV allocations on a GPU: here the same path with memory simulated",
                            via="moving_job.py"),
+    "nvml_process_window.py": Smoke(("--help",), "--gpu",
+                                    gpu="a known duty cycle on a real GPU read through NVML: its arguments only"),
     "nvlink_accounting.py": Smoke(("--dry-run", "--gpus", "0,1"), "phases peer", via="multigpu_nvlink.py"),
     "multigpu_nvlink.py": Smoke(("--dry-run", "--gpus", "0,1"), "phases peer",
                                 gpu="moves bytes over NVLink between GPUs: the plan (--dry-run) only"),
