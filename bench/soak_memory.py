@@ -27,7 +27,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
 from bench.server_load import agent_token, store_url  # noqa: E402
-from bench.soak import Fleet, LiveAgents, rss_mb  # noqa: E402
+from bench.soak import LIVE_VARIANTS, Fleet, LiveAgents, rss_mb  # noqa: E402
 
 
 def sqlite_heap_mb() -> float:
@@ -58,7 +58,11 @@ class ChurningAgents(LiveAgents):
 
     def __init__(self, base: str, token: str, fleet: Fleet, every: int):
         super().__init__(base, token, fleet)
-        self.every, self.ticks = every, 0
+        self.every, self.renames = every, 0
+
+    def body(self, i: int) -> str:
+        """Rendered afresh each tick: the node's host name changes under it."""
+        return self.render(i, self.ticks % LIVE_VARIANTS)
 
     def run(self) -> None:
         from trimtab.contract.readings import NodeInfo
@@ -67,8 +71,8 @@ class ChurningAgents(LiveAgents):
 
         def rename() -> None:
             while not self.stop_event.wait(self.every * self.fleet.interval_ms / 1000):
-                self.ticks += 1
-                self.fleet.infos = [NodeInfo(hostname=f"{n.hostname}-{self.ticks}", simulated=True,
+                self.renames += 1
+                self.fleet.infos = [NodeInfo(hostname=f"{n.hostname}-{self.renames}", simulated=True,
                                              scenario=n.scenario) for n in original]
 
         threading.Thread(target=rename, daemon=True).start()
