@@ -1,22 +1,27 @@
 """Panel by panel, the Prometheus dashboards show the same numbers, in the unit each panel declares, whichever
 dcgm-exporter generation the scraped /metrics speaks.
 
-One fixed snapshot (both simulated nodes, then no more ticks: values stay put) is served by two apps — one naming
-its DCGM series after dcgm-exporter's current generation (ratios, bytes, ``hostname``), one after the legacy one
-(percent, MiB, ``Hostname``) — each scraped by its own real Prometheus. Every panel query that reads a DCGM series
-is run in both at the same instant: it must return series, the same series in both, and the value the snapshot
-gives in the panel's unit (utilization in %, memory in bytes, rates in bytes/s).
+One fixed snapshot (both simulated nodes, then no more ticks: values stay put) is served as four exporters would
+show it, each scraped by its own real Prometheus: trimtab's current generation (4.10's names: ratios, bytes,
+``hostname``) and legacy one (up to 4.8.2: percent, MiB, ``Hostname``), and, rewritten from those by the release
+notes, what dcgm-exporter 4.8.3 (legacy names, ``hostname`` only) and 4.9.0 (the new names but the PCIe/NVLink
+rates still ``…_BYTES``, and the ``DCGM_FI_SYSTEM_DRIVER_VERSION`` label) export. Every panel query that reads a DCGM
+series is run in all four at the same instant: it must return series, the same series in each, and the value the
+snapshot gives in the panel's unit (utilization in %, memory in bytes, rates in bytes/s).
 
 Skips, saying why, where no ``prometheus`` binary is installed — unless ``TRIMTAB_REQUIRE_PROMETHEUS=1``.
 """
 
 from __future__ import annotations
 
+import re
+from contextlib import ExitStack
 from typing import Callable, Optional
 
 import pytest
 
-from tests.support.prometheus import metrics_app, prometheus, prometheus_binary, serve, wait_for
+from tests.support.prometheus import prometheus, prometheus_binary, serve, wait_for
+from trimtab.api.metrics import CONTENT_TYPE, render_metrics
 from trimtab.agent.sampler import Sampler
 from trimtab.api.context import ApiContext
 from trimtab.api.live_view import LatestSnapshot
@@ -28,20 +33,50 @@ from .dashboards import all_panels
 from .grafana_expand import expand_promql
 from .test_promql_queries import DASHES, N_GPUS, UTIL, _now_range, resolve_variables, run
 
-GENERATIONS = sorted(UTIL)
 TICKS = 3
+RATES_PER_SECOND = re.compile(r"\b(DCGM_FI_PROF_(?:PCIE|NVLINK)_(?:TX|RX)_BYTES)_PER_SECOND\b")
+
+
+def _as_4_8_3(text: str) -> str:
+    """Legacy names, but the host label only as ``hostname`` (4.8.3 renamed ``Hostname``, PR #655)."""
+    return re.sub(r'Hostname="[^"]*",?', "", text)
+
+
+def _as_4_9_0(text: str) -> str:
+    """Current names, but the PCIe/NVLink rates still ``…_BYTES`` (renamed in 4.10.0), and every DCGM series with
+    the driver label 4.9.0 adds."""
+    text = RATES_PER_SECOND.sub(r"\1", text)
+    return re.sub(r"^(DCGM_FI_\w+)\{", r'\1{DCGM_FI_SYSTEM_DRIVER_VERSION="580.95.05",', text, flags=re.M)
+
+
+# exporter → (trimtab's generation that serves it, how its text is rewritten)
+EXPORTERS: dict[str, tuple[str, Callable[[str], str]]] = {
+    "current": ("current", lambda t: t), "legacy": ("legacy", lambda t: t),
+    "4.8.3": ("legacy", _as_4_8_3), "4.9.0": ("current", _as_4_9_0)}
+GENERATIONS = sorted(EXPORTERS)
+
+
+def _app(ctx: ApiContext, rewrite: Callable[[str], str]):
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    def metrics(_request):
+        return Response(rewrite(render_metrics(ctx).decode()), media_type=CONTENT_TYPE)
+
+    return Starlette(routes=[Route("/metrics", metrics)])
 
 
 @pytest.fixture(scope="module")
 def proms(tmp_path_factory):
-    """{generation: Prometheus port} and the snapshot's GPU rows, once each Prometheus has scraped every GPU."""
+    """{exporter: Prometheus port} and the snapshot's GPU rows, once each Prometheus has scraped every GPU."""
     binary = prometheus_binary()
     tmp = tmp_path_factory.mktemp("grafana-units")
     engine = open_engine(f"sqlite:///{tmp}/trimtab.db")
     migrate(engine)
     snapshot = LatestSnapshot()
     ctxs = {g: ApiContext(engine=engine, mode="up", state_dir=tmp, snapshot=snapshot, metrics_dcgm_names=g)
-            for g in GENERATIONS}
+            for g in UTIL}
     for node, src in simrun.sources():
         sampler = Sampler([src], snapshot.update, hostname=node.hostname)
         for _ in range(TICKS):
@@ -49,17 +84,16 @@ def proms(tmp_path_factory):
     rows = ctxs["current"].latest_gpus()
     assert len(rows) == N_GPUS
     try:
-        with serve(metrics_app(ctxs["current"])) as port_c, serve(metrics_app(ctxs["legacy"])) as port_l:
-            work = {g: tmp / g for g in GENERATIONS}
-            for d in work.values():
-                d.mkdir()
-            with prometheus(binary, port_c, work["current"]) as (prom_c, log_c), \
-                    prometheus(binary, port_l, work["legacy"]) as (prom_l, log_l):
-                ports = {"current": prom_c, "legacy": prom_l}
-                for g, log in (("current", log_c), ("legacy", log_l)):
-                    wait_for(ports[g], UTIL[g], N_GPUS, log)
-                    wait_for(ports[g], "DCGM_FI_DEV_FB_USED_BYTES or DCGM_FI_DEV_FB_USED", N_GPUS, log)
-                yield ports, rows
+        with ExitStack() as stack:
+            ports = {}
+            for name, (generation, rewrite) in EXPORTERS.items():
+                app_port = stack.enter_context(serve(_app(ctxs[generation], rewrite)))
+                work = tmp / name
+                work.mkdir()
+                ports[name], log = stack.enter_context(prometheus(binary, app_port, work))
+                wait_for(ports[name], UTIL[generation], N_GPUS, log)
+                wait_for(ports[name], "DCGM_FI_DEV_FB_USED_BYTES or DCGM_FI_DEV_FB_USED", N_GPUS, log)
+            yield ports, rows
     finally:
         engine.dispose()
 
@@ -141,9 +175,9 @@ def test_a_panel_shows_the_same_values_in_its_unit_for_both_generations(proms, n
     expr = next(t for t in panel["targets"] if t["refId"] == ref)["expr"]
     tr = _now_range()
     got = {g: _values(ports[g], name, expr, tr) for g in GENERATIONS}
-    assert got["current"], f"{name} {title} / {ref}: no series for the current generation"
-    assert got["legacy"], f"{name} {title} / {ref}: no series for the legacy generation"
-    assert set(got["current"]) == set(got["legacy"]), (title, ref)
+    for g in GENERATIONS:
+        assert got[g], f"{name} {title} / {ref}: no series from the {g} exporter"
+        assert set(got[g]) == set(got["current"]), (g, title, ref)
     if title.startswith(PER_HOST):
         expected = {(host, None): _spread(rows, host) for host in {r.hostname for r in rows}}
     else:
