@@ -4,9 +4,10 @@ read the store's samples and rollups, or dcgm-exporter's and trimtab's series. `
 from __future__ import annotations
 
 from grafana.ledger_panels import ledger_prom_panels
-from grafana.panels import (BUCKET, FRAGMENTATION, GPU_IDS, GPU_LABEL, JOB_MATCHES, LEGEND, MEMORY, PCIE, PG_GPU,
-                            PG_HOST, PG_JOB_FOR_GPUS, PROM_DS, PROM_GPU, PROM_HOST, SEL, SPREAD, STATUS_MAPPINGS,
-                            STEP_BUCKET, VERDICT_WINDOW_MS, bands, dashboard, gpu_source, job_steps, override,
+from grafana.panels import (BUCKET, FRAGMENTATION, GPU_IDS, GPU_LABEL, JOB_MATCHES, LEGEND, MEMORY, NVLINK_RX,
+                            NVLINK_TX, PCIE, PCIE_RX, PCIE_TX, PG_GPU, PG_HOST, PG_JOB_FOR_GPUS, PROM_DS, PROM_GPU,
+                            PROM_HOST, SM_ACTIVE_PCT, SPREAD, STATUS_MAPPINGS, STEP_BUCKET, TRIMTAB_SEL, UTIL_PCT,
+                            VERDICT_WINDOW_MS, bands, dashboard, dcgm, fb_bytes, gpu_source, job_steps, override,
                             per_gpu_series, promql, sql, stat, table, timeseries, unsupported_if_null, wavg)
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -93,22 +94,26 @@ def balance_pg() -> dict:
 
 
 SPREAD_PROM = (
-    f'(max by (Hostname) (100 * DCGM_FI_PROF_SM_ACTIVE{{{SEL}}}) - min by (Hostname) (100 * DCGM_FI_PROF_SM_ACTIVE{{{SEL}}}))\n'
-    f'  and on (Hostname) (count by (Hostname) (DCGM_FI_PROF_SM_ACTIVE{{{SEL}}}) == count by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{{SEL}}}))\n'
-    f'or\n(max by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{{SEL}}}) - min by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{{SEL}}}))')
+    f"(max by (hostname) ({SM_ACTIVE_PCT}) - min by (hostname) ({SM_ACTIVE_PCT}))\n"
+    f"  and on (hostname) (count by (hostname) ({SM_ACTIVE_PCT}) == count by (hostname) ({UTIL_PCT}))\n"
+    f"or\n(max by (hostname) ({UTIL_PCT}) - min by (hostname) ({UTIL_PCT}))")
+GENERATIONS_NOTE = ("Either dcgm-exporter generation: the current names (4.10) or the legacy ones (up to 4.8.2, "
+                    "label Hostname), each in this panel's unit.")
 
 
 def balance_prom() -> dict:
     panels = [
-        timeseries("Utilization per GPU (NVML, %)", "DCGM_FI_DEV_GPU_UTIL: kernel-busy utilization.",
-                   [promql(f"DCGM_FI_DEV_GPU_UTIL{{{SEL}}}", LEGEND)], "percent", max_=100, no_value="no samples"),
-        timeseries("SM activity per GPU (GPM, %)", "DCGM_FI_PROF_SM_ACTIVE × 100: the share of SMs busy.",
-                   [promql(f"100 * DCGM_FI_PROF_SM_ACTIVE{{{SEL}}}", LEGEND)], "percent", max_=100,
+        timeseries("Utilization per GPU (NVML, %)", "DCGM_FI_DEV_GPU_UTIL_RATIO × 100 (legacy DCGM_FI_DEV_GPU_UTIL, "
+                   f"already %): kernel-busy utilization. {GENERATIONS_NOTE}",
+                   [promql(UTIL_PCT, LEGEND)], "percent", max_=100, no_value="no samples"),
+        timeseries("SM activity per GPU (GPM, %)", "DCGM_FI_PROF_SM_UTIL_RATIO (legacy DCGM_FI_PROF_SM_ACTIVE) × 100: "
+                   f"the share of SMs busy. {GENERATIONS_NOTE}",
+                   [promql(SM_ACTIVE_PCT, LEGEND)], "percent", max_=100,
                    no_value="unsupported (no SM activity on the selected GPUs)"),
         timeseries("Utilization spread (max − min across GPUs, points)",
                    f"Per node: SM activity spread when every selected GPU reports SM activity, else utilization "
                    f"spread. Healthy below {SPREAD[0]:g} points, act above {SPREAD[1]:g}.",
-                   [promql(SPREAD_PROM, "{{Hostname}}")], "none", thresholds=bands(*SPREAD), w=24),
+                   [promql(SPREAD_PROM, "{{hostname}}")], "none", thresholds=bands(*SPREAD), w=24),
         stat("Verdict per threshold (trimtab, last 30 s)",
              "trimtab_balance_status per node and check (0 ok, 1 watch, 2 act), as `trimtab check` grades the last "
              "30 seconds. trimtab's own series: a dcgm-exporter-only Prometheus has no data here.",
@@ -192,27 +197,27 @@ def interconnect_pg() -> dict:
                      [PG_HOST, PG_JOB_FOR_GPUS, PG_GPU], panels, tags=["gpu", "postgresql"])
 
 
-NVLINK_STAT_PROM = (f"(DCGM_FI_PROF_NVLINK_TX_BYTES{{{SEL}}} + DCGM_FI_PROF_NVLINK_RX_BYTES{{{SEL}}})\n"
-                    f"or (DCGM_FI_DEV_GPU_UTIL{{{SEL}}} * 0 - 1)")
+NVLINK_STAT_PROM = f"({dcgm(NVLINK_TX)} + {dcgm(NVLINK_RX)})\nor ({UTIL_PCT} * 0 - 1)"
 
 
 def interconnect_prom() -> dict:
     panels = [
-        timeseries("PCIe TX / RX per GPU (bytes/s)", "DCGM_FI_PROF_PCIE_TX_BYTES / RX_BYTES.",
-                   [promql(f"DCGM_FI_PROF_PCIE_TX_BYTES{{{SEL}}}", LEGEND + " TX"),
-                    promql(f"DCGM_FI_PROF_PCIE_RX_BYTES{{{SEL}}}", LEGEND + " RX", ref="B")],
+        timeseries("PCIe TX / RX per GPU (bytes/s)", "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND / RX_BYTES_PER_SECOND "
+                   f"(up to 4.9: DCGM_FI_PROF_PCIE_TX_BYTES / RX_BYTES, also bytes/s). {GENERATIONS_NOTE}",
+                   [promql(dcgm(PCIE_TX), LEGEND + " TX"), promql(dcgm(PCIE_RX), LEGEND + " RX", ref="B")],
                    "Bps", no_value="unsupported (no PCIe counters on the selected GPUs)"),
         timeseries("PCIe TX / RX, % of link peak",
                    f"trimtab_gpu_pcie_tx/rx_ratio_of_peak × 100 (trimtab's series: dcgm-exporter does not know the "
                    f"link peak). Healthy below {PCIE[0]:g} %, act above {PCIE[1]:g} %.",
-                   [promql(f"100 * trimtab_gpu_pcie_tx_ratio_of_peak{{{SEL}}}", LEGEND + " TX"),
-                    promql(f"100 * trimtab_gpu_pcie_rx_ratio_of_peak{{{SEL}}}", LEGEND + " RX", ref="B")],
+                   [promql(f"100 * trimtab_gpu_pcie_tx_ratio_of_peak{{{TRIMTAB_SEL}}}", LEGEND + " TX"),
+                    promql(f"100 * trimtab_gpu_pcie_rx_ratio_of_peak{{{TRIMTAB_SEL}}}", LEGEND + " RX", ref="B")],
                    "percent", thresholds=bands(*PCIE), max_=100,
                    no_value="unsupported (no PCIe counters or link peak)"),
         timeseries("NVLink TX / RX per GPU (bytes/s, summed over links)",
-                   "DCGM_FI_PROF_NVLINK_TX_BYTES / RX_BYTES. Absent for a GPU without NVLink: no line, not zero.",
-                   [promql(f"DCGM_FI_PROF_NVLINK_TX_BYTES{{{SEL}}}", LEGEND + " TX"),
-                    promql(f"DCGM_FI_PROF_NVLINK_RX_BYTES{{{SEL}}}", LEGEND + " RX", ref="B")],
+                   "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND / RX_BYTES_PER_SECOND (up to 4.9: "
+                   "DCGM_FI_PROF_NVLINK_TX_BYTES / RX_BYTES, also bytes/s). Absent for a GPU without NVLink: no "
+                   f"line, not zero. {GENERATIONS_NOTE}",
+                   [promql(dcgm(NVLINK_TX), LEGEND + " TX"), promql(dcgm(NVLINK_RX), LEGEND + " RX", ref="B")],
                    "Bps", no_value="unsupported (no NVLink on the selected GPUs)", w=24),
         stat("NVLink now (TX + RX) per GPU",
              "NVLink TX + RX per GPU now; 'unsupported' where the GPU reports no NVLink series (the query returns "
@@ -277,16 +282,19 @@ def memory_pg() -> dict:
 
 
 def memory_prom() -> dict:
-    used, reserved, free = (f"DCGM_FI_DEV_FB_{k}{{{SEL}}}" for k in ("USED", "RESERVED", "FREE"))
+    used, reserved, free = (fb_bytes(k) for k in ("USED", "RESERVED", "FREE"))
     panels = [
         timeseries("Memory used + reserved, % of total",
-                   f"(FB_USED + FB_RESERVED) / (FB_USED + FB_RESERVED + FB_FREE). Healthy below {MEMORY[0]:g} %, "
-                   f"act above {MEMORY[1]:g} %.",
+                   f"(FB_USED + FB_RESERVED) / (FB_USED + FB_RESERVED + FB_FREE), from DCGM_FI_DEV_FB_*_BYTES "
+                   f"(legacy: DCGM_FI_DEV_FB_* in MiB). Healthy below {MEMORY[0]:g} %, act above {MEMORY[1]:g} %. "
+                   f"{GENERATIONS_NOTE}",
                    [promql(f"100 * ({used} + {reserved})\n  / ({used} + {reserved} + {free})", LEGEND)],
                    "percent", thresholds=bands(*MEMORY), max_=100, no_value="no samples"),
-        timeseries("Memory used and reserved per GPU (bytes)", "DCGM_FI_DEV_FB_USED / FB_RESERVED (MiB) in bytes.",
-                   [promql(f"{used} * 1048576", LEGEND + " used"),
-                    promql(f"{reserved} * 1048576", LEGEND + " reserved", ref="B")], "bytes", no_value="no samples"),
+        timeseries("Memory used and reserved per GPU (bytes)",
+                   "DCGM_FI_DEV_FB_USED_BYTES / FB_RESERVED_BYTES (legacy: DCGM_FI_DEV_FB_USED / FB_RESERVED in MiB, "
+                   f"× 1048576). {GENERATIONS_NOTE}",
+                   [promql(used, LEGEND + " used"), promql(reserved, LEGEND + " reserved", ref="B")], "bytes",
+                   no_value="no samples"),
     ]
     return dashboard("trimtab-memory-prom", "trimtab · Memory (Prometheus)",
                      "The Memory dashboard's GPU panels on Prometheus (fragmentation and OOMs come from the trainer "

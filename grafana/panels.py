@@ -255,13 +255,13 @@ def layout(panels: list[dict]) -> list[dict]:
 
 
 def query_var(name: str, label: str, query: str, ds: dict, *, multi: bool, include_all: bool,
-              all_value: Optional[str] = None, description: str = "") -> dict:
+              all_value: Optional[str] = None, description: str = "", regex: str = "", sort: int = 0) -> dict:
     current: dict = {}
     if include_all:
         current = {"selected": True, "text": ["All"] if multi else "All", "value": ["$__all"] if multi else "$__all"}
     var = {"name": name, "label": label, "type": "query", "datasource": ds, "description": description,
-           "query": query, "definition": query, "refresh": 2, "sort": 0, "multi": multi, "includeAll": include_all,
-           "current": current, "options": [], "hide": 0, "regex": ""}
+           "query": query, "definition": query, "refresh": 2, "sort": sort, "multi": multi, "includeAll": include_all,
+           "current": current, "options": [], "hide": 0, "regex": regex}
     if all_value is not None:
         var["allValue"] = all_value
     return var
@@ -292,12 +292,63 @@ PROM_DS = {"name": "datasource", "label": "Prometheus", "type": "datasource", "q
            "current": {"selected": True, "text": "trimtab Prometheus", "value": PROM_UID}, "hide": 0,
            "includeAll": False, "multi": False, "options": [], "refresh": 1, "regex": "",
            "description": "A Prometheus that scrapes trimtab's /metrics (or dcgm-exporter)."}
-PROM_HOST = query_var("host", "Host", "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)", PROM, multi=True,
-                      include_all=True, all_value=".*", description="Nodes (dcgm-exporter's Hostname label).")
-PROM_GPU = query_var("gpu", "GPU", 'label_values(DCGM_FI_DEV_GPU_UTIL{Hostname=~"$host"}, gpu)', PROM,
-                     multi=True, include_all=True, all_value=".*", description="GPU indexes on the selected hosts.")
-SEL = 'Hostname=~"$host", gpu=~"$gpu"'
-LEGEND = "{{Hostname}} GPU {{gpu}}"
+# -- dcgm-exporter's generations (trimtab.api.metrics.dcgm_names): every Prometheus panel accepts both ----------
+# The host label is `Hostname` up to dcgm-exporter 4.8.2 and `hostname` since 4.8.3 (and on trimtab's own series);
+# 4.9.0 renamed fields and changed units (utilization % → ratio, MiB → bytes), 4.10.0 renamed PCIe/NVLink rates.
+# A panel selects a measurement under either name and either host label, scales each to the panel's unit, and
+# copies `Hostname` into `hostname`, so legends and aggregations say `hostname` whatever the exporter.
+UTIL_CURRENT, UTIL_LEGACY = "DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM_FI_DEV_GPU_UTIL"  # ratio 0-1 / percent
+SM_ACTIVE = "DCGM_FI_PROF_SM_UTIL_RATIO|DCGM_FI_PROF_SM_ACTIVE"  # ratio 0-1 in both
+PCIE_TX = "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND|DCGM_FI_PROF_PCIE_TX_BYTES"  # bytes/s in both
+PCIE_RX = "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND|DCGM_FI_PROF_PCIE_RX_BYTES"
+NVLINK_TX = "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND|DCGM_FI_PROF_NVLINK_TX_BYTES"
+NVLINK_RX = "DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND|DCGM_FI_PROF_NVLINK_RX_BYTES"
+MIB = 1048576  # the legacy framebuffer unit, in bytes
+
+
+def either_host(names: str, extra: str = ', gpu=~"$gpu"') -> str:
+    """Series named by the regex ``names`` on the selected hosts, whichever label spells the host (a series with
+    both matches both selectors once: ``or`` keeps one)."""
+    return (f'({{__name__=~"{names}", Hostname=~"$host"{extra}}}'
+            f' or {{__name__=~"{names}", hostname=~"$host"{extra}}})')
+
+
+def with_hostname(expr: str) -> str:
+    """``expr`` with `Hostname` copied into `hostname` where a series has it (dcgm-exporter up to 4.8.2)."""
+    return f'label_replace({expr}, "hostname", "$1", "Hostname", "(.+)")'
+
+
+def dcgm(names: str, scale: float = 1, legacy: Optional[str] = None, legacy_scale: float = 1) -> str:
+    """A DCGM measurement on the selected hosts and GPUs in the panel's unit: ``names`` (a regex of the names that
+    share one unit) × ``scale``, or, for a field whose unit changed, ``legacy`` × ``legacy_scale`` where the
+    current name is absent."""
+    def scaled(regex: str, k: float) -> str:
+        return either_host(regex) if k == 1 else f"{k:.15g} * {either_host(regex)}"
+
+    expr = scaled(names, scale) if legacy is None else f"({scaled(names, scale)} or {scaled(legacy, legacy_scale)})"
+    return with_hostname(expr)
+
+
+UTIL_PCT = dcgm(UTIL_CURRENT, 100, UTIL_LEGACY, 1)  # kernel-busy utilization, %
+SM_ACTIVE_PCT = dcgm(SM_ACTIVE, 100)  # SM activity, %
+
+
+def fb_bytes(part: str) -> str:
+    """Framebuffer ``part`` (USED, RESERVED, FREE) in bytes: FB_<part>_BYTES (4.9.0 on) or FB_<part> (MiB)."""
+    return dcgm(f"DCGM_FI_DEV_FB_{part}_BYTES", 1, f"DCGM_FI_DEV_FB_{part}", MIB)
+
+
+UTIL_ANY = f"{UTIL_CURRENT}|{UTIL_LEGACY}"
+ANY_UTIL_SERIES = '{__name__=~"' + UTIL_ANY + '"}'
+PROM_HOST = query_var(
+    "host", "Host", f"query_result(count by (hostname) ({with_hostname(ANY_UTIL_SERIES)}))", PROM, multi=True,
+    include_all=True, all_value=".*", regex='/hostname="([^"]+)"/', sort=1,
+    description="Nodes with GPU utilization series (dcgm-exporter's hostname label, or Hostname up to 4.8.2).")
+PROM_GPU = query_var(
+    "gpu", "GPU", f"query_result(count by (gpu) {either_host(UTIL_ANY, extra='')})", PROM, multi=True,
+    include_all=True, all_value=".*", regex='/gpu="([^"]+)"/', sort=3, description="GPU indexes on the selected hosts.")
+LEGEND = "{{hostname}} GPU {{gpu}}"
+TRIMTAB_SEL = 'hostname=~"$host", gpu=~"$gpu"'  # trimtab's own per-GPU series: `hostname` in every generation
 
 
 def dashboard(uid: str, title: str, description: str, variables: list[dict], panels: list[dict],

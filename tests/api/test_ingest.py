@@ -181,8 +181,8 @@ def test_a_far_future_sample_in_the_store_or_snapshot_does_not_pin_the_live_view
     latest = {g["uuid"]: g["latest"] for g in api.get("/v1/gpus").json()["gpus"]}
     assert latest and all(v is not None and v["metrics"]["util_pct"] == 77.0 for v in latest.values()), latest
     util = [line.rsplit(" ", 1)[1] for line in api.get("/metrics").text.splitlines()
-            if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
-    assert len(util) == len(latest) and set(util) == {"77.0"}, util
+            if line.startswith("DCGM_FI_DEV_GPU_UTIL_RATIO{")]  # ratio 0-1: dcgm-exporter's current unit
+    assert len(util) == len(latest) and set(util) == {"0.77"}, util
 
 
 @pytest.mark.parametrize("field, value", [("sm_util_pct", 101.0), ("mem_util_pct", -1.0), ("util_samples", -3),

@@ -87,14 +87,26 @@ GLOBALS = ("__from", "__to", "__interval", "__interval_ms", "__range", "__range_
 
 
 def referenced_variables(text: str) -> list[str]:
-    """Names of the variables ``text`` refers to, macros left out (``$__x(`` is a macro, not a variable)."""
+    """Names of the variables ``text`` refers to, macros left out (``$__x(`` is a macro, not a variable), and so are
+    ``$1``-style capture references (label_replace's replacement): Grafana finds no variable of that name and leaves
+    them to Prometheus."""
     names = []
     for m in VARIABLE_RE.finditer(text):
         name = m.group(1) or m.group(2) or m.group(4)
         if m.group(1) and text[m.end():m.end() + 1] == "(":
             continue  # a macro call such as $__timeFilter(...)
+        if name.isdigit():
+            continue
         names.append(name)
     return names
+
+
+CAPTURE_REF_RE = re.compile(r"\$\d+")
+
+
+def unexpanded(expr: str) -> list[str]:
+    """The ``$…`` left in an expanded query, capture references (``$1``) aside."""
+    return re.findall(r"\$\S*", CAPTURE_REF_RE.sub("", expr))
 
 
 @dataclass

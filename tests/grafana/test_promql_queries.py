@@ -1,7 +1,8 @@
 """Every PromQL query of the Prometheus dashboards, with its variables expanded as Grafana expands them, returns
 series from a real Prometheus (Debian's package) that scraped a real trimtab app (the FastAPI app of `trimtab up`,
 on loopback) fed by two simulated nodes — one with a GPU that has neither NVLink nor GPM, whose series must be
-absent (never 0) and whose NVLink stat must read "unsupported".
+absent (never 0) and whose NVLink stat must read "unsupported" — once for each dcgm-exporter name generation the app
+can speak (``metrics_dcgm_names``: current, legacy).
 
 Skips, saying why, where no ``prometheus`` binary is installed — unless ``TRIMTAB_REQUIRE_PROMETHEUS=1``.
 """
@@ -28,11 +29,13 @@ from trimtab.store.ingest import BatchWriter
 
 from . import simrun
 from .dashboards import all_panels, load_dashboards, queries
-from .grafana_expand import ALL, TimeRange, Variable, expand_promql
+from .grafana_expand import ALL, TimeRange, Variable, expand_promql, unexpanded
 
 DASHES = {n: d for n, d in load_dashboards().items() if n.endswith("-prometheus.json")}
 LABEL_VALUES_RE = re.compile(r"label_values\(\s*(?:(.+?)\s*,\s*)?(\w+)\s*\)")
+QUERY_RESULT_RE = re.compile(r"query_result\((.+)\)", re.S)
 N_GPUS = 6
+UTIL = {"current": "DCGM_FI_DEV_GPU_UTIL_RATIO", "legacy": "DCGM_FI_DEV_GPU_UTIL"}  # what each generation exports
 
 
 def _get(port: int, path: str, **params: Any) -> Any:
@@ -79,9 +82,10 @@ class Feed:
         self.thread.join(10)
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory):
-    """(Prometheus port, its log) once it has scraped every GPU of both nodes and the balance verdicts."""
+@pytest.fixture(scope="module", params=sorted(UTIL))
+def prom(tmp_path_factory, request):
+    """(Prometheus port, its log) once it has scraped every GPU of both nodes and the balance verdicts, from an app
+    that names its DCGM series after dcgm-exporter's ``request.param`` generation."""
     binary = prometheus_binary()
     from tests.api.conftest import ServedApp
     from trimtab.api.app import create_app
@@ -89,20 +93,21 @@ def prom(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grafana-prom")
     engine = open_engine(f"sqlite:///{tmp}/trimtab.db")
     migrate(engine)
-    ctx = ApiContext(engine=engine, mode="up", state_dir=tmp)
+    ctx = ApiContext(engine=engine, mode="up", state_dir=tmp, metrics_dcgm_names=request.param)
+    util = UTIL[request.param]
     _ledger_job(engine)
     ticker = LedgerTicker(engine, period_s=0.5)  # the GPU-time ledger's counters, as the server's ticker advances them
     try:
         with Feed(ctx) as feed, ServedApp(create_app(ctx)) as app, \
                 prometheus(binary, app.port, tmp) as (port, log):
             ticker.start()
-            wait_for(port, "DCGM_FI_DEV_GPU_UTIL", N_GPUS, log)
+            wait_for(port, util, N_GPUS, log)
             wait_for(port, "trimtab_balance_value", 2, log)
             wait_for(port, "count_over_time(trimtab_gpu_idle_seconds_total[5m]) >= 3", 2, log)
             # busy once the ledger's window (10 s behind now) holds the nodes' first samples
             wait_for(port, "count_over_time(trimtab_job_gpu_seconds_total[5m]) >= 3", 2, log)
             # a few more scrapes, so range queries see more than one point
-            wait_for(port, "count_over_time(DCGM_FI_DEV_GPU_UTIL[5m]) >= 3", N_GPUS, log)
+            wait_for(port, f"count_over_time({util}[5m]) >= 3", N_GPUS, log)
             yield port, log
             assert feed.error is None, feed.error
     finally:
@@ -125,9 +130,26 @@ def _ledger_job(engine) -> None:
         job_store.now_ms = real
 
 
-def _label_values(port: int, query: str, now_s: float) -> list[str]:
+def _query_result_text(series: dict) -> str:
+    """A query_result() option's text as Grafana writes it: name{label="value", …} value timestamp_ms."""
+    labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
+    pairs = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    ts, value = series["value"]
+    return f"{series['metric'].get('__name__', '')}{{{pairs}}} {value} {int(float(ts) * 1000)}"
+
+
+def _variable_values(port: int, query: str, regex: str, now_s: float) -> list[str]:
+    """The options of a variable: label_values() through the label values API, query_result() as an instant query
+    whose series' texts the variable's regex (``/…/``, first capture group) turns into values, deduplicated."""
+    if (m := QUERY_RESULT_RE.fullmatch(query.strip())) is not None:
+        texts = [_query_result_text(s) for s in _get(port, "/api/v1/query", query=m.group(1), time=now_s)["result"]]
+        if not regex:
+            return texts
+        pattern = re.compile(regex.strip("/"))
+        found = [(hit.group(1) if hit.groups() else hit.group(0)) for t in texts if (hit := pattern.search(t))]
+        return list(dict.fromkeys(found))
     m = LABEL_VALUES_RE.fullmatch(query.strip())
-    assert m, f"not a label_values() query: {query}"
+    assert m, f"neither a label_values() nor a query_result() query: {query}"
     selector, label = m.groups()
     params: dict[str, Any] = {"start": now_s - 300, "end": now_s}
     if selector:
@@ -141,7 +163,7 @@ def resolve_variables(port: int, dash: dict, tr: TimeRange, picks: dict[str, Any
         if v["type"] == "datasource":
             continue
         query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
-        values = _label_values(port, expand_promql(query, out, tr, 1000), tr.to_ms / 1000)
+        values = _variable_values(port, expand_promql(query, out, tr, 1000), v.get("regex", ""), tr.to_ms / 1000)
         assert values, f"variable {v['name']} has no options ({query})"
         out[v["name"]] = Variable.from_json(v, values, picks.get(v["name"], ALL))
     return out
@@ -177,7 +199,7 @@ def test_every_promql_query_returns_series(prom, name: str, scenario: str):
         if q.fmt == "variable":
             continue
         expr = expand_promql(q.text, variables, tr, 1000)
-        assert "$" not in expr, f"{name} {q.where}: unexpanded variable in {expr}"
+        assert not unexpanded(expr), f"{name} {q.where}: unexpanded variable in {expr}"
         result = run(port, expr, tr, q.instant)
         assert result, f"{name} [{scenario}] {q.where}: no series for\n{expr}\nprometheus log:\n{log.read_text()[-2000:]}"
         legend_labels = re.findall(r"\{\{\s*(\w+)\s*\}\}", q.target.get("legendFormat", ""))
@@ -220,10 +242,10 @@ def test_a_gpu_without_nvlink_or_gpm_is_absent_and_reads_unsupported(prom):
     # sim-b's spread falls back to utilization (one of its GPUs has no SM activity); sim-a's uses SM activity.
     spread = _panel_target("balance-prometheus.json", "Utilization spread")["expr"]
     all_vars = resolve_variables(port, bal, tr, {})
-    by_host = {s["metric"]["Hostname"]: float(s["value"][1])
+    by_host = {s["metric"]["hostname"]: float(s["value"][1])
                for s in run(port, expand_promql(spread, all_vars, tr, 1000), tr, True)}
     assert set(by_host) == {simrun.HOST_A, simrun.HOST_B}
-    utils = {(s["metric"]["Hostname"], s["metric"]["gpu"]): float(s["value"][1])
+    utils = {(s["metric"]["hostname"], s["metric"]["gpu"]): float(s["value"][1])
              for s in run(port, expand_promql(util, all_vars, tr, 1000), tr, True)}
     b_utils = [v for (h, _), v in utils.items() if h == simrun.HOST_B]
     assert by_host[simrun.HOST_B] == pytest.approx(max(b_utils) - min(b_utils))

@@ -46,6 +46,9 @@ class ApiContext:
     # Per-link NVLink series on /metrics by default (``--metrics-nvlink-links``; a scrape's ?nvlink_links= wins):
     # off, as dcgm-exporter's default collectors, because they are ~70 % of a scrape's lines (18 links x 3 families).
     metrics_nvlink_links: bool = False
+    # Which dcgm-exporter generation /metrics names its DCGM series after (``--metrics-dcgm-names``): "current"
+    # (4.10's names and units, label ``hostname``) or "legacy" (up to 4.8.2's, label ``Hostname`` too).
+    metrics_dcgm_names: str = "current"
 
     def latest_gpus(self, max_age_s: float = 300.0) -> list[LatestSample]:
         """The newest sample of every GPU: from memory (fed by the local agent and by ingest), and from the store

@@ -27,6 +27,12 @@ def api_options(f):
                    help="Per-link NVLink series on /metrics (trimtab_gpu_nvlink_link_*: 18 links x 3 families a GPU on "
                         "H100, ~70 % of a scrape's lines). Off, /metrics has per-GPU NVLink totals only, as "
                         "dcgm-exporter's default collectors; a scrape may still ask for them with ?nvlink_links=true.")(f)
+    f = env_option("--metrics-dcgm-names", envvar="TRIMTAB_METRICS_DCGM_NAMES",
+                   type=click.Choice(["current", "legacy"]), default="current", show_default=True,
+                   help="Which dcgm-exporter generation /metrics names its DCGM series after: current (4.10's "
+                        "names and units: utilization as a 0-1 ratio, memory in bytes, clock in Hz, PCIe/NVLink "
+                        "*_BYTES_PER_SECOND, label hostname) or legacy (exporters up to 4.8.2: DCGM_FI_DEV_GPU_UTIL "
+                        "in %, FB in MiB, SM clock in MHz, label Hostname too).")(f)
     return f
 
 
@@ -152,7 +158,7 @@ def _serve(ctx, host: str, port: int):
 @simulate_options
 @agent_options
 @rebalancer_options
-def up(db_url, host, port, metrics_nvlink_links, interval, simulate, scenario, seed, gpus, hostname, spool_dir, spool_max_mb, status_every,
+def up(db_url, host, port, metrics_nvlink_links, metrics_dcgm_names, interval, simulate, scenario, seed, gpus, hostname, spool_dir, spool_max_mb, status_every,
        duration, rules_file, rebalance):
     """Run this node's daemon: the agent, the REST API and /metrics in one process, on embedded SQLite.
 
@@ -175,7 +181,8 @@ def up(db_url, host, port, metrics_nvlink_links, interval, simulate, scenario, s
                                fallback_gpus=4, hostname=hostname)
     except (SourceUnavailable, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    ctx = ApiContext(engine=engine, mode="up", state_dir=sd, metrics_nvlink_links=metrics_nvlink_links)
+    ctx = ApiContext(engine=engine, mode="up", state_dir=sd, metrics_nvlink_links=metrics_nvlink_links,
+                     metrics_dcgm_names=metrics_dcgm_names)
     runner = Agent(sources, StoreSink(url), spool_dir or default_spool_dir(), interval_s=interval, hostname=hostname,
                    status_every_s=status_every, spool_max_bytes=spool_max_mb * 1024 * 1024, on_batch=ctx.snapshot.update_sampled)
     rebalancer = _start_rebalancer(ctx, rules, rebalance)
@@ -207,7 +214,7 @@ def up(db_url, host, port, metrics_nvlink_links, interval, simulate, scenario, s
 @env_option("--duration", type=click.FloatRange(0, None, min_open=True), default=None, metavar="SECONDS",
             help="Stop after this long (default: run until SIGINT/SIGTERM).")
 @rebalancer_options
-def server(db_url, host, port, metrics_nvlink_links, status_every, duration, rules_file, rebalance):
+def server(db_url, host, port, metrics_nvlink_links, metrics_dcgm_names, status_every, duration, rules_file, rebalance):
     """Run a head node: the REST API, /metrics and ingest for remote agents (`trimtab agent --server URL`).
 
     Give it the shared store with --db postgresql+psycopg://… . Agents may also write to that PostgreSQL
@@ -229,7 +236,8 @@ def server(db_url, host, port, metrics_nvlink_links, status_every, duration, rul
     sd = state_dir()
     engine = _open_store(url)
     _guard_bind(engine, host, sd)
-    ctx = ApiContext(engine=engine, mode="server", state_dir=sd, metrics_nvlink_links=metrics_nvlink_links)
+    ctx = ApiContext(engine=engine, mode="server", state_dir=sd, metrics_nvlink_links=metrics_nvlink_links,
+                     metrics_dcgm_names=metrics_dcgm_names)
     rebalancer = _start_rebalancer(ctx, rules, rebalance)
     ctx.component_status = lambda: {"rebalancer": rebalancer.health() if rebalancer else {"state": "disabled"}}
     api = _serve(ctx, host, port)

@@ -35,7 +35,8 @@ def test_per_link_series_are_absent_by_default_and_present_when_a_scrape_asks(ma
     default = _families(api.http.get("/metrics").text)
     assert not PER_LINK & set(default), sorted(PER_LINK & set(default))
     # the per-GPU totals stay: what dcgm-exporter exports and the dashboards query
-    assert default["DCGM_FI_PROF_NVLINK_TX_BYTES"] == default["DCGM_FI_PROF_NVLINK_RX_BYTES"] == N_GPUS
+    assert (default["DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND"] == default["DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND"]
+            == N_GPUS)
     assert default["trimtab_gpu_nvlink_links"] == N_GPUS
     asked = _families(api.http.get("/metrics", params={"nvlink_links": "true"}).text)
     assert {name: asked.get(name) for name in PER_LINK} == {name: N_GPUS * N_LINKS for name in PER_LINK}

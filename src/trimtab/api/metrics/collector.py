@@ -42,8 +42,8 @@ class TrimtabCollector:
         reports, jobs = store[0] if store else ([], None)
         simulated = {r.hostname: r.simulated for r in rows}
         simulated.update({r.hostname: r.simulated for r in reports})
-        yield from gpu_families(rows)
-        yield from link_families(links)
+        yield from gpu_families(rows, ctx.metrics_dcgm_names)
+        yield from link_families(links, ctx.metrics_dcgm_names)
         yield from node_families(simulated)
         yield from balance_families(reports)
         if jobs is not None:

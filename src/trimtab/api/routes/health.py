@@ -99,9 +99,12 @@ def _components(ctx: ApiContext) -> dict:
 
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics",
             description="The latest snapshot of every GPU, node and verdict in Prometheus text format 0.0.4 "
-                        "(dcgm-exporter names where a DCGM metric exists, trimtab_* otherwise). Rendered per "
-                        "scrape from memory: no NVML call. NVLink is per GPU (DCGM_FI_PROF_NVLINK_TX_BYTES / "
-                        "RX_BYTES, summed over its links), as dcgm-exporter's default collectors export it; the "
+                        "(dcgm-exporter names where a DCGM metric exists, trimtab_* otherwise: by default "
+                        "dcgm-exporter 4.10's names, units and `hostname` label, or up to 4.8.2's on a daemon "
+                        "started with --metrics-dcgm-names legacy). Rendered per scrape from memory: no NVML call. "
+                        "NVLink is per GPU (DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND / RX_BYTES_PER_SECOND, legacy "
+                        "DCGM_FI_PROF_NVLINK_TX_BYTES / RX_BYTES, summed over its links), as dcgm-exporter's "
+                        "default collectors export it; the "
                         "per-link series (trimtab_gpu_nvlink_link_*, label `link`) come only with "
                         "`nvlink_links=true` or on a daemon started with --metrics-nvlink-links "
                         "(TRIMTAB_METRICS_NVLINK_LINKS=1).",
