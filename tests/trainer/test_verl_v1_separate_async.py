@@ -171,3 +171,29 @@ def test_declared_bounds_follow_what_verl_fixed_at_start():
     assert live["sync_every"][0] == (2, 1, 2) and "lr_scheduler_type=cosine" in live["sync_every"][1]
     live, why_not = declare(trainer(skip=True, threshold=None))
     assert live == {} and "rollout skip" in why_not["sync_every"] and "is None" in why_not["prefetch"]
+
+
+def test_the_rebalancers_communication_rule_moves_v1_separate_async_sync_every_unchanged_and_verl_runs_it(
+        served, tmp_path):
+    """trimtab's shipped rule for communication (``sync_every`` × 2), made to fire on this tiny CPU run (its weight
+    sync is a 2 ms stub), in auto mode: the rebalancer's own change reaches verl's ``step()`` loop."""
+    from tests.trainer.test_verl_e2e import only
+    from trimtab.grading.rules import load_rules
+
+    api, start = served
+    overrides = only("communication_bound", {"window_min_s": 0.05, "window_min_steps": 2, "window_max_steps": 4})
+    overrides["rules"]["communication_bound"] = {"healthy_below": 0.0, "act_above": 0.0, "follow_above": -1.0,
+                                                 "strong_above": 1e12}
+    start(load_rules(None, overrides))
+    job = "verl-v1-rebalanced"
+    run = run_separate_async_fit(tmp_path, steps=10, sync_step=2, mini=2, step_s=0.1,
+                                 overrides=attached(api, tmp_path, job, "+trimtab.mode=auto"))
+    changes = api.get(f"/v1/jobs/{job}/changes").json()["changes"]
+    first = min((c for c in changes if c["source"] == "rebalancer" and c["status"] == "applied"),
+                key=lambda c: c["change_id"], default=None)
+    assert first is not None, changes
+    assert (first["knob"], first["value"]) == ("sync_every", 4)
+    updates = updates_by_step(run)
+    print(f"rebalancer: sync_every 2 → 4 acknowledged at step {first['applied_step']}; updates per step {updates}")
+    assert updates[first["applied_step"]] == 4
+    assert all(n == 2 for step, n in updates.items() if step < first["applied_step"]), updates
