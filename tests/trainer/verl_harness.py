@@ -929,6 +929,12 @@ def run_v1_fit(tmp_path, *, steps: int = 4, test_freq: int = 0, save_freq: int =
     agent_loop_manager = _V1AgentLoopManager(run, config, step_s)  # TaskRunnerV1.init_agent_loop_manager
     if before_fit is not None:
         before_fit(trainer)
+    return fit_v1(run, agent_loop_manager)
+
+
+def fit_v1(run: VerlRun, agent_loop_manager: "_V1AgentLoopManager") -> VerlRun:
+    """A V1 trainer's real ``fit(agent_loop_manager)``, timed, its JSONL read back; TransferQueue cleared after."""
+    trainer = run.trainer
     t0 = time.time()
     try:
         with _file_logger_at(run.jsonl):

@@ -110,6 +110,8 @@ CALL_KNOBS = (
     _budget("critic_values_max_tokens", "critic_wg", "infer_batch", "critic", "ppo_infer_max_token_len_per_gpu", "",
             "batch", default=32768),  # CriticConfig's default: verl's critic.yaml does not set it
 )
+# Never moved by these knobs. V1 separate_async's parameter_sync_step (train_batch_size following it) and
+# max_off_policy_threshold are moved by their own applier, :mod:`.verl_v1_async`, in that trainer only.
 NEVER_TOUCHED = ("data.train_batch_size", "*.ppo_mini_batch_size", "actor_rollout_ref.rollout.n",
                  "actor_rollout_ref.rollout.gpu_memory_utilization", "algorithm.*", "*.optim.*",
                  "trainer.v1.*.parameter_sync_step", "trainer.v1.sampler.max_off_policy_threshold")

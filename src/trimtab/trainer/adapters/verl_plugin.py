@@ -15,6 +15,15 @@ hook, that these verl functions are wrapped once their modules are imported:
   (:mod:`~trimtab.trainer.adapters.verl_metrics`, shared with ``trimtab verl-tail``) and ends the hook's step.
 * The experimental async trainers' ``async def fit`` overrides (``FullyAsyncTrainer``, ``FullyAsyncRollouter``,
   ``OneStepOffRayTrainer``) and the fully-async knob points: :mod:`~trimtab.trainer.adapters.verl_async`.
+* V1 ``separate_async``'s ``on_step_begin`` / ``on_step_end``, where its ``prefetch``
+  (``trainer.v1.sampler.max_off_policy_threshold``) and ``sync_every`` (``parameter_sync_step``) are installed and
+  acknowledged: :mod:`~trimtab.trainer.adapters.verl_v1_async`.
+
+Loading never raises into verl's loader (it would log the failure at DEBUG only). A fit trimtab is not attached to
+gets one WARNING line, in the process that runs it, saying why: trimtab failed to import (at load: only the fit
+methods are wrapped, to say so, :mod:`~trimtab.trainer.adapters.verl_plugin_notice`; or when the fit starts), the run
+names no server, its token file is wrong, or attaching failed; a verl whose signatures changed says so when the
+module is wrapped. A server that does not answer leaves the hook attached and spooling (its own "offline" line).
 
 Nothing changes verl's behaviour or its trainer name. The wrapped signatures are checked when the wrappers are
 installed: a verl release that changes them leaves trimtab detached with a warning (and fails trimtab's tests,
@@ -114,18 +123,40 @@ class VerlSession:
         world = (getattr(getattr(trainer, "resource_pool_manager", None), "get_n_gpus", lambda: 1)() or 1)
         self.applier = VerlKnobApplier(declared, step_of=lambda: int(getattr(trainer, "global_steps", 0) or 0),
                                        world_size=int(world))
-        self.roles = find_roles(trainer)
-        device_map = options.get("device_map") or device_map_of(self.roles)
-        self.hook = attach(options["job"], options["server"], options["token"], mode=options["mode"],
-                           device_map=device_map, roles=self.roles,
-                           knobs={k: spec for k, (_, spec, _) in declared.items()},
-                           appliers={k: self.applier for k in declared}, memory_every_s=0.0)
+        knobs = {k: (spec, why) for k, (_, spec, why) in declared.items()}
+        appliers: dict[str, Any] = {k: self.applier for k in declared}
+        self.v1_async, not_live = self._v1_async(trainer, kind, options)
+        if self.v1_async is not None:
+            knobs.update(self.v1_async.knobs)
+            appliers.update({k: self.v1_async for k in self.v1_async.knobs})
+        try:
+            self.roles = find_roles(trainer)
+            device_map = options.get("device_map") or device_map_of(self.roles)
+            self.hook = attach(options["job"], options["server"], options["token"], mode=options["mode"],
+                               device_map=device_map, roles=self.roles,
+                               knobs={k: spec for k, (spec, _) in knobs.items()}, appliers=appliers,
+                               memory_every_s=0.0)
+        except BaseException:
+            if self.v1_async is not None:
+                self.v1_async.close()
+            raise
         self._unwrap = wrap_worker_groups(trainer, self.applier)
         self.unmapped: set[str] = set()
         self.learning_names = LearningNames("verl")
-        log.warning("trimtab: attached to verl %s fit() as job %r (%s), knobs: %s", kind, options["job"],
+        log.warning("trimtab: attached to verl %s fit() as job %r (%s), knobs: %s%s", kind, options["job"],
                     options["server"], ", ".join(f"{k} {spec[0]} in [{spec[1]}, {spec[2]}] ({why})"
-                                                 for k, (_, spec, why) in declared.items()) or "none")
+                                                 for k, (spec, why) in knobs.items()) or "none",
+                    "".join(f"; {k} not live: {why}" for k, why in not_live.items()))
+
+    @staticmethod
+    def _v1_async(trainer: Any, kind: str, options: dict[str, Any]) -> tuple[Optional[Any], dict[str, str]]:
+        """V1 separate_async's prefetch and sync_every (:mod:`.verl_v1_async`), where this run can move them."""
+        from trimtab.trainer.adapters.verl_v1_async import V1AsyncApplier, declare, separate_async
+
+        if kind != "v1" or not options["knobs"] or not separate_async(trainer.config):
+            return None, {}
+        live, not_live = declare(trainer)
+        return (V1AsyncApplier(trainer, live) if live else None), not_live
 
     def on_log(self, data: Any, step: Any) -> None:
         from trimtab.trainer.adapters.verl_metrics import verl_step
@@ -145,23 +176,50 @@ class VerlSession:
     def close(self) -> None:
         try:
             self._unwrap()
+            if self.v1_async is not None:
+                self.v1_async.close()
         finally:
             self.hook.close()
 
 
+NO_SERVER = "no server named (+trimtab.server=URL on verl's command line, or TRIMTAB_SERVER)"
+
+
+def not_attached(what: str, why: str) -> None:
+    """The one WARNING line a fit that trimtab is not attached to gets, in the process that runs it: verl logs a
+    plugin that failed to load at DEBUG only, so without this line nobody would know."""
+    log.warning("trimtab: not attached to verl's %s: %s; training continues without trimtab", what, why)
+
+
 def start_session(owner: Any, make: Callable[[Any, dict], Any], what: str = "fit()") -> Optional[Any]:
     """A session for this fit (``make(owner, options)``), or None (not configured, or trimtab failed: training goes
-    on without it). Shared by the synchronous trainers' fit and the async trainers' (verl_async.py)."""
-    from trimtab.paths import BadToken
-
+    on without it, and one WARNING line says why). Shared by the synchronous trainers' fit and the async trainers'
+    (verl_async.py)."""
+    what = f"{type(owner).__name__} {what}"
+    try:
+        from trimtab.paths import BadToken
+    except BaseException as exc:
+        not_attached(what, f"trimtab failed to import ({type(exc).__name__}: {exc})")
+        return None
     try:
         options = settings(owner.config)
-        return make(owner, options) if options is not None else None
+        if options is None:
+            not_attached(what, NO_SERVER)
+            return None
+        return make(owner, options)
     except BadToken as exc:  # a configuration waiting cannot fix: one clear line, no traceback, stay detached
-        log.warning("trimtab: not attached to this verl run: %s; training continues without trimtab", exc)
-    except Exception:
-        log.warning("trimtab: could not attach to verl's %s; training continues without trimtab", what, exc_info=True)
+        not_attached(what, str(exc))
+    except ImportError as exc:  # a dependency of the hook (httpx, torch) missing or broken in this environment
+        not_attached(what, f"trimtab failed to import ({type(exc).__name__}: {exc})")
+    except Exception as exc:
+        not_attached(what, f"{type(exc).__name__}: {exc}")
+        log.debug("trimtab: attaching to verl's %s failed", what, exc_info=True)
     return None
+
+
+def current_session() -> Optional[Any]:
+    """The session of the fit running in this context (None: none attached)."""
+    return _session.get()
 
 
 @contextlib.contextmanager
@@ -246,14 +304,14 @@ TARGETS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def _async_targets() -> None:
-    """The async trainers' ``async def fit`` overrides (and their knob points): :mod:`.verl_async`."""
+def _more_targets() -> None:
+    """The async trainers' ``async def fit`` overrides (and their knob points), :mod:`.verl_async`, and V1
+    separate_async's knob points, :mod:`.verl_v1_async`."""
     from trimtab.trainer.adapters.verl_async import TARGETS as ASYNC
+    from trimtab.trainer.adapters.verl_v1_async import TARGETS as V1_ASYNC
 
     TARGETS.update(ASYNC)
-
-
-_async_targets()
+    TARGETS.update(V1_ASYNC)
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -301,4 +359,27 @@ def install() -> None:
         sys.meta_path.insert(0, _PostImportHook())
 
 
-install()
+def _load() -> None:
+    """What verl's plugin loader runs (``import verl``, every process). It never raises into the loader, which
+    would log the failure at DEBUG only: where trimtab's own parts cannot load, only verl's fit methods are wrapped,
+    to say so in one WARNING line in the process that runs ``fit`` (:mod:`.verl_plugin_notice`, standard library
+    only)."""
+    try:
+        _more_targets()
+    except BaseException as exc:
+        why = f"trimtab failed to import ({type(exc).__name__}: {exc})"
+        try:
+            from trimtab.trainer.adapters.verl_plugin_notice import notice_patches
+
+            TARGETS.clear()
+            TARGETS.update(notice_patches(why))
+        except BaseException:
+            log.warning("trimtab: not attached to verl: %s", why)
+            return
+    try:
+        install()
+    except BaseException as exc:
+        log.warning("trimtab: not attached to verl: installing its wrappers failed (%s: %s)", type(exc).__name__, exc)
+
+
+_load()
