@@ -261,3 +261,9 @@ def test_the_tick_does_not_wait_on_a_slow_per_process_call(install):
     # the reads' 50 ms never land on a tick: the median stays far below it (and near the tick without them)
     assert statistics.median(slow) < 0.01, (statistics.median(slow), statistics.median(bare))
     assert sorted(slow)[len(slow) * 9 // 10] < 0.025
+
+
+def test_a_cadence_that_is_no_positive_number_of_seconds_is_refused(install):
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            install(fk.FakeNvml(n_gpus=1), activity_every_s=bad)

@@ -13,10 +13,16 @@ The interval is ``(from_ms, to_ms]``, on NVML's clock (epoch ms): from where the
 baseline read) to the newest time a read covered. Per pid it keeps the mean SM % and memory % **over the whole
 interval** (its records' ``smUtil × covered`` summed, over the interval's length) and the number of records, so
 ``sm_util_pct / 100 × (util_to_ms − util_from_ms) / 1000`` is the process's busy seconds in it. A pid without a
-record in an answered read was idle over what that read covered (NVML returns records for busy processes only:
-"one sample per process running that had some non-zero utilization", ``nvml.h``), so it gets 0 % with 0 records
-when some read answered in the interval; where nothing answered, or before the baseline, every pid is unknown
-(None), never 0.
+record in an answered read was idle over what that read covered, so it gets 0 % with 0 records when some read
+answered in the interval; where nothing answered, or before the baseline, every pid is unknown (None), never 0.
+
+Why absent means idle, and what is left to check: ``nvml.h`` returns one record "per process running, that had
+some non-zero utilization during the last sample period", and a ``lastSeenTimeStamp`` from a previous query reads
+"utilization since the previous query". Read literally, a process busy early in a read's span and idle in its
+last sampling period would get no record and its time would be lost; on the H100 two processes taking turns (one
+busy ~0.3 s, the other ~0.12 s of every ~0.6 s) both had a record on nearly every 1 s read (median 2, max 2) and
+smUtil × the time since the previous record came within 6 % of each one's own total, so records cover the whole
+span. ``bench/process_activity.py`` checks it on each driver (``--idle-s`` adds reads with nobody busy).
 """
 
 from __future__ import annotations
