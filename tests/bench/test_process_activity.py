@@ -100,3 +100,17 @@ def test_the_report_says_not_within_when_the_agent_is_off_by_more_than_5_percent
     code = report(argparse.Namespace(gpu=0, json=False, activity_every=1.0, idle_s=0.0), own, rows, raw, [5] * 10,
                   ticks, source)
     assert code == 1 and "attribution NOT within 5%" in capsys.readouterr().out
+
+
+def test_without_a_cuda_gpu_it_exits_2_with_one_line():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the no-GPU path is not taken")
+    proc = subprocess.run([sys.executable, "bench/process_activity.py", "--seconds", "1"],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and "needs a CUDA GPU" in proc.stderr
