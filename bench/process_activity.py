@@ -61,12 +61,13 @@ def _src_on_path() -> None:
         sys.path.insert(0, str(src))
 
 
-def loop(kind: str, gpu: int, seconds: float, idle_s: float, lock, ready, go, results) -> None:
+def loop(kind: str, gpu: int, seconds: float, idle_s: float, lock, ready, go, results, scale: float = 1.0) -> None:
     """One child: calibrate a burst, then take turns with the other until ``seconds`` pass, idle for ``idle_s``
-    from the middle on; send its bursts."""
+    from the middle on; send its bursts. ``scale`` stretches its burst and gap (phases of seconds, as an RL step's)."""
     import torch
 
     side, burst_ms, gap_s, extra_gib = LOOPS[kind]
+    burst_ms, gap_s = burst_ms * scale, gap_s * scale
     torch.cuda.set_device(gpu)
     a = torch.randn(side, side, device="cuda", dtype=torch.bfloat16)
     b, c = torch.randn_like(a), torch.empty_like(a)
@@ -133,6 +134,8 @@ def main(argv=None) -> int:
                          "ACTIVITY_EVERY_S)")
     ap.add_argument("--idle-s", type=float, default=0.0,
                     help="both loops idle this long from the middle of --seconds on (NVML answers NOT_FOUND)")
+    ap.add_argument("--burst-scale", type=float, default=1.0,
+                    help="stretch both loops' bursts and gaps by this factor (1: 300/120 ms bursts, sub-second turns)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     args = ap.parse_args(argv)
     try:
@@ -167,7 +170,7 @@ def run(args, source) -> int:
     lock, go, results = ctx.Lock(), ctx.Event(), ctx.Queue()
     readies = {kind: ctx.Event() for kind in LOOPS}
     children = [ctx.Process(target=loop, args=(kind, args.gpu, args.seconds, args.idle_s, lock, readies[kind], go,
-                                               results)) for kind in LOOPS]
+                                               results, args.burst_scale)) for kind in LOOPS]
     for child in children:
         child.start()
     progress(f"two loops starting on GPU {args.gpu} (spawned: torch's import and a calibration each)")
