@@ -52,7 +52,7 @@ class FakeNvml:
         self.activity_since: list[tuple[int, int]] = []  # (gpu, lastSeenTimeStamp) of each process-utilization call
         # The per-process utilization the fake driver answers with: its clock (µs) and, per GPU, the spans each pid was
         # busy (pid, from µs, to µs, SM %). A call answers one record per pid busy since lastSeenTimeStamp: its mean
-        # SM % over (lastSeenTimeStamp, its newest busy moment], as the H100 answered (trimtab.agent.activity).
+        # SM % over (lastSeenTimeStamp, the read], as the H100 answered (bench/nvml_process_window.py).
         self.activity_now_us = 0
         self.activity_busy: dict[int, list[tuple[int, int, int, float]]] = {}
         self.activity_delay_s: dict[str, float] = {}  # function name → seconds each call sleeps (a slow driver)
@@ -200,7 +200,7 @@ class FakeNvml:
                      and a < now]
             if not spans:
                 continue
-            stamp = min(now, max(b for _, b, _ in spans))
+            stamp = now  # the read's sampling instant for every process (bench/nvml_process_window.py on the H100)
             busy = sum((min(b, stamp) - max(a, last_seen_us)) * sm / 100 for a, b, sm in spans)
             record = ctype()
             record.pid, record.timeStamp = pid, stamp

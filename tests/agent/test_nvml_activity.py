@@ -74,8 +74,8 @@ def test_busy_seconds_are_smutil_times_the_covered_time_summed_over_reads(instal
             first = source.sample(6_000)
     second = source.sample(11_000)
     rows = {pid: activity(first, 0, pid) + activity(second, 0, pid) for pid in (gen, rew)}
-    # covered: from the baseline's newest record (1.3 s) to the last read (11.3 s): generation busy 0.3 s of its
-    # first span and 9 whole ones, reward all 10 of its own
+    # covered: from the baseline's read (1.3 s) to the last read (11.3 s): generation busy 0.3 s of its first
+    # span and 9 whole ones, reward all 10 of its own
     assert sum(busy_s(r) for r in rows[gen]) == pytest.approx(0.3 + 9 * 0.6, rel=0.01)
     assert sum(busy_s(r) for r in rows[rew]) == pytest.approx(10 * 0.3, rel=0.01)
     assert [r[2] for r in rows[gen]] == [5, 5]  # one record per read it was busy in (reads 2–6, 7–11)
@@ -267,3 +267,21 @@ def test_a_cadence_that_is_no_positive_number_of_seconds_is_refused(install):
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="positive number of seconds"):
             install(fk.FakeNvml(n_gpus=1), activity_every_s=bad)
+
+
+def test_a_process_whose_last_sample_came_early_in_a_read_is_credited_the_whole_read(install):
+    """NVML's record is a process's mean over the whole read, whatever the moment of its last busy sample: crediting
+    it only up to that moment under-counted the process that ran first in each read (0.63× on the H200)."""
+    fake = fk.FakeNvml(n_gpus=1)
+    first, second = 1000, 2000
+    # first busy 0.2 s at the start of every second, second 0.5 s at its end
+    fake.activity_busy[0] = [(first, T0 + s * S, T0 + s * S + 200_000, 100.0) for s in range(0, 12)] + \
+                            [(second, T0 + s * S + 500_000, T0 + s * S + 1_000_000, 100.0) for s in range(0, 12)]
+    source = driven(install, fake)
+    for k in range(1, 12):
+        read_at(source, fake, T0 + k * S + 990_000)  # each read just before the next second starts
+    readings = source.sample(11_000)
+    rows = {pid: activity(readings, 0, pid) for pid in (first, second)}
+    # covered (1.99, 11.99]: ten whole seconds, so 10 × 0.2 s and 10 × 0.5 s (less the 10 ms each read cuts off)
+    assert sum(busy_s(r) for r in rows[first]) == pytest.approx(10 * 0.2, rel=0.02)
+    assert sum(busy_s(r) for r in rows[second]) == pytest.approx(10 * 0.49 + 0.01, rel=0.02)

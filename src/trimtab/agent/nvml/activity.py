@@ -8,8 +8,13 @@ record is an average over the time it covers, and how busy seconds follow from i
 The rules, in the order they apply:
 
 * **One call per GPU per read**, passing ``lastSeenTimeStamp`` = the newest record time the previous reads saw,
-  so a read's records cover (that time, their own timestamp]. A process with several records in one answer (a
-  driver that returns one a sampling period) has each cover the time since its previous one. A failed call does not
+  so a read covers (that time, the newest record's timestamp], and where each process has one record, each record
+  is that process's mean over the whole read (on the H100 and H200, driver 580: ``bench/nvml_process_window.py``
+  gives smUtil × the read's span within 1–3 % of a known duty cycle). Not (that time, the record's own timestamp]:
+  a process whose last sample came early in the read would be credited a shorter span than its mean was taken
+  over (two processes taking turns on the H200: the one whose records lagged read 0.63× its own CUDA-event time).
+  A process with several records in one answer (a driver that returns one a sampling period) has each cover the
+  time since its previous one. A failed call does not
   move the time on: the next read covers what it missed.
 * **The cheapest way that answers**: the first read times each way the bindings have (either NVML function, in one
   C call or through pynvml's two-call wrapper: ``procutil``) and keeps the cheapest; a way that proves absent later
@@ -140,12 +145,18 @@ class ProcessActivity:
             self.last_seen_us = newest
             tally.start(newest / 1000)
             return
-        since: dict[int, int] = {}
-        for pid, stamp, sm, mem in sorted(values, key=lambda v: v[1]):
-            start = since.get(pid, last_seen)
-            if stamp > start:
-                tally.add(pid, sm, mem, (stamp - start) / 1000)
-                since[pid] = stamp
+        pids = [v[0] for v in values]
+        if len(set(pids)) == len(pids):  # one record a process: each is its mean over the whole read
+            for pid, _, sm, mem in values:
+                if newest > last_seen:
+                    tally.add(pid, sm, mem, (newest - last_seen) / 1000)
+        else:  # a driver that returns one record a sampling period: each covers the time since the pid's previous
+            since: dict[int, int] = {}
+            for pid, stamp, sm, mem in sorted(values, key=lambda v: v[1]):
+                start = since.get(pid, last_seen)
+                if stamp > start:
+                    tally.add(pid, sm, mem, (stamp - start) / 1000)
+                    since[pid] = stamp
         if newest > last_seen:
             self.last_seen_us = newest
             tally.answered(newest / 1000)
