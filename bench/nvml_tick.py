@@ -1,43 +1,45 @@
 """What does one NVML tick cost per GPU: trimtab's ``NvmlSource.sample()`` against the bare NVML calls it makes,
-side by side in one run (goal: ours within 2× of bare, median per GPU per tick), and what the per-process
-utilization call adds to it (issue 40: the tick with it within 1.2× of the tick without). H200 check.
+side by side in one run (goal: ours within 2× of bare, median per GPU per tick), what the per-process utilization
+read does to it now that the agent makes it off the tick (issue 40: the tick with it within 1.2× of the tick
+without), and what that read costs on its own. H200 check.
 
 * **bare**: exactly the calls our tick makes — the source's own prepared list per GPU (utilization, memory v2,
   power, temperature, SM clock, clock-event reasons), a GPM sample and the GPM metrics of the same metric ids
-  on GPUs with GPM (its own two samples), the per-process utilization since the newest sample it read, the process
-  list every 5 s and an XID poll every 2 s (its own event set) — called straight through the bindings in a loop,
-  nothing around them.
-* **ours**: ``NvmlSource.sample()``, all of it (its GPM, its per-process utilization, its slow-thread pick-up, its
-  events).
-* **ours without**: the same with ``process_activity=False`` (no per-process utilization call): today's tick.
+  on GPUs with GPM (its own two samples), the process list every 5 s and an XID poll every 2 s (its own event
+  set) — called straight through the bindings in a loop, nothing around them.
+* **ours**: ``NvmlSource.sample()``, all of it (its GPM, its slow-thread pick-up, its events, the per-process
+  activity it takes at the process list), with the agent's per-process utilization thread reading every
+  ``--activity-every`` s beside it, as the agent runs.
+* **ours without**: the same with ``process_activity=False`` (no per-process utilization read at all): the tick
+  before the per-process call existed.
 
 The three take turns, one tick each, at ``--hz`` (default 9.5: GPM needs a GPU's samples more than 100 ms apart;
 each side samples every third tick), each tick starting after the same wait: ``sleep`` (as the daemon waits,
 so each tick starts on a cold CPU) and ``spin`` (a busy wait: a warm CPU). Median and p99 per GPU per tick of
 each, the ratio ours/bare and the ratio ours/ours without. Then each bare call alone in a tight loop (µs per call,
-warm), and the naive tick (the same cheap calls plus ``nvmlDeviceGetPcieThroughput`` TX and RX, each blocking
-~20 ms) for comparison.
+warm); the per-process read on its own (``bench/_nvml_procutil.py``: both NVML functions, in one C call and through
+pynvml's wrapper, µs per call, the cheapest, and each amortized per second at ``--activity-every``); and the naive
+tick (the same cheap calls plus ``nvmlDeviceGetPcieThroughput`` TX and RX, each blocking ~20 ms) for comparison.
 
 ``--fake-nvml``: no GPU needed. The real ``pynvml`` bindings run over a stand-in for ``libnvidia-ml`` whose
-every function returns at once (the per-process utilization call with ``FAKE_ACTIVITY_SAMPLES`` new samples each
-time, two processes busy), so bare is the bindings' own Python and ours − bare is exactly trimtab's Python per GPU
-per tick (the figure a real run adds to NVML's own cost). It says so in its output; the naive tick is left out
-(its blocking is the driver's).
+every function returns at once (``bench/_nvml_standin.py``; the per-process call with two records), so bare is the
+bindings' own Python and ours − bare is exactly trimtab's Python per GPU per tick (the figure a real run adds to
+NVML's own cost). It says so in its output; the naive tick is left out (its blocking is the driver's).
 
 Runs unattended in under a minute by default (50 ticks a side per wait mode: 2 × 156 ticks at 9.5 Hz ≈ 33 s, then
-the calls alone and the naive tick), printing a progress line (stderr, flushed) at each stage; ``--budget-s`` caps
-the timed ticks (a run cut short says how many ticks each side had). On main at ef53228 the defaults were 200 ticks a
-side: 2 × 606 ticks at 9.5 Hz = 128 s of pacing before anything was printed (all at the end, and block-buffered
-when piped), so an 80 s limit on an H100 saw no output at all.
+the calls alone, the per-process read's ways, 20 calls each a GPU, and the naive tick), printing a progress line
+(stderr, flushed) at each stage; ``--budget-s`` caps the timed ticks (a run cut short says how many ticks each side
+had). Exit 0 when it measured (the verdicts are in the output), 2 where it cannot (no NVML, driver or GPU: one
+line on stderr says so; ``--fake-nvml`` runs anywhere).
 
     python3 bench/nvml_tick.py [--ticks 50] [--hz 9.5] [--wait sleep|spin|both] [--naive-ticks 20] [--gpus 0,1]
-                               [--budget-s 45] [--fake-nvml [--fake-gpus 8]] [--json]
+                               [--activity-every 1] [--activity-calls 20] [--budget-s 45]
+                               [--fake-nvml [--fake-gpus 8]] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import statistics
@@ -46,9 +48,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
+from bench._nvml_procutil import print_ways, time_ways  # noqa: E402
+from bench._nvml_standin import install_no_cost_nvml  # noqa: E402
+
 GOAL_RATIO = 2.0
-GOAL_ACTIVITY_RATIO = 1.2  # ours with the per-process utilization call / ours without it
-FAKE_ACTIVITY_SAMPLES = 12  # per call of the stand-in: 2 processes × 6 sampling periods (1/6 s) of a 1 s tick
+GOAL_ACTIVITY_RATIO = 1.2  # ours with the per-process utilization read (off the tick) / ours without it
 
 
 def _import_agent():
@@ -69,96 +74,6 @@ def _import_agent():
     from trimtab.agent.source import SourceUnavailable
 
     return nvml, SourceUnavailable
-
-
-# -- the no-cost stand-in for libnvidia-ml (--fake-nvml) -------------------------------------------------------------
-
-def _ok(*_args: Any) -> int:
-    return 0  # NVML_SUCCESS, touching nothing
-
-
-class NoCostNvmlLibrary:
-    """Stands in for the ``CDLL`` of libnvidia-ml under the real bindings: every function returns NVML_SUCCESS at
-    once, writing only what start-up needs (a GPU count, handles, UUIDs, GPM support). Per-tick values stay 0."""
-
-    def __init__(self, nv: Any, n_gpus: int, nvlink_links: int = 0):
-        self.nv, self.n_gpus, self.nvlink_links = nv, n_gpus, nvlink_links
-
-    def __getattr__(self, name: str) -> Callable[..., int]:
-        special = getattr(type(self), "_" + name, None)
-        if special is not None:
-            return special.__get__(self)
-        if name.startswith("nvml"):
-            return _ok
-        raise AttributeError(name)
-
-    def _nvmlDeviceGetCount_v2(self, count) -> int:
-        count._obj.value = self.n_gpus
-        return 0
-
-    def _nvmlDeviceGetHandleByIndex_v2(self, index, device) -> int:
-        ctypes.cast(ctypes.byref(device._obj), ctypes.POINTER(ctypes.c_void_p))[0] = index.value + 1
-        return 0
-
-    def _nvmlDeviceGetUUID(self, handle, buffer, _size) -> int:
-        buffer.value = f"GPU-nocost-{ctypes.cast(handle, ctypes.c_void_p).value - 1}".encode()
-        return 0
-
-    def _nvmlDeviceGetName(self, _handle, buffer, _size) -> int:
-        buffer.value = b"no-cost NVML stand-in"
-        return 0
-
-    def _nvmlSystemGetDriverVersion(self, buffer, _size) -> int:
-        buffer.value = b"none (no-cost stand-in)"
-        return 0
-
-    _nvmlSystemGetNVMLVersion = _nvmlSystemGetDriverVersion
-
-    def _nvmlDeviceGetMaxPcieLinkGeneration(self, _handle, out) -> int:
-        out._obj.value = 5
-        return 0
-
-    def _nvmlDeviceGetMaxPcieLinkWidth(self, _handle, out) -> int:
-        out._obj.value = 16
-        return 0
-
-    def _nvmlDeviceGetNvLinkState(self, _handle, link, out) -> int:
-        if link >= self.nvlink_links:
-            return self.nv.NVML_ERROR_NOT_SUPPORTED
-        out._obj.value = self.nv.NVML_FEATURE_ENABLED
-        return 0
-
-    def _nvmlGpmQueryDeviceSupport(self, _handle, out) -> int:
-        out._obj.isSupportedDevice = 1
-        return 0
-
-    def _nvmlEventSetWait_v2(self, _event_set, _data, _timeout) -> int:
-        return self.nv.NVML_ERROR_TIMEOUT  # no event waiting, as on a healthy GPU
-
-    def _nvmlDeviceGetProcessesUtilizationInfo(self, _handle, info) -> int:
-        """Samples on every call, as on a GPU with two busy processes: the size first, then the samples, copied
-        in one C call from a template (filling them field by field in Python would time the stand-in, not us)."""
-        info = info._obj
-        if not info.procUtilArray:
-            info.processSamplesCount = FAKE_ACTIVITY_SAMPLES
-            return self.nv.NVML_ERROR_INSUFFICIENT_SIZE
-        template = self._activity_template()
-        ctypes.memmove(info.procUtilArray, template, ctypes.sizeof(template))
-        return 0
-
-    def _activity_template(self):
-        template = getattr(self, "_template", None)
-        if template is None:
-            template = (self.nv.c_nvmlProcessUtilizationInfo_v1_t * FAKE_ACTIVITY_SAMPLES)()
-            for i, sample in enumerate(template):  # two pids, six sampling periods of 1/6 s
-                sample.pid, sample.timeStamp, sample.smUtil, sample.memUtil = 1000 + i % 2, 1 + i // 2, 40, 10
-            self._template = template
-        return template
-
-
-def install_no_cost_nvml(nv: Any, n_gpus: int) -> None:
-    nv.nvmlLib = NoCostNvmlLibrary(nv, n_gpus)
-    nv._nvmlGetFunctionPointer_cache.clear()
 
 
 # -- statistics and pacing -----------------------------------------------------------------------------------------
@@ -228,11 +143,6 @@ class BareTick:
                 gpm = [samples, requests]
             self.gpus.append((gpu.handle, [(fn, args) for _, fn, args in calls], gpm))
         self.processes = next(getattr(nv, n) for n in PROCESS_CALLS if hasattr(nv, n))
-        # the per-process utilization function ours ended up with (None: unsupported there, so not called here)
-        activity = [g.activity for g, _ in source.tick_calls() if g.activity is not None and g.activity.supported]
-        self.activity = activity[0].call if activity else None
-        self.activity_name = activity[0].function_name if activity else None
-        self.last_seen_us = [0] * len(self.gpus)
         self.event_wait = next(getattr(nv, n) for n in EVENT_WAIT if hasattr(nv, n))
         self.event_set = nv.nvmlEventSetCreate()
         for handle, _, _ in self.gpus:
@@ -250,15 +160,9 @@ class BareTick:
         procs = now >= self._procs_due
         if procs:
             self._procs_due = now + self.processes_every_s
-        for k, (handle, calls, gpm) in enumerate(self.gpus):
+        for handle, calls, gpm in self.gpus:
             for fn, args in calls:
                 fn(*args)
-            if self.activity is not None:
-                try:
-                    samples = self.activity(handle, self.last_seen_us[k])
-                    self.last_seen_us[k] = max((s.timeStamp for s in samples), default=self.last_seen_us[k])
-                except nv.NVMLError:  # NOT_FOUND: no process busy since
-                    pass
             if procs:
                 self.processes(handle)
             if gpm is not None:
@@ -279,8 +183,6 @@ class BareTick:
         handle, calls, gpm = self.gpus[0]
         named = [(getattr(fn, "__name__", str(fn)), fn, args) for fn, args in calls]
         named.append(("processes", self.processes, (handle,)))
-        if self.activity is not None:
-            named.append((self.activity_name, self.activity, (handle, 0)))
         if gpm is not None:
             named += [("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, (handle, gpm[0][0])),
                       ("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, (gpm[1][0],))]
@@ -388,8 +290,9 @@ def print_report(r: dict) -> None:
     print(f"driver {inv['driver']}, NVML {inv['nvml']}; {len(inv['gpus'])} GPU(s):")
     for g in inv["gpus"]:
         print(f"  GPU {g['index']}: {g['name']}, GPM {'yes' if g['gpm'] else 'no'}, NVLink links {g['nvlink_links']}")
-    print(f"\nper GPU per tick (µs), bare, ours and ours without the per-process call taking turns at {r['hz']:g} "
-          f"Hz, {r['ticks']} ticks each (per-process utilization: {r['activity_call'] or 'unsupported'}):")
+    print(f"\nper GPU per tick (µs), bare, ours and ours without the per-process read taking turns at {r['hz']:g} "
+          f"Hz, {r['ticks']} ticks each (ours reads per-process utilization off the tick every "
+          f"{r['activity_every_s']:g} s with {r['activity_call'] or 'nothing: unsupported'}):")
     print(f"  {'':44}{'median':>10}{'p99':>10}{'max':>10}")
     for run in r["runs"]:
         for label, s in ((f"wait={run['wait']}: bare NVML calls", run["bare"]),
@@ -404,11 +307,12 @@ def print_report(r: dict) -> None:
         ratio = run["activity_ratio_median"]
         verdict = "within" if ratio is not None and ratio <= GOAL_ACTIVITY_RATIO else "NOT within"
         print(f"  {'  ratio ours/ours without per-process':44}{_fmt(ratio):>9}×{_fmt(run['activity_ratio_p99']):>9}×"
-              f"   ({verdict} {GOAL_ACTIVITY_RATIO:g}×; the per-process call adds "
-              f"{_fmt(run['activity_added_median_us'])} µs)")
+              f"   ({verdict} {GOAL_ACTIVITY_RATIO:g}×; the tick with the read on its thread "
+              f"{_fmt(run['activity_added_median_us'])} µs longer)")
     print("\neach bare call alone, tight loop (µs per call, warm): " + " · ".join(
         f"{name} {_fmt(s['median_us'])}" + (f" ({s['failed']} failed)" if s["failed"] else "")
         for name, s in r["each_call_alone"].items()))
+    print_ways(r["activity_read"], _fmt)
     if r.get("naive"):
         s = r["naive"]["tick_per_gpu"]
         print(f"naive tick (the cheap calls + GetPcieThroughput TX/RX on the tick): median {_fmt(s['median_us'])} µs,"
@@ -426,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fake-nvml", action="store_true",
                     help="no GPU: real bindings over a no-cost NVML stand-in, to measure trimtab's own overhead")
     ap.add_argument("--fake-gpus", type=int, default=8, help="GPUs of the stand-in")
+    ap.add_argument("--activity-every", type=float, default=None,
+                    help="seconds between the agent's per-process utilization reads (default: the agent's own)")
+    ap.add_argument("--activity-calls", type=int, default=20,
+                    help="calls of each way to read per-process utilization, per GPU")
     ap.add_argument("--budget-s", type=float, default=45.0,
                     help="the most seconds the timed ticks may take, all wait modes together (then they stop)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
@@ -436,24 +344,28 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
     modes = ("sleep", "spin") if args.wait == "both" else (args.wait,)
-    progress(f"{len(modes)} wait mode(s) x 3 sides x {args.ticks + 2} ticks at {args.hz:g} Hz: about "
-             f"{len(modes) * 3 * (args.ticks + 2) / args.hz:.0f} s of ticks (at most {args.budget_s:g} s)")
     indices = [int(i) for i in args.gpus.split(",")] if args.gpus else None
 
     nvml, SourceUnavailable = _import_agent()
+    from trimtab.agent.nvml.activity_reader import ACTIVITY_EVERY_S
+
+    every_s = args.activity_every or ACTIVITY_EVERY_S
     if args.fake_nvml:
         install_no_cost_nvml(nvml.load_pynvml(), args.fake_gpus)
     try:
-        source = nvml.NvmlSource(indices=indices)
+        source = nvml.NvmlSource(indices=indices, activity_every_s=every_s)
         without = nvml.NvmlSource(indices=indices, process_activity=False)
     except SourceUnavailable as exc:
-        print(f"nvml_tick: cannot measure here: {exc}\nRun it on a machine with an NVIDIA GPU and driver, or with "
-              f"--fake-nvml for trimtab's own overhead.", file=sys.stderr)
+        message = " ".join(str(exc).split())
+        print(f"nvml_tick: cannot measure here ({message}); run it on a machine with an NVIDIA GPU and driver, or "
+              f"with --fake-nvml for trimtab's own overhead", file=sys.stderr)
         return 2
+    progress(f"{len(modes)} wait mode(s) x 3 sides x {args.ticks + 2} ticks at {args.hz:g} Hz: about "
+             f"{len(modes) * 3 * (args.ticks + 2) / args.hz:.0f} s of ticks (at most {args.budget_s:g} s)")
     inv = source.inventory()
     bare = BareTick(nvml, source)
-    progress(f"NVML up in {time.perf_counter() - started:.1f} s: {len(inv.gpus)} GPU(s), per-process call "
-             f"{bare.activity_name or 'unsupported'}")
+    progress(f"NVML up in {time.perf_counter() - started:.1f} s: {len(inv.gpus)} GPU(s); the per-process read off "
+             f"the tick every {every_s:g} s")
     try:
         stop_at, runs = time.perf_counter() + args.budget_s, []
         for how in modes:
@@ -465,6 +377,11 @@ def main(argv=None) -> int:
                      f"{_fmt(run['activity_ratio_median'])}x ({time.perf_counter() - started:.1f} s so far)")
         each = bare.each_call_alone()
         progress(f"each call alone timed ({time.perf_counter() - started:.1f} s so far)")
+        ways = time_ways(bare.nv, [h for h, _, _ in bare.gpus], args.activity_calls, every_s, us_stats)
+        progress(f"per-process read's ways timed: cheapest {ways['cheapest']} "
+                 f"({time.perf_counter() - started:.1f} s so far)")
+        picked = sorted({g.activity.function_name for g, _ in source.tick_calls()
+                         if g.activity is not None and g.activity.supported} - {None})
         naive = None
         if args.naive_ticks and not args.fake_nvml:
             naive = bench_naive(bare.nv, [h for h, _, _ in bare.gpus], args.naive_ticks, args.hz)
@@ -485,7 +402,8 @@ def main(argv=None) -> int:
         "naive_over_ours": naive["tick_per_gpu"]["median_us"] / ours_med if naive and ours_med else None,
         "goal_ratio": GOAL_RATIO,
         "goal_met": all(run["ratio_median"] is not None and run["ratio_median"] <= GOAL_RATIO for run in runs),
-        "activity_call": bare.activity_name, "goal_activity_ratio": GOAL_ACTIVITY_RATIO,
+        "activity_call": ", ".join(picked) or None, "activity_every_s": every_s, "activity_read": ways,
+        "goal_activity_ratio": GOAL_ACTIVITY_RATIO,
         "activity_goal_met": all(run["activity_ratio_median"] is not None
                                  and run["activity_ratio_median"] <= GOAL_ACTIVITY_RATIO for run in runs),
         "activity_failed_calls": source.activity_failed_calls(),

@@ -5,29 +5,35 @@ Two child processes share GPU ``--gpu``: a **generation**-like loop (bursts of m
 **reward**-like loop (shorter bursts of 4096² matmuls), taking turns through a lock so their bursts never overlap
 (as an RL pipeline's phases; two contexts running at once would time-slice, and each one's events would count the
 other's time too). Each times its own GPU-busy time with CUDA events around each burst, with the burst's wall
-start and end. Meanwhile this script runs the agent's NVML source (``NvmlSource``, 1 s ticks, process rows every
-5 s) and, apart from it, reads NVML's raw per-process samples to estimate the driver's sampling period (a low percentile of the gaps between
-distinct sample times: the driver samples on a grid).
+start and end. ``--idle-s`` stops both for that long mid-run (reads that find nobody busy: NVML answers NOT_FOUND).
+Meanwhile this script runs the agent's NVML source (``NvmlSource``: 1 s ticks, process rows every 5 s, and its own
+thread reading per-process utilization every ``--activity-every`` s, off the tick) and, apart from it, reads NVML's
+raw per-process records every tick to estimate the driver's sampling period (a low percentile of the gaps between
+distinct record times: the driver samples on a grid) and for the estimators below.
 
-Printed, per process, its own CUDA-event busy seconds and, side by side, each estimator of it as a ratio to
-them (each over the span it covers, the own total cut to the same span; goal: within 5 %):
+Printed, per process, its own CUDA-event busy seconds and, side by side, each estimator of it as a ratio to them
+(goal: within 5 %):
 
-* **(a) agent**: the agent's attribution, sum over its rows of ``sm_util_pct / 100 × util_samples × period`` (the
-  period estimated from the raw samples' times), and the same from the raw samples (a check of its adding up);
+* **(a) agent**: the agent's attribution, through its own code (the source's process rows, summed as the store
+  sums them and turned into a busy % by the ledger's estimator, ``trimtab.grading.ledger.shares``): Σ over the
+  process's rows of ``sm_util_pct / 100 × (util_to_ms − util_from_ms)`` — each NVML record's smUtil × the seconds
+  it covers. Its truth is the process's own busy seconds over exactly the intervals its rows cover (the first
+  row's starts at the baseline read, which may be before the process's first burst);
 * **(b) share × device util**: per tick interval, the process's share of the summed per-process smUtil of the raw
-  samples read at that tick × the device's own utilization (``nvmlDeviceGetUtilizationRates.gpu`` read at the
+  records read at that tick × the device's own utilization (``nvmlDeviceGetUtilizationRates.gpu`` read at the
   tick) × the interval's wall time; **(b′)** the same with the mean of the device's utilization samples over the
   interval (``nvmlDeviceGetSamples``) instead of the one reading;
-* **(c) sm × dt**: each raw sample's smUtil × the time since the previous sample's timestamp on the GPU (any
-  process's); **(c′)** since the same process's previous sample.
+* **(c) sm × dt**: each raw record's smUtil × the time since the previous record's timestamp on the GPU (any
+  process's); **(c′)** since the same process's previous record.
 
-And the raw numbers: samples per call (median, max), the sampling period, the device utilization's mean over the
-ticks, whether an idle process ever had a sample (NVML documents that only busy ones do). Progress lines go to
-stderr, flushed. Exit 0 when the agent's attribution (a) is within the goal, 1 outside it, 2 where it cannot run
-(no CUDA GPU, no NVML, per-process utilization unsupported: one line says which). Runs unattended in under 90 s
-with the defaults (30 s of loops; the children's start, torch's import and a calibration, ~15 s on an H100).
+(b), (b′), (c) and (c′) are over the raw records' span, their truths cut to it. And the raw numbers: records per
+call (median, max), the sampling period, the device utilization's mean over the ticks, the way the agent picked to
+read the records and what each way cost at the pick. Progress lines go to stderr, flushed. Exit 0 when the agent's
+attribution (a) is within the goal for both processes, 1 outside it, 2 where it cannot run (no CUDA GPU, no NVML,
+per-process utilization unsupported: one line says which). Runs unattended in under 90 s with the defaults (30 s of
+loops; the children's start, torch's import and a calibration, ~15 s on an H100); ``--seconds 60`` in under 2 min.
 
-    python3 bench/process_activity.py [--gpu 0] [--seconds 30] [--json]
+    python3 bench/process_activity.py [--gpu 0] [--seconds 30] [--activity-every 1] [--idle-s 0] [--json]
 """
 
 from __future__ import annotations
@@ -55,11 +61,13 @@ def _src_on_path() -> None:
         sys.path.insert(0, str(src))
 
 
-def loop(kind: str, gpu: int, seconds: float, lock, ready, go, results) -> None:
-    """One child: calibrate a burst, then take turns with the other until ``seconds`` pass; send its bursts."""
+def loop(kind: str, gpu: int, seconds: float, idle_s: float, lock, ready, go, results, scale: float = 1.0) -> None:
+    """One child: calibrate a burst, then take turns with the other until ``seconds`` pass, idle for ``idle_s``
+    from the middle on; send its bursts. ``scale`` stretches its burst and gap (phases of seconds, as an RL step's)."""
     import torch
 
     side, burst_ms, gap_s, extra_gib = LOOPS[kind]
+    burst_ms, gap_s = burst_ms * scale, gap_s * scale
     torch.cuda.set_device(gpu)
     a = torch.randn(side, side, device="cuda", dtype=torch.bfloat16)
     b, c = torch.randn_like(a), torch.empty_like(a)
@@ -75,8 +83,12 @@ def loop(kind: str, gpu: int, seconds: float, lock, ready, go, results) -> None:
     reps = max(1, int(burst_ms / (start.elapsed_time(end) / 50)))
     ready.set()
     go.wait()
-    bursts, until = [], time.time() + seconds
+    began = time.time()
+    bursts, until, pause = [], began + seconds, (began + seconds / 2, began + seconds / 2 + idle_s)
     while time.time() < until:
+        if pause[0] <= time.time() < pause[1]:
+            time.sleep(0.05)
+            continue
         with lock:
             wall_start = time.time()
             start.record()
@@ -117,6 +129,13 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", type=int, default=0, help="the GPU (NVML and CUDA index) both processes share")
     ap.add_argument("--seconds", type=float, default=30.0, help="how long the two loops run (rows come every 5 s)")
     ap.add_argument("--interval", type=float, default=1.0, help="the agent's tick, seconds")
+    ap.add_argument("--activity-every", type=float, default=None,
+                    help="the agent's per-process utilization reads, seconds (default: the agent's own, "
+                         "ACTIVITY_EVERY_S)")
+    ap.add_argument("--idle-s", type=float, default=0.0,
+                    help="both loops idle this long from the middle of --seconds on (NVML answers NOT_FOUND)")
+    ap.add_argument("--burst-scale", type=float, default=1.0,
+                    help="stretch both loops' bursts and gaps by this factor (1: 300/120 ms bursts, sub-second turns)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     args = ap.parse_args(argv)
     try:
@@ -127,10 +146,13 @@ def main(argv=None) -> int:
         return fail("needs a CUDA GPU (torch sees none here); run it on a GPU machine")
     _src_on_path()
     from trimtab.agent.nvml import NvmlSource
+    from trimtab.agent.nvml.activity_reader import ACTIVITY_EVERY_S
     from trimtab.agent.source import SourceUnavailable
 
+    if args.activity_every is None:
+        args.activity_every = ACTIVITY_EVERY_S
     try:
-        source = NvmlSource(indices=[args.gpu], slow_refresh_s=None)
+        source = NvmlSource(indices=[args.gpu], slow_refresh_s=None, activity_every_s=args.activity_every)
     except SourceUnavailable as exc:
         return fail(f"NVML unavailable: {exc}")
     try:
@@ -147,8 +169,8 @@ def run(args, source) -> int:
     ctx = mp.get_context("spawn")
     lock, go, results = ctx.Lock(), ctx.Event(), ctx.Queue()
     readies = {kind: ctx.Event() for kind in LOOPS}
-    children = [ctx.Process(target=loop, args=(kind, args.gpu, args.seconds, lock, readies[kind], go, results))
-                for kind in LOOPS]
+    children = [ctx.Process(target=loop, args=(kind, args.gpu, args.seconds, args.idle_s, lock, readies[kind], go,
+                                               results, args.burst_scale)) for kind in LOOPS]
     for child in children:
         child.start()
     progress(f"two loops starting on GPU {args.gpu} (spawned: torch's import and a calibration each)")
@@ -161,12 +183,13 @@ def run(args, source) -> int:
         go.set()
         next_tick = go_at = time.time()
         next_note = go_at + 5
-        progress(f"loops ready; {args.seconds:g} s of turns, the agent ticking every {args.interval:g} s")
+        progress(f"loops ready; {args.seconds:g} s of turns ({args.idle_s:g} s of it idle), the agent ticking every "
+                 f"{args.interval:g} s and reading per-process utilization every {args.activity_every:g} s")
         while len(own) < len(children):
             ts_ms = int(time.time() * 1000)
             rows.extend(source.sample(ts_ms).processes)
             got = []
-            try:  # the raw samples, apart from the agent: NVML filters by time, so two readers do not interfere
+            try:  # the raw records, apart from the agent: NVML filters by time, so two readers do not interfere
                 got = [(s.pid, s.timeStamp, s.smUtil, s.memUtil) for s in
                        nv.nvmlDeviceGetProcessUtilization(handle, last_seen)]
                 calls.append(len(got))
@@ -179,11 +202,11 @@ def run(args, source) -> int:
             while not results.empty():  # a loop's bursts, sent as it ends
                 kind, pid, bursts = results.get()
                 own[kind] = (pid, bursts)
-            if time.time() > go_at + args.seconds + 60:
+            if time.time() > go_at + args.seconds + args.idle_s + 60:
                 return fail("the loops did not report within 60 s of their end")
             if time.time() >= next_note:
                 next_note += 5
-                progress(f"t={time.time() - go_at:.0f} s: {len(rows)} agent rows, {len(raw)} raw samples, device "
+                progress(f"t={time.time() - go_at:.0f} s: {len(rows)} agent rows, {len(raw)} raw records, device "
                          f"util now {util_now}")
             next_tick += args.interval
             time.sleep(max(0.0, next_tick - time.time()))
@@ -245,15 +268,38 @@ def sm_times_dt(raw: list, per_process: bool) -> tuple[dict, Optional[tuple]]:
     return out, (ordered[0][1] / 1e6, ordered[-1][1] / 1e6)
 
 
+def agent_attribution(rows: list) -> dict[int, dict]:
+    """Estimator (a) through the agent's and the ledger's own code: per pid, its rows' (busy s, covered s) summed as
+    the store sums them (``trimtab.store.ledger.utilization_and_activity``), its busy % from the ledger's
+    estimator (``busy_pct_by_process``), and the intervals (ms) its rows cover."""
+    _src_on_path()
+    from trimtab.grading.ledger.shares import busy_pct_by_process
+
+    sums: dict[int, list] = {}
+    for r in rows:
+        if r.sm_util_pct is None or r.util_from_ms is None or r.util_to_ms is None:
+            continue  # unknown (the baseline, an unanswered interval): left out, as the store leaves it out
+        covered_ms = r.util_to_ms - r.util_from_ms
+        acc = sums.setdefault(r.pid, [0.0, 0.0, 0, []])
+        acc[0] += r.sm_util_pct * covered_ms / 100_000
+        acc[1] += covered_ms / 1000
+        acc[2] += r.util_samples or 0
+        acc[3].append((r.util_from_ms, r.util_to_ms))
+    pct = busy_pct_by_process({("node", 0): {pid: (a[0], a[1]) for pid, a in sums.items()}})
+    return {pid: {"busy_s": pct[("node", 0, pid)] / 100 * a[1] if ("node", 0, pid) in pct else None,
+                  "covered_s": a[1], "records": a[2], "intervals_ms": a[3]} for pid, a in sums.items()}
+
+
 def report(args, own: dict, rows: list, raw: list, calls: list, ticks: list, source) -> int:
-    known = [r for r in rows if r.util_samples is not None]
-    if not known:
+    agent = agent_attribution(rows)
+    if not agent:
         return fail("the agent's process rows carried no activity (run longer than 5 s?)")
-    from_ms, to_ms = min(r.util_from_ms for r in known), max(r.util_to_ms for r in known)
+    spans = [span for a in agent.values() for span in a["intervals_ms"]]
+    from_ms, to_ms = min(f for f, _ in spans), max(t for _, t in spans)
     by_pid: dict[int, list] = {}
     for r in raw:
         by_pid.setdefault(r[0], []).append(r)
-    # The driver samples on a fixed grid: the gaps between distinct sample times are multiples of its period (idle
+    # The driver samples on a fixed grid: the gaps between distinct record times are multiples of its period (idle
     # stretches leave larger ones), so a low percentile of them is the period.
     stamps = sorted({r[1] for r in raw})
     gaps = sorted((b - a) / 1e6 for a, b in zip(stamps, stamps[1:]) if b > a)
@@ -270,9 +316,12 @@ def report(args, own: dict, rows: list, raw: list, calls: list, ticks: list, sou
         if len(ranked) < 2:
             return fail(f"cannot find the two processes among NVML's PIDs {sorted(seen)}")
         mapping, how = dict(zip(("generation", "reward"), ranked)), "memory held (PID namespace: own PIDs not seen)"
+    gpu_activity = source.tick_calls()[0][0].activity
     out = {"gpu": args.gpu, "interval_ms": [from_ms, to_ms], "sampling_period_s": period_s, "pid_mapping": how,
-           "samples_per_call": {"median": statistics.median(calls) if calls else None, "max": max(calls, default=None)},
-           "activity_function": source.tick_calls()[0][0].activity.function_name,
+           "activity_every_s": getattr(args, "activity_every", None), "idle_s": getattr(args, "idle_s", 0.0),
+           "records_per_call": {"median": statistics.median(calls) if calls else None, "max": max(calls, default=None)},
+           "activity_function": gpu_activity.function_name,
+           "pick_costs_ms": {k: v * 1000 for k, v in (getattr(gpu_activity, "pick_costs_s", None) or {}).items()},
            "failed_calls": source.activity_failed_calls(), "processes": {}}
     utils = [t[1] for t in ticks if t[1] is not None]
     out["device_util"] = {"ticks": len(ticks), "mean_pct_of_readings": statistics.fmean(utils) if utils else None,
@@ -280,22 +329,23 @@ def report(args, own: dict, rows: list, raw: list, calls: list, ticks: list, sou
     estimators = {"b_share_x_util": share_times_util(ticks, False),
                   "b2_share_x_util_samples": share_times_util(ticks, True),
                   "c_sm_x_dt_gpu": sm_times_dt(raw, False), "c2_sm_x_dt_process": sm_times_dt(raw, True)}
-    within = period_s is not None
+    within = True
     for kind, pid in mapping.items():
-        own_s = own_busy_s(own[kind][1], from_ms / 1000, to_ms / 1000)
-        mine = [r for r in known if r.pid == pid]
-        agent_s = sum(r.sm_util_pct / 100 * r.util_samples for r in mine) * period_s if period_s else None
-        raw_s = sum(s[2] / 100 for s in by_pid.get(pid, ()) if from_ms * 1000 < s[1] <= to_ms * 1000) * period_s \
-            if period_s else None
+        mine = agent.get(pid, {"busy_s": None, "covered_s": 0.0, "records": 0, "intervals_ms": []})
+        bursts = own[kind][1]
+        # the truth over exactly the intervals the process's rows cover
+        own_s = sum(own_busy_s(bursts, f / 1000, t / 1000) for f, t in mine["intervals_ms"])
+        agent_s = mine["busy_s"]
         ratio = agent_s / own_s if agent_s is not None and own_s else None
         within = within and ratio is not None and abs(ratio - 1) <= GOAL
-        out["processes"][kind] = {"pid": pid, "own_busy_s": own_s, "agent_busy_s": agent_s, "raw_busy_s": raw_s,
-                                  "agent_over_own": ratio, "rows": len(mine),
-                                  "samples": sum(r.util_samples for r in mine),
-                                  "zero_sm_samples": sum(1 for s in by_pid.get(pid, ()) if s[2] == 0),
+        out["processes"][kind] = {"pid": pid, "own_busy_s": own_s, "agent_busy_s": agent_s,
+                                  "agent_over_own": ratio, "covered_s": mine["covered_s"],
+                                  "rows": len(mine["intervals_ms"]), "records": mine["records"],
+                                  "own_busy_s_all": sum(b for _, _, b in bursts),
+                                  "zero_sm_records": sum(1 for s in by_pid.get(pid, ()) if s[2] == 0),
                                   "estimators": {}}
         for name, (busy, span) in estimators.items():
-            own_span = own_busy_s(own[kind][1], *span) if span else None
+            own_span = own_busy_s(bursts, *span) if span else None
             got = busy.get(pid) if span else None
             out["processes"][kind]["estimators"][name] = {
                 "busy_s": got, "own_busy_s": own_span, "span_s": span[1] - span[0] if span else None,
@@ -311,15 +361,17 @@ def report(args, own: dict, rows: list, raw: list, calls: list, ticks: list, sou
 def print_report(out: dict) -> None:
     f = lambda x, d=3: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
     span = (out["interval_ms"][1] - out["interval_ms"][0]) / 1000
-    print(f"GPU {out['gpu']}: {out['activity_function']}; agent rows cover {span:.1f} s; NVML sampling period "
-          f"{f(out['sampling_period_s'])} s (estimated from the raw samples' times); samples per call median "
-          f"{out['samples_per_call']['median']}, max {out['samples_per_call']['max']}; PIDs by {out['pid_mapping']}; "
-          f"failed calls {out['failed_calls']}")
-    print(f"  {'process':12}{'pid':>9}{'own busy s':>12}{'agent s':>10}{'raw s':>10}{'agent/own':>11}{'samples':>9}"
-          f"{'sm=0':>6}")
+    costs = ", ".join(f"{name} {ms:.3f} ms" for name, ms in out["pick_costs_ms"].items()) or "—"
+    print(f"GPU {out['gpu']}: the agent reads per-process utilization with {out['activity_function']} every "
+          f"{out['activity_every_s']} s, off the tick (each way's cost at its pick: {costs}); its rows cover "
+          f"{span:.1f} s; NVML sampling period {f(out['sampling_period_s'])} s (from the raw records' times); raw "
+          f"records per call median {out['records_per_call']['median']}, max {out['records_per_call']['max']}; "
+          f"idle mid-run {out['idle_s']:g} s; PIDs by {out['pid_mapping']}; failed calls {out['failed_calls']}")
+    print(f"  {'process':12}{'pid':>9}{'own busy s':>12}{'agent s':>10}{'agent/own':>11}{'covered s':>11}"
+          f"{'rows':>6}{'records':>9}{'sm=0':>6}")
     for kind, p in out["processes"].items():
-        print(f"  {kind:12}{p['pid']:>9}{f(p['own_busy_s']):>12}{f(p['agent_busy_s']):>10}{f(p['raw_busy_s']):>10}"
-              f"{f(p['agent_over_own']):>11}{p['samples']:>9}{p['zero_sm_samples']:>6}")
+        print(f"  {kind:12}{p['pid']:>9}{f(p['own_busy_s']):>12}{f(p['agent_busy_s']):>10}{f(p['agent_over_own']):>11}"
+              f"{f(p['covered_s'], 1):>11}{p['rows']:>6}{p['records']:>9}{p['zero_sm_records']:>6}")
     u = out["device_util"]
     print(f"device utilization over {u['ticks']} ticks: mean of nvmlDeviceGetUtilizationRates readings "
           f"{f(u['mean_pct_of_readings'], 1)} %, of nvmlDeviceGetSamples means {f(u['mean_pct_of_samples'], 1)} %")
@@ -330,7 +382,7 @@ def print_report(out: dict) -> None:
                         for e in p["estimators"].values())
         print(f"  {'':24}{kind:12}{f(p['agent_over_own']):>11}{cells}")
     print(f"attribution {'within' if out['within_goal'] else 'NOT within'} {GOAL:.0%} of each process's own CUDA-event "
-          f"total (the agent's, (a)); estimators within it: " + (", ".join(
+          f"total (the agent's, (a)); other estimators within it: " + (", ".join(
               n for n in names if all(p["estimators"][n]["over_own"] is not None
                                       and abs(p["estimators"][n]["over_own"] - 1) <= GOAL
                                       for p in out["processes"].values())) or "none"))

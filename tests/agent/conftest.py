@@ -18,6 +18,7 @@ def install(monkeypatch):
     def _install(fake: fk.FakeNvml, **kwargs) -> NvmlSource:
         monkeypatch.setitem(sys.modules, "pynvml", fake.module)
         kwargs.setdefault("slow_refresh_s", None)  # tests drive the slow refresh themselves
+        kwargs.setdefault("activity_every_s", None)  # and the per-process utilization reads
         source = NvmlSource(**kwargs)
         opened.append(source)
         return source

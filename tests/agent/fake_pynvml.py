@@ -8,6 +8,7 @@ GPU machine. Install with ``monkeypatch.setitem(sys.modules, "pynvml", fake.modu
 
 from __future__ import annotations
 
+import time
 import types
 from collections import Counter
 from typing import Any, Optional
@@ -49,6 +50,12 @@ class FakeNvml:
         self.xid_queue: list[tuple[int, int]] = []  # (gpu index, xid) waiting in the event set
         self.memory_versions: list[Any] = []
         self.activity_since: list[tuple[int, int]] = []  # (gpu, lastSeenTimeStamp) of each process-utilization call
+        # The per-process utilization the fake driver answers with: its clock (µs) and, per GPU, the spans each pid was
+        # busy (pid, from µs, to µs, SM %). A call answers one record per pid busy since lastSeenTimeStamp: its mean
+        # SM % over (lastSeenTimeStamp, the read], as the H100 answered (bench/nvml_process_window.py).
+        self.activity_now_us = 0
+        self.activity_busy: dict[int, list[tuple[int, int, int, float]]] = {}
+        self.activity_delay_s: dict[str, float] = {}  # function name → seconds each call sleeps (a slow driver)
         self.freed: list[str] = []
         self.module = self._build_module()
 
@@ -176,11 +183,33 @@ class FakeNvml:
         return self.nvmlDeviceGetComputeRunningProcesses_v3(h)
 
     def nvmlDeviceGetProcessesUtilizationInfo(self, h: FakeHandle, last_seen_us: int) -> list:
-        self.activity_since.append((h.index, last_seen_us))
-        raise NVMLError(NOT_FOUND)  # no process busy since: the fake has no activity to tell (the simulated node has)
+        return self._activity("nvmlDeviceGetProcessesUtilizationInfo", _real.c_nvmlProcessUtilizationInfo_v1_t, h,
+                              last_seen_us)
 
     def nvmlDeviceGetProcessUtilization(self, h: FakeHandle, last_seen_us: int) -> list:
-        return self.nvmlDeviceGetProcessesUtilizationInfo(h, last_seen_us)
+        return self._activity("nvmlDeviceGetProcessUtilization", _real.c_nvmlProcessUtilizationSample_t, h,
+                              last_seen_us)
+
+    def _activity(self, name: str, ctype: Any, h: FakeHandle, last_seen_us: int) -> list:
+        self.activity_since.append((h.index, last_seen_us))
+        if self.activity_delay_s.get(name):
+            time.sleep(self.activity_delay_s[name])
+        now, records = self.activity_now_us, []
+        for pid in sorted({span[0] for span in self.activity_busy.get(h.index, ())}):
+            spans = [(a, b, sm) for p, a, b, sm in self.activity_busy[h.index] if p == pid and b > last_seen_us
+                     and a < now]
+            if not spans:
+                continue
+            stamp = now  # the read's sampling instant for every process (bench/nvml_process_window.py on the H100)
+            busy = sum((min(b, stamp) - max(a, last_seen_us)) * sm / 100 for a, b, sm in spans)
+            record = ctype()
+            record.pid, record.timeStamp = pid, stamp
+            record.smUtil = round(100 * busy / (stamp - last_seen_us))  # NVML's are whole percent
+            record.memUtil = record.smUtil // 2
+            records.append(record)
+        if not records:
+            raise NVMLError(NOT_FOUND)  # no process busy since: an answer
+        return records
 
     def nvmlDeviceGetPcieThroughput(self, h: FakeHandle, counter: int) -> int:
         return 1000  # KB/s

@@ -76,3 +76,22 @@ def test_the_index_filter_and_close(source):
         assert [g.index for g in only.inventory().gpus] == [0]
     finally:
         only.close()
+
+
+def test_the_per_process_utilization_call_is_off_the_tick():
+    from trimtab.agent.nvml import NvmlSource
+
+    calls = []
+    try:
+        src = NvmlSource(on_call=lambda metric, s: calls.append(metric), activity_every_s=None)
+    except SourceUnavailable as exc:
+        pytest.skip(f"no NVIDIA driver here: {exc}")
+    try:
+        for _ in range(3):
+            src.sample(int(time.time() * 1000))
+        assert calls.count("process_utilization") == 0  # the tick never makes it
+        src.read_activity()  # what the reader's thread does every ACTIVITY_EVERY_S
+        supported = [g for g, _ in src.tick_calls() if g.activity is not None and g.activity.supported]
+        assert calls.count("process_utilization") == len(supported)  # one call per GPU per read
+    finally:
+        src.close()

@@ -10,7 +10,7 @@ import pytest
 from trimtab.contract.readings import GPU_METRIC_NAMES
 from trimtab.agent.scenarios import GPU_PROCESSES, STEP, device_roles, phase_at
 from trimtab.agent.simulated import (NVLINK_PEAK_BYTES_PER_S, PCIE_PEAK_BYTES_PER_S, PROCESS_EVERY_TICKS,
-                                     SAMPLES_PER_TICK, SCENARIOS, SimulatedNode)
+                                     SCENARIOS, SimulatedNode)
 from trimtab.agent.source import Source
 
 TICKS = 400  # longer than the slowest oscillation period (240 ticks)
@@ -190,13 +190,14 @@ def test_a_gpus_processes_add_up_to_its_util_and_the_phase_says_which_one_works(
             rows = {p.name.split()[-1]: p for p in ticks[end].processes if p.gpu_uuid == uuid}
             for p in rows.values():
                 assert (p.util_from_ms, p.util_to_ms) == (1_000 * (end - PROCESS_EVERY_TICKS), 1_000 * end)
-            # busy time (mean x samples) of the GPU's processes = the GPU's util summed over the covered ticks
-            busy = sum(p.sm_util_pct * p.util_samples for p in rows.values()) / SAMPLES_PER_TICK
-            assert busy == pytest.approx(sum(ticks[t].gpu_samples[i].util_pct for t in covered), rel=1e-9)
-            # each process has samples in exactly the ticks whose phase gives it a share of this GPU's work
+            # busy seconds (mean SM % over the interval x its length) of the GPU's processes = the GPU's util x 1 s
+            # summed over the covered ticks
+            busy_s = sum(p.sm_util_pct / 100 * (p.util_to_ms - p.util_from_ms) / 1000 for p in rows.values())
+            assert busy_s == pytest.approx(sum(ticks[t].gpu_samples[i].util_pct / 100 for t in covered), rel=1e-9)
+            # each process has one record in exactly the ticks whose phase gives it a share of this GPU's work
             for name, p in rows.items():
                 shares = [phase_at(t).share.get(name, 1.0) if len(rows) > 1 else 1.0 for t in covered]
-                assert p.util_samples == SAMPLES_PER_TICK * sum(share > 0 for share in shares)
+                assert p.util_samples == sum(share > 0 for share in shares)
     ref_phases = [phase.name for phase in STEP if phase.share.get("ref", 0) > 0]
     assert ref_phases and len(ref_phases) < len(STEP)  # the reference model idles in some phase: counts differ
 

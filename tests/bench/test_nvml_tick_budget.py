@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,3 +42,18 @@ def test_the_default_run_is_under_a_minute():
     ticks_s = modes * 3 * (args.ticks + 2) / args.hz  # the paced ticks, all sides and wait modes
     # the rest (start-up, each call alone 100 times, 20 naive ticks of ~42 ms a GPU) is a few seconds on one GPU
     assert ticks_s <= args.budget_s <= 45 and args.naive_ticks / args.hz < 5
+
+
+def test_without_a_gpu_it_exits_2_with_one_line():
+    from trimtab.agent.nvml import NvmlSource
+    from trimtab.agent.source import SourceUnavailable
+
+    try:
+        NvmlSource(activity_every_s=None).close()
+        pytest.skip("NVML answers on this machine: the no-GPU path is not taken")
+    except SourceUnavailable:
+        pass
+    proc = subprocess.run([sys.executable, "bench/nvml_tick.py", "--ticks", "1"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("nvml_tick: cannot measure here")

@@ -64,7 +64,7 @@ def test_a_role_without_reports_is_busy_for_its_process_activity_else_its_gpus_u
     cell = next(c for c in measured.cells if c.gpu == 1 and c.kind == "busy")
     assert (cell.role, cell.name, cell.gpu_s, cell.estimated, cell.sources) == (
         "reward", "unreported", 2.5, True, ("process_activity",))  # a share of NVML's samples: an estimate
-    assert any("share of the GPU's summed per-process SM utilization" in n for n in measured.notes)
+    assert any("mean SM utilization over the time NVML's per-process records cover" in n for n in measured.notes)
     guessed = compute_ledger("j", 0, 10_000, 10_000, [rep(1, 10_000, update_s=10.0)], roles, {}, ["h"], trace)
     cell = next(c for c in guessed.cells if c.gpu == 1 and c.kind == "busy")
     assert (cell.gpu_s, cell.estimated, cell.sources) == (4.0, True, ("gpu_samples",))
@@ -160,21 +160,20 @@ def test_after_an_outage_of_the_daemon_each_advance_catches_up_at_most_five_minu
     assert ledger_store.ledger_through(engine, [job.id])[job.id] == first + 300_000
 
 
-def test_per_process_shares_are_the_summed_sm_utilization_times_the_gpus_utilization():
+def test_per_process_busy_is_smutil_times_covered_seconds_over_the_time_covered():
     from trimtab.grading.ledger.shares import busy_pct_by_process
 
-    trace = {GpuKey("h", 0): GpuTrace([0, 1000, 2000], [60.0, 80.0, 100.0])}
-    # pid 10: mean 50 % over 6 samples (300), pid 11: 100 % over 1 sample (100): shares 3/4 and 1/4 of 80 %
-    got = busy_pct_by_process({("h", 0): {10: (300.0, 6), 11: (100.0, 1), 12: (0.0, 0)}}, trace, 0, 3000)
-    assert got == {("h", 0, 10): pytest.approx(60.0), ("h", 0, 11): pytest.approx(20.0)}
-    assert busy_pct_by_process({("h", 1): {10: (300.0, 6)}}, trace, 0, 3000) == {}  # no samples of GPU 1: none
-    assert busy_pct_by_process({("h", 0): {10: (0.0, 3)}}, trace, 0, 3000) == {("h", 0, 10): 0.0}
+    # pid 10: 3 busy s of the 10 its rows cover; 11: 1 of 4 (it came later); 12: idle (0 over 10); 13: no time covered
+    got = busy_pct_by_process({("h", 0): {10: (3.0, 10.0), 11: (1.0, 4.0), 12: (0.0, 10.0), 13: (0.0, 0.0)}})
+    assert got == {("h", 0, 10): pytest.approx(30.0), ("h", 0, 11): pytest.approx(25.0), ("h", 0, 12): 0.0}
+    assert busy_pct_by_process({("h", 1): {10: (12.0, 10.0)}}) == {("h", 1, 10): 100.0}  # never above the wall time
 
 
 def test_the_store_fed_ledger_splits_a_shared_gpu_by_per_process_shares(engine, monkeypatch):
     """An actor rank reporting 4 s of update in each 10 s step shares GPU 0 with a silent reward process: the
-    store's process rows say the reward's SM utilization is a third of the two's, the GPU ran 60 %: the reward is
-    busy 0.6 × 1/3 = 20 % of the time, estimated, and the notes say how."""
+    store's process rows say the reward's mean SM utilization over the 5 s each covers is 15 %: the reward is busy
+    15 % of the time, estimated, and the notes say how (its share of the two's SM % × the GPU's 60 % would say
+    16.4 %: the estimator before NVML's records were read as averages over the time they cover)."""
     from trimtab.contract.readings import GpuProcess
     from trimtab.store.ingest import BatchWriter
     from trimtab.grading.ledger.read import job_ledger
@@ -183,9 +182,9 @@ def test_the_store_fed_ledger_splits_a_shared_gpu_by_per_process_shares(engine, 
     host, t0 = NODE.hostname, 1_000_000
     batch = make_batch(list(range(t0, t0 + 100_000, 1000)), n_gpus=1, util_pct=60.0)
     uuid = batch.gpus[0].uuid
-    batch.processes.extend(GpuProcess(uuid, ts, pid, sm_util_pct=sm, util_samples=25, util_from_ms=ts - 5000,
+    batch.processes.extend(GpuProcess(uuid, ts, pid, sm_util_pct=sm, util_samples=5, util_from_ms=ts - 5000,
                                       util_to_ms=ts) for ts in range(t0 + 5000, t0 + 100_001, 5000)
-                           for pid, sm in ((10, 40.0), (11, 20.0)))
+                           for pid, sm in ((10, 40.0), (11, 15.0)))
     writer = BatchWriter(engine)
     writer.write(batch)
     writer.close()
@@ -198,9 +197,10 @@ def test_the_store_fed_ledger_splits_a_shared_gpu_by_per_process_shares(engine, 
                                                   pid=10, hostname=host, local_gpu=0))
     ledger = job_ledger(engine, job_store.get_job(engine, "shared"), t0, t0 + 100_000)
     got = {k[2:]: v for k, v in ledger.totals().items()}
-    assert got[("busy", "reward", "unreported", "")] == pytest.approx(0.6 / 3 * 100.0, rel=0.02)
+    assert got[("busy", "reward", "unreported", "")] == pytest.approx(0.15 * 100.0, rel=0.02)
     assert got[("busy", "actor", "update", "")] == pytest.approx(40.0)
     cell = next(c for c in ledger.cells if c.role == "reward")
     assert cell.estimated and cell.sources == ("process_activity",)
-    assert any("reward) sends no step reports: its busy time is each process's share" in n for n in ledger.notes)
+    assert any("reward) sends no step reports: its busy time is its processes' mean SM utilization" in n
+               for n in ledger.notes)
     assert ledger.busy_gpu_s + ledger.idle_gpu_s == pytest.approx(100.0)

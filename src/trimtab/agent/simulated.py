@@ -32,10 +32,9 @@ IDLE_POWER_W, MAX_POWER_W = 70.0, 700.0
 MAX_SM_CLOCK_MHZ, CAPPED_SM_CLOCK_MHZ, IDLE_SM_CLOCK_MHZ = 1980, 1755, 345
 CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP = 0x1, 0x4  # NVML clock-event reason bits
 # Process rows every few ticks, as the NVML source reads the process list every 5 s at the default 1 s tick; each
-# carries the activity of the ticks since the previous rows, from SAMPLES_PER_TICK driver samples a tick (NVML's
-# sampling period is 1/6 s on the fastest products).
+# carries the activity of the ticks since the previous rows, from one record a tick per busy process (the NVML
+# source reads per-process utilization every 1 s, off the tick, and gets one record per busy process a read).
 PROCESS_EVERY_TICKS = 5
-SAMPLES_PER_TICK = 6
 # Simulated PIDs lie above Linux's largest possible PID (PID_MAX_LIMIT, 2^22): they can never name a real process.
 SIM_PID_BASE = 4_194_304 + 1_000_000
 
@@ -81,11 +80,12 @@ class SimulatedNode:
     one process of their role, named "simulated <role>", with PIDs above the largest a Linux host can give
     (``SIM_PID_BASE``), so they can never point at a real process. Every ``PROCESS_EVERY_TICKS``-th tick carries
     their rows (the GPU's memory used, shared evenly) with the per-process activity of the ticks since the previous
-    rows, added up as the NVML source adds NVML's samples (``trimtab.agent.activity``): each tick, each process busy
-    in that tick's phase of the step (``scenarios.STEP``) gives ``SAMPLES_PER_TICK`` samples of its share of the
-    GPU's util (SM %) and DRAM bandwidth use (memory %); an idle one gives none, as NVML leaves idle processes out.
-    So a GPU's processes add up to its util, and which of them does the work follows the phase. Tick 0's rows are
-    the baseline (activity unknown, as the NVML source's first). No health events.
+    rows, added up as the NVML source adds NVML's records (``trimtab.agent.activity``): each tick, each process busy
+    in that tick's phase of the step (``scenarios.STEP``) gives one record covering the tick, its mean SM % its
+    share of the GPU's util and its memory % its share of the DRAM bandwidth use; an idle one gives none, as NVML
+    leaves idle processes out. So a GPU's processes add up to its util, which of them does the work follows the
+    phase, and ``sm_util_pct / 100 × (util_to_ms − util_from_ms)`` of a row is the process's busy seconds. Tick 0's
+    rows are the baseline (activity unknown, as the NVML source's first). No health events.
     """
 
     kind = "simulated"
@@ -144,13 +144,13 @@ class SimulatedNode:
             tally = ActivityTally()
             if from_ms is not None:
                 tally.start(from_ms)
+                covered_ms = (ts_ms - from_ms) / PROCESS_EVERY_TICKS  # the ticks spread evenly over the interval
                 for t in range(max(1, tick - PROCESS_EVERY_TICKS + 1), tick + 1):
-                    # the covered ticks spread evenly over (from_ms, ts_ms]: their stamps, for a scheduled scenario
-                    t_ms = ts_ms - (tick - t) * (ts_ms - from_ms) // PROCESS_EVERY_TICKS
+                    t_ms = ts_ms - (tick - t) * (ts_ms - from_ms) // PROCESS_EVERY_TICKS  # for a scheduled scenario
                     util, dram = self._busy(i, t, t_ms)
                     for name, share in process_shares(role, phase_at(t)).items():
-                        for _ in range(SAMPLES_PER_TICK if share > 0 else 0):
-                            tally.add(pids[name], util * share, dram * share)
+                        if share > 0:  # one record a read per busy process: its mean over the tick it covers
+                            tally.add(pids[name], util * share, dram * share, covered_ms)
                 tally.answered(ts_ms)
             shares, used = tally.take(), samples[i].mem_used_bytes // len(pids)
             rows.extend(GpuProcess(samples[i].gpu_uuid, ts_ms, pid, used, f"simulated {name}", *shares.of(pid))

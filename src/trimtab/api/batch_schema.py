@@ -92,10 +92,11 @@ NvlinkSampleIn = create_model(
     **_metric_fields(NVLINK_LINK_METRICS))
 
 
-_ACTIVITY = ("over (util_from_ms, util_to_ms], from NVML's per-process utilization samples (one per driver sampling "
-             "period in which the process was busy); 0 with util_samples 0: NVML answered for the interval and never "
-             "saw it busy; null: unknown (unsupported, the first interval after the agent started, every call "
-             "failed), never 0.")
+_ACTIVITY = ("over the whole of (util_from_ms, util_to_ms], from NVML's per-process utilization records (each the "
+             "process's mean since the agent's previous read, weighted by the time it covers; NVML gives records for "
+             "busy processes only); 0 with util_samples 0: NVML answered for the interval and never saw it busy; "
+             "null: unknown (unsupported, before the first read that saw a busy process, no read answered), never "
+             "0.")
 
 
 class GpuProcessIn(_BatchPart):
@@ -106,14 +107,14 @@ class GpuProcessIn(_BatchPart):
         "GPU memory used, bytes; null for a process seen busy that held no context when the list was read."))
     name: Optional[Name] = Field(None, description="Process name.")
     sm_util_pct: Optional[float] = Field(None, ge=0, le=100, description=(
-        "The process's SM utilization, %: the mean over its samples " + _ACTIVITY))
+        "The process's SM utilization, %: its mean " + _ACTIVITY))
     mem_util_pct: Optional[float] = Field(None, ge=0, le=100, description=(
-        "The process's memory (frame buffer) utilization, %: the mean over its samples " + _ACTIVITY))
+        "The process's memory (frame buffer) utilization, %: its mean " + _ACTIVITY))
     util_samples: Optional[int] = Field(None, ge=0, le=MAX_INT32, description=(
-        "How many samples the means are over (each one driver sampling period, 1/6 s to 1 s by product); null: "
+        "How many NVML records the means are made of (one per agent read in which the process was busy); null: "
         "unknown."))
     util_from_ms: Optional[EpochMs] = Field(None, description="Start (exclusive) of the interval the activity "
-                                                              "covers, the agent's clock, epoch ms; null: unknown.")
+                                                              "covers, NVML's record times (the wall clock), epoch ms; null: unknown.")
     util_to_ms: Optional[EpochMs] = Field(None, description="End (inclusive) of the interval the activity covers, "
                                                             "epoch ms; null: unknown.")
 

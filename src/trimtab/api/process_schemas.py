@@ -19,15 +19,16 @@ class ProcessOut(Model):
                                                          "that held no context when the list was read.")
     name: Optional[str] = Field(description="Process name (\"simulated <role>\" on a simulated node).")
     sm_util_pct: Optional[float] = Field(description=(
-        "Its SM utilization over (util_from_ms, util_to_ms], %: the mean over the util_samples driver samples in "
-        "which it was busy; 0 with 0 samples: NVML answered for the interval and never saw it busy; " + UNKNOWN))
+        "Its SM utilization over (util_from_ms, util_to_ms], %: its mean over that whole interval (NVML's "
+        "per-process records, each its mean since the agent's previous read, weighted by the time each covers), so "
+        "sm_util_pct / 100 × (util_to_ms − util_from_ms) is its busy time; 0 with 0 records: NVML answered for the "
+        "interval and never saw it busy; " + UNKNOWN))
     mem_util_pct: Optional[float] = Field(description="Its memory (frame buffer) utilization, %, the same way; "
                                                       + UNKNOWN)
-    util_samples: Optional[int] = Field(description="Samples the means are over, one a driver sampling period "
-                                                    "(1/6 s to 1 s by product): mean × samples × period is its busy "
-                                                    "time. " + UNKNOWN)
+    util_samples: Optional[int] = Field(description="NVML records the means are made of (one per agent read in "
+                                                    "which the process was busy). " + UNKNOWN)
     util_from_ms: Optional[int] = Field(description="Start (exclusive) of the interval the activity covers, epoch "
-                                                    "ms. " + UNKNOWN)
+                                                    "ms (NVML's record times). " + UNKNOWN)
     util_to_ms: Optional[int] = Field(description="End (inclusive) of that interval, epoch ms. " + UNKNOWN)
 
 

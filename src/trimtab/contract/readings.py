@@ -186,11 +186,12 @@ class HostSample:
 class GpuProcess:
     """A process holding a context on a GPU (or seen busy on it since the last process row). PIDs are host PIDs.
 
-    Its GPU activity over ``(util_from_ms, util_to_ms]`` (NVML's per-process utilization samples, see
-    ``trimtab.agent.nvml.activity``): ``sm_util_pct`` and ``mem_util_pct`` are the means over the
-    ``util_samples`` driver samples in which the process was busy; 0 with 0 samples when NVML answered for the
-    whole interval and never saw it busy. All five are None where the GPU cannot tell (unsupported, the first
-    interval after start, every call failed): unknown, never 0. ``used_memory_bytes`` is None for a process seen
+    Its GPU activity over ``(util_from_ms, util_to_ms]`` (NVML's per-process utilization records, see
+    ``trimtab.agent.activity``): ``sm_util_pct`` and ``mem_util_pct`` are the process's means over that whole
+    interval, made of ``util_samples`` records (each its mean since the previous read, weighted by the time it
+    covers), so ``sm_util_pct / 100 × (util_to_ms − util_from_ms) / 1000`` is its busy seconds; 0 with 0 records
+    when NVML answered for the interval and never saw it busy. All five are None where the GPU cannot tell
+    (unsupported, before the first read that saw a busy process, no read answered): unknown, never 0. ``used_memory_bytes`` is None for a process seen
     busy that no longer held a context when the process list was read.
     """
 

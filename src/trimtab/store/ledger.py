@@ -58,11 +58,13 @@ def utilization(engine: Engine, gpu_keys: Iterable[tuple[str, int]], start_ms: i
 def utilization_and_activity(engine: Engine, gpu_keys: Iterable[tuple[str, int]], start_ms: int, end_ms: int,
                              activity: bool = True) -> tuple[dict, dict]:
     """:func:`utilization`, and (``activity``) each GPU's per-process activity over the same window: (node, GPU
-    index) → pid → (Σ sm_util_pct × util_samples, Σ util_samples) over its process rows taken in [start_ms, end_ms]
-    whose activity is known (NULL: unknown, left out). One range read of each table's (gpu, time) key."""
+    index) → pid → (busy seconds, covered seconds) over its process rows taken in [start_ms, end_ms] whose activity
+    is known (NULL: unknown, left out): a row's SM % is the process's mean over (util_from_ms, util_to_ms]
+    (``trimtab.agent.activity``), so its busy seconds are ``sm_util_pct / 100 × (util_to_ms − util_from_ms) / 1000``.
+    One range read of each table's (gpu, time) key."""
     keys = sorted(set(gpu_keys))
     out: dict[tuple[str, int], list[tuple[int, float]]] = {k: [] for k in keys}
-    busy: dict[tuple[str, int], dict[int, tuple[float, int]]] = {}
+    busy: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
     if not keys:
         return out, busy
     with engine.connect() as conn:
@@ -79,12 +81,13 @@ def utilization_and_activity(engine: Engine, gpu_keys: Iterable[tuple[str, int]]
             out[ids[gpu_id]].append((int(ts_ms), float(util)))
         if activity:
             p = gpu_processes.c
-            for gpu_id, pid, sm_x_n, n in conn.execute(
-                    select(p.gpu_id, p.pid, func.sum(p.sm_util_pct * p.util_samples), func.sum(p.util_samples))
+            covered_ms = p.util_to_ms - p.util_from_ms
+            for gpu_id, pid, sm_x_ms, ms in conn.execute(
+                    select(p.gpu_id, p.pid, func.sum(p.sm_util_pct * covered_ms), func.sum(covered_ms))
                     .where(p.gpu_id.in_(list(ids)), p.ts_ms >= start_ms, p.ts_ms <= end_ms,
-                           p.util_samples.is_not(None), p.sm_util_pct.is_not(None))
+                           p.sm_util_pct.is_not(None), p.util_from_ms.is_not(None), p.util_to_ms.is_not(None))
                     .group_by(p.gpu_id, p.pid)):
-                busy.setdefault(ids[gpu_id], {})[int(pid)] = (float(sm_x_n or 0.0), int(n or 0))
+                busy.setdefault(ids[gpu_id], {})[int(pid)] = (float(sm_x_ms or 0.0) / 100_000, float(ms or 0) / 1000)
     return out, busy
 
 

@@ -175,8 +175,9 @@ gpu_processes = Table(
     Column("pid", BigInteger, nullable=False),
     Column("used_memory_bytes", BigInteger),
     Column("name", String(255)),
-    # Its GPU activity over (util_from_ms, util_to_ms]: mean SM % and memory % over its util_samples NVML samples
-    # (0 over 0 samples: idle while NVML answered); all NULL where unknown (trimtab.agent.activity). Migration 0020.
+    # Its GPU activity over (util_from_ms, util_to_ms]: mean SM % and memory % over that whole interval, of util_samples
+    # NVML records (busy seconds = sm_util_pct / 100 × the interval)
+    # (0 over 0 records: idle while NVML answered); all NULL where unknown (trimtab.agent.activity). Migration 0020.
     Column("sm_util_pct", Double),
     Column("mem_util_pct", Double),
     Column("util_samples", Integer),

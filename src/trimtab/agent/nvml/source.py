@@ -1,10 +1,11 @@
 """``NvmlSource``: the ``Source`` protocol over NVML, built from the call layer and its readers.
 
 The tick makes only cheap calls (a few µs each on an H200), prepared once per GPU (``tick``), plus a GPM sample
-on Hopper and newer (``gpm``), and the per-process utilization samples since the last tick (``activity``). What
-blocks or costs more is read off the tick: PCIe throughput on GPUs without GPM, NVLink sums and per-link counters
-by one background thread (``slow``); the process list every 5 s (with each process's activity since the previous
-list) and XIDs every 2 s (``xid``). Errors are sorted out in one place (``calls``).
+on Hopper and newer (``gpm``). What blocks or costs more is read off the tick: PCIe throughput on GPUs without GPM,
+NVLink sums and per-link counters by one background thread (``slow``); the per-process utilization records (~2.8 ms
+a call on an H100) by another, every ``activity_every_s`` (``activity_reader``); the process list every 5 s (with
+each process's activity since the previous list, taken from what that thread added up) and XIDs every 2 s
+(``xid``). Errors are sorted out in one place (``calls``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Optional, Sequence
 
 from trimtab.agent.activity import NO_SHARES
 from trimtab.agent.nvml.activity import ProcessActivity
+from trimtab.agent.nvml.activity_reader import ACTIVITY_EVERY_S, ActivityReader
 from trimtab.agent.nvml.gpm import open_gpm
 from trimtab.agent.nvml.calls import NO_DRIVER_HINT, GpuLost, NvmlCalls, OnCall, load_pynvml
 from trimtab.agent.nvml.device import Gpu, describe
@@ -37,7 +39,8 @@ class NvmlSource:
     every NVML call (for tests and benches); without it nothing is timed but the tick as a whole.
     ``use_gpm=False`` takes the pre-Hopper path even where GPM exists (to compare the two).
     ``process_activity=False`` makes no per-process utilization call (a bench's "without"; the process rows then
-    carry no activity). ``last_tick_cost_s``:
+    carry no activity). ``activity_every_s``: the cadence of the thread that reads it; ``None`` starts no thread
+    (call ``read_activity()`` yourself). ``last_tick_cost_s``:
     wall time of the latest ``sample()``. Raises ``SourceUnavailable`` when there is no driver, library or GPU.
     """
 
@@ -45,11 +48,14 @@ class NvmlSource:
 
     def __init__(self, indices: Optional[Sequence[int]] = None, *,
                  slow_refresh_s: Optional[float] = DEFAULT_SLOW_REFRESH_S, on_call: Optional[OnCall] = None,
-                 use_gpm: bool = True, process_activity: bool = True):
+                 use_gpm: bool = True, process_activity: bool = True,
+                 activity_every_s: Optional[float] = ACTIVITY_EVERY_S):
         self._calls = NvmlCalls(load_pynvml())
         self._on_call, self._use_gpm, self._process_activity = on_call, use_gpm, process_activity
         self._gpus: list[Gpu] = []
         self._slow: Optional[SlowReader] = None
+        self._activity: Optional[ActivityReader] = None
+        self._activity_every_s = activity_every_s
         self._xid: Optional[XidWatch] = None
         self._driver_version = self._nvml_version = None
         self._procs_due_at = self._xid_due_at = 0.0
@@ -97,6 +103,8 @@ class NvmlSource:
         self._xid.name(self._gpus)
         self._slow = SlowReader(self._calls, self._gpus, slow_refresh_s)
         self._slow.start()
+        self._activity = ActivityReader(self._calls, self._gpus, self._activity_every_s)
+        self._activity.start()
 
     # --- the tick ------------------------------------------------------------------------------------------
 
@@ -124,8 +132,6 @@ class NvmlSource:
             try:
                 sample = gpu.tick.sample(ts_ms)
                 activity = gpu.activity
-                if activity is not None:
-                    activity.read(ts_ms)
                 if processes is not None:
                     read_processes(self._calls, gpu, ts_ms, processes, self._on_call,
                                    activity.take() if activity is not None else NO_SHARES)
@@ -157,6 +163,11 @@ class NvmlSource:
         """GPU index → per-process utilization calls that failed (errors other than unsupported or no sample)."""
         return {g.index: g.activity.failed_calls for g in self._gpus if g.activity is not None}
 
+    def read_activity(self) -> None:
+        """One read of every GPU's per-process utilization (what the reader's thread does every
+        ``activity_every_s``)."""
+        self._activity.read()
+
     def refresh_slow_metrics(self) -> None:
         """Read PCIe throughput (blocking ~20 ms per call) and NVLink sums of every GPU without GPM, and per-link
         NVLink counters of every GPU with links."""
@@ -171,6 +182,8 @@ class NvmlSource:
         self._closed = True
         if self._slow is not None:
             self._slow.stop()
+        if self._activity is not None:
+            self._activity.stop()
         for gpu in self._gpus:
             if gpu.gpm is not None:
                 gpu.gpm.free()

@@ -7,9 +7,9 @@ GPUs are busy at that moment get one vote, split evenly when several are busy; t
 by the votes. The samples say when each GPU worked; the reports say how long each role waited — joining them is
 the point of the ledger. Without samples in the wait, whom it was for is ``unknown``, and the cell says so.
 
-Per-process activity: ``process_busy_pct`` maps (node, GPU, pid) to the process's busy % of the window, estimated
-from NVML's per-process samples as :mod:`trimtab.grading.ledger.shares` says (its share of the GPU's summed
-per-process SM utilization × the GPU's mean utilization; the reader passes them to :func:`gpu_cells`). A role
+Per-process activity: ``process_busy_pct`` maps (node, GPU, pid) to the process's busy % of the window, from NVML's
+per-process records as :mod:`trimtab.grading.ledger.shares` says (Σ smUtil × covered seconds over the time they
+cover; the reader passes them to :func:`gpu_cells`). A role
 placed on a GPU whose process sends no step reports — alone on it, or sharing it with a reporting rank — is then busy
 for its processes' share of the interval (source ``process_activity``, estimated, and the notes say how the share
 was made); without it, for the GPU's mean utilization (alone) or the utilization beyond the reporting ranks' own GPU
@@ -159,8 +159,8 @@ def _unreported(acc: _Acc, gpu: GpuKey, roles: Sequence[RolePlacement], start_ms
 def _activity_note(gpu: GpuKey, role: str) -> str:
     from trimtab.grading.ledger.shares import HOW
 
-    return (f"GPU {gpu.label()} ({role}) sends no step reports: its busy time is {HOW} (estimated: NVML's own "
-            f"per-process sample totals undercount busy time several-fold, bench/process_activity.py)")
+    return (f"GPU {gpu.label()} ({role}) sends no step reports: its busy time is {HOW} (estimated: whole-percent "
+            f"records over the agent's reads, not the window's edges)")
 
 
 def _silent_placements(placed: Sequence[RolePlacement], spans: Sequence[StepSpan]) -> list[RolePlacement]:

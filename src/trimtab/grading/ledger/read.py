@@ -63,7 +63,7 @@ def job_ledger(engine: Engine, job: StoredJob, start_ms: int, end_ms: int, inter
     reports = ledger_store.window_reports(engine, job.id, job.ranks, start_ms, end_ms)
     traces, activity = _traces(engine, job_gpu_keys(job, reports), start_ms, end_ms)
     if process_busy_pct is None:
-        process_busy_pct = busy_pct_by_process(activity, traces, start_ms, end_ms)
+        process_busy_pct = busy_pct_by_process(activity)
     ledger = compute_ledger(job.name, start_ms, end_ms, interval_ms or (end_ms - start_ms), reports, job.roles,
                             job.device_map, job.hostnames, traces, rules, process_busy_pct)
     if clipped:
@@ -99,7 +99,7 @@ def advance_ledgers(engine: Engine, jobs: Sequence[StoredJob], now_ms: int,
     keys = set().union(*(job_gpu_keys(j, reports[i]) for i, (j, _, _) in due.items()))
     first, last = min(s for _, _, (s, _) in due.values()), max(e for _, _, (_, e) in due.values())
     traces, activity = _traces(engine, keys, first, last)
-    busy_pct = busy_pct_by_process(activity, traces, first, last)  # one share over the ticks' span (see .shares)
+    busy_pct = busy_pct_by_process(activity)  # one busy % over the ticks' span (see .shares)
     advances = {}
     for job_id, (job, done, (start, end)) in due.items():
         ledger = compute_ledger(job.name, start, end, end - start, reports[job_id], job.roles, job.device_map,

@@ -1,38 +1,35 @@
 """Per-process busy shares of a GPU from NVML's per-process activity, for the ledger's roles that send no step
-reports (alone on a GPU, or sharing one with a reporting rank): each process's share of the GPU's summed
-per-process SM utilization over the window × the GPU's mean utilization over it.
+reports (alone on a GPU, or sharing one with a reporting rank): each process's busy seconds over the time its
+process rows cover, as a % of that time.
 
-Why not each process's own ``mean smUtil × samples × period``: on an H100 that read 0.28× and 0.17× of two
-processes' own CUDA-event busy totals (bench/process_activity.py): NVML's per-process samples are not a busy-time
-record at its sampling. Their *proportions* are what they can give; the GPU's own utilization gives the total. So
-the figure is an estimate (the cell says so, and the ledger's notes say how it was made), over the window as a
-whole (a process busy early and another late in it get the window's shares in every interval).
+A row's SM % is the process's mean over the interval the row covers (``trimtab.agent.activity``: each NVML record
+is an average over the time since the previous read, and the agent adds ``smUtil × covered`` up), so the process
+was busy ``sm_util_pct / 100 × covered seconds`` in it; summed over its rows in the window and divided by the time
+they cover, that is its busy % — the agent's attribution, applied to the window's wall time. On an H100 the same
+reading of NVML's records (smUtil × the time since the process's previous record) came to 0.94× and 1.06× two
+processes' own CUDA-event totals (bench/process_activity.py); reading a record as one sampling period instead
+undercounted about five-fold, which is why an earlier version scaled shares by the GPU's utilization instead.
+
+Still an estimate (the cell says so): NVML gives whole percent, its records cover the agent's reads rather than the
+window's edges, and a process's rows stand for the whole window.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from trimtab.grading.ledger.attribute import GpuTrace
-from trimtab.grading.ledger.model import GpuKey
-
-HOW = ("each process's share of the GPU's summed per-process SM utilization (NVML's per-process samples) over the "
-       "window × the GPU's mean utilization over it")
+HOW = ("its processes' mean SM utilization over the time NVML's per-process records cover (each record's smUtil × "
+       "the seconds it covers, summed) × the window")
 
 
-def busy_pct_by_process(activity: Mapping[tuple[str, int], Mapping[int, tuple[float, int]]],
-                        traces: Mapping[GpuKey, GpuTrace], start_ms: float,
-                        end_ms: float) -> dict[tuple[str, int, int], float]:
-    """(node, GPU, pid) → the process's busy % of the window. ``activity``: (node, GPU) → pid → (Σ smUtil ×
-    samples, Σ samples). A GPU without utilization samples in the window gets none (no total to share)."""
+def busy_pct_by_process(activity: Mapping[tuple[str, int], Mapping[int, tuple[float, float]]]
+                        ) -> dict[tuple[str, int, int], float]:
+    """(node, GPU, pid) → the process's busy % of the time its rows cover. ``activity``: (node, GPU) → pid →
+    (busy seconds, covered seconds), as ``trimtab.store.ledger.utilization_and_activity`` sums them. A pid whose
+    rows cover no time gets none (nothing known)."""
     out: dict[tuple[str, int, int], float] = {}
     for (host, gpu), pids in activity.items():
-        trace = traces.get(GpuKey(host, gpu))
-        mean = trace.mean_pct(start_ms, end_ms) if trace is not None else None
-        total = sum(sm for sm, _ in pids.values())
-        if mean is None:
-            continue
-        for pid, (sm, n) in pids.items():
-            if n > 0:
-                out[(host, gpu, pid)] = mean * sm / total if total > 0 else 0.0
+        for pid, (busy_s, covered_s) in pids.items():
+            if covered_s > 0:
+                out[(host, gpu, pid)] = min(100.0, 100.0 * busy_s / covered_s)
     return out
