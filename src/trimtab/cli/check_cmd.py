@@ -243,7 +243,8 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     largest wastes in GPU-hours, each with the action that addresses it; and its end state over its last
     end_state_window_s (rules.toml, 300 s shipped): each GPU's utilization against the 60–75 % band, the step time's
     variation (goal < 5 %), the scaling efficiency against the job's own steps at another GPU count in the store
-    (unknown without them), and the word: at end state, not yet (which part misses) or unknown.
+    (unknown without them), and the word: at end state, not yet (which part misses) or unknown. The last line is
+    the overall verdict, the one the exit code gives, naming the nodes and jobs that decided it.
     """
     jobs, gpu_time, end_states = [], {}, {}
     try:
