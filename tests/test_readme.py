@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.doc_commands import (DOC_FILES, SHELL_INFO, all_blocks, check_command, code_blocks, commands_of,
-                                        inline_trimtab_commands, script_name, shell_lines)
+from tests.support.doc_commands import (DOC_FILES, EXTERNAL, SHELL_INFO, all_blocks, check_command, code_blocks,
+                                        commands_of, inline_trimtab_commands, script_name, shell_lines)
 from tests.support.procs import free_port, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,6 +217,10 @@ def test_the_tour_runs_as_written_and_check_shows_the_loops_update_phase(fresh_h
     lines = tour_lines()
     assert any(line.startswith("trimtab token create") for line in lines) and "python3 my_loop.py" in lines
     for line in lines:
+        absent = [w[0] for w in commands_of(line) if w[0] in EXTERNAL and shutil.which(w[0]) is None]
+        if absent:  # a program of the reader's machine this one lacks (jq): nothing of trimtab's to run there
+            print(f"not run, {', '.join(absent)} not installed: {line}")
+            continue
         done = run_line(line, fresh_home)
         assert done.returncode in ((0, 1) if line.startswith("trimtab check") else (0,)), \
             f"{line}\n{done.stdout}\n{done.stderr}"

@@ -78,7 +78,7 @@ class Reporter:
         self._servers, self.job = Servers(server), job
         self.servers = self._servers.urls
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.auth_refused: Optional[int] = None  # the HTTP status of the server's refusal of the token, until it takes it
+        self.auth_refused: Optional[int] = None  # the status of the server's refusal of the token, until taken
         self._registration = registration
         self._register_if_missing = register_if_missing
         self._need_register = registration is not None
