@@ -264,7 +264,9 @@ def test_check_shows_each_job_and_an_act_row_is_an_imbalance(db):
     assert "ACT   step_composition     generation-bound: generation 80.0 % ACT" in jobs
     assert "ok    fragmentation" in jobs and "-     collective_latency" in jobs
     assert "generation_bound     batch_size 1 → 4" in jobs and "kept at step 3  2.00 → 8.00 samples/s" in jobs
-    assert jobs.rstrip().endswith("verdict: OUT OF BALANCE")
+    section, overall = jobs.rstrip().rsplit("\n\n", 1)
+    assert section.endswith("verdict: OUT OF BALANCE")
+    assert overall == "overall: OUT OF BALANCE (job grpo-7b); exit 1"
 
 
 def test_a_healthy_job_keeps_exit_0(db):
@@ -275,6 +277,18 @@ def test_a_healthy_job_keeps_exit_0(db):
     assert res.exit_code == 0, res.output
     assert "job grpo" in res.stdout and "recent decisions: none" in res.stdout
     assert res.stdout.count("verdict: BALANCED") == 2
+    assert res.stdout.rstrip().splitlines()[-1] == "overall: BALANCED; exit 0"
+
+
+def test_the_last_line_is_the_overall_verdict_a_node_out_of_balance_above_a_balanced_job(db):
+    url, engine = db
+    node_samples(engine, scenario="pcie-saturated")
+    report(engine, register(engine), range(6), gen=0.3, frag=0.05, retries=0)
+    res = run("check", "--db", url)
+    assert res.exit_code == 1, res.output
+    node, job = res.stdout.split("\njob grpo", 1)
+    assert node.rstrip().endswith("verdict: OUT OF BALANCE") and "verdict: BALANCED" in job  # each its own
+    assert res.stdout.rstrip().splitlines()[-1] == "overall: OUT OF BALANCE (node sim-a); exit 1"
 
 
 def test_check_json_has_the_jobs(db):

@@ -92,3 +92,16 @@ def test_token_out_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
     create_token(tmp_path, link)
     assert not link.is_symlink() and mode(link) == 0o600 and link.read_text().startswith("tt_")
     assert target.read_text() == "keep me\n" and mode(target) == 0o644
+
+
+def test_token_out_makes_a_missing_directory_0700_and_one_it_cannot_make_leaves_no_token(tmp_path):
+    out = tmp_path / "home" / ".config" / "trimtab" / "my-job.token"  # a fresh home: ~/.config may not exist
+    create_token(tmp_path, out)
+    assert mode(out) == 0o600 and mode(out.parent) == 0o700 and out.read_text().startswith("tt_")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    res = CliRunner().invoke(cli, ["token", "create", "--state-dir", str(tmp_path / "tok-state"), "--name", "t2",
+                                   "--scope", "job", "--out", str(blocked / "sub" / "x.token")])
+    assert res.exit_code == 1 and "cannot write" in res.output and "exists: revoke it" not in res.output
+    listed = CliRunner().invoke(cli, ["token", "list", "--state-dir", str(tmp_path / "tok-state")])
+    assert "t2" not in listed.output and listed.exit_code == 0, listed.output

@@ -85,10 +85,10 @@ def test_the_hook_sends_known_signals_and_says_once_which_names_it_does_not_know
     hook2.close()
 
 
-def test_the_readmes_frameworks_by_signals_table_is_the_mapping():
+def test_the_hook_pages_frameworks_by_signals_table_is_the_mapping():
     from pathlib import Path
 
     from trimtab.trainer.adapters.learning_names import markdown_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    assert markdown_table() in readme
+    page = (Path(__file__).resolve().parents[2] / "docs" / "hook.md").read_text(encoding="utf-8")
+    assert markdown_table() in page

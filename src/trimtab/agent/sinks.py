@@ -10,7 +10,7 @@ import time
 from typing import Callable, Optional, Sequence, Union
 
 from trimtab.contract.readings import Batch
-from trimtab.contract.servers import server_urls
+from trimtab.contract.servers import answer_detail, server_urls
 from trimtab.contract.sink import BatchRefused, SinkMisconfigured, SinkUnavailable
 
 log = logging.getLogger("trimtab.agent")
@@ -96,7 +96,7 @@ class HttpSink:
         if resp.status_code == 429 or resp.status_code >= 500:
             raise SinkUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
         if resp.status_code in MISCONFIGURED_HTTP:
-            raise SinkMisconfigured(f"server {server} answered HTTP {resp.status_code} ({_detail(resp)}): "
+            raise SinkMisconfigured(f"server {server} answered HTTP {resp.status_code} ({answer_detail(resp)}): "
                                     f"{MISCONFIGURED_HTTP[resp.status_code]}")
         if resp.status_code >= 400:
             raise BatchRefused(f"HTTP {resp.status_code}: {resp.text[:300]}")
@@ -120,11 +120,4 @@ MISCONFIGURED_HTTP = {
 }
 
 
-def _detail(resp) -> str:
-    """The API's own ``detail`` of an error answer (else the body's start), on one line."""
-    try:
-        detail = resp.json().get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    return " ".join(str(detail if detail is not None else resp.text).split())[:200]
 

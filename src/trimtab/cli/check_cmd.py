@@ -243,7 +243,8 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     largest wastes in GPU-hours, each with the action that addresses it; and its end state over its last
     end_state_window_s (rules.toml, 300 s shipped): each GPU's utilization against the 60–75 % band, the step time's
     variation (goal < 5 %), the scaling efficiency against the job's own steps at another GPU count in the store
-    (unknown without them), and the word: at end state, not yet (which part misses) or unknown.
+    (unknown without them), and the word: at end state, not yet (which part misses) or unknown. The last line is
+    the overall verdict, the one the exit code gives, naming the nodes and jobs that decided it.
     """
     jobs, gpu_time, end_states = [], {}, {}
     try:
@@ -271,6 +272,7 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     statuses = [r.status for r in reports] + [j.status for j in jobs]
     stale = [r for r in reports if r.stale]
     balanced = "act" not in statuses and not stale
+    exit_code = EXIT_ERROR if stale else EXIT_OK if balanced else EXIT_IMBALANCE
     if as_json:
         status = "stale" if stale else "act" if "act" in statuses else ("watch" if "watch" in statuses else "ok")
         click.echo(json.dumps({"status": status, "balanced": balanced, "window_s": window,
@@ -280,11 +282,11 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
                                "jobs": [j.to_dict() for j in jobs], "gpu_time": gpu_time,
                                "end_state": end_states}, indent=2))
     else:
-        from trimtab.cli.render import render_job, render_report
+        from trimtab.cli.render import render_job, render_overall, render_report
 
         click.echo("\n\n".join([render_report(r) for r in reports]
                                  + [_with_gpu_time(render_job(j), gpu_time.get(j.name), end_states.get(j.name))
-                                    for j in jobs]))
+                                    for j in jobs] + [render_overall(reports, jobs, exit_code)]))
     for r in stale:
         click.echo(f"trimtab check: {r.staleness()}", err=True)
     for j in jobs:
@@ -295,4 +297,4 @@ def check(db_url, window, node, live, server_url, rules_file, simulate, scenario
     for r in reports:
         if r.clock_note and not r.stale:  # graded, but its samples sit off by its skew
             click.echo(f"trimtab check: node {r.hostname}: {r.clock_note}", err=True)
-    sys.exit(EXIT_ERROR if stale else EXIT_OK if balanced else EXIT_IMBALANCE)
+    sys.exit(exit_code)

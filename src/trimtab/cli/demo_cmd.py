@@ -235,8 +235,8 @@ def _print_report(result: dict, before_tp: float, after_tp: float, n_before: int
         _print_why(d)
         if d["outcome"] == ROLLED_BACK:
             _print_rollback(d, row)
-    click.echo("\nOn a GPU node: `trimtab up`, attach the hook to your trainer (README, 'The rebalancer'), then "
-               "`trimtab check` and GET /v1/decisions show the same story for your job.")
+    click.echo("\nOn a GPU node: `trimtab up`, attach the hook to your trainer (README, 'A short tour'; docs/hook.md), "
+               "then `trimtab check` and GET /v1/decisions show the same story for your job.")
 
 
 def _print_why(d: dict) -> None:

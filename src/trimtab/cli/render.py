@@ -1,8 +1,10 @@
-"""Human-readable rendering of balance reports (a per-GPU table and one line per verdict) and of job sections."""
+"""Human-readable rendering of balance reports (a per-GPU table and one line per verdict), of job sections, and of
+the overall verdict that ends `trimtab check`'s output (each section has its own; the last line is the one the exit
+code gives, so a balanced job printed last never reads as the verdict of a node out of balance above it)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from trimtab.contract.statuses import ACT, NO_DATA, OK, UNSUPPORTED, WATCH
 from trimtab.grading.balance import BalanceReport
@@ -184,3 +186,23 @@ def render_job(j) -> str:
     lines.append("")
     lines.append(f"verdict: {verdict}")
     return "\n".join(lines)
+
+
+def render_overall(reports: Sequence[BalanceReport], jobs: Sequence, exit_code: int) -> str:
+    """The last line of `trimtab check`: the overall verdict and the exit code it gives, naming every section
+    that decided it (a stale node, else each node or job out of balance, else those to watch)."""
+    stale = [f"node {r.hostname}" for r in reports if r.stale]
+    sections = [(f"node {r.hostname}", r.status) for r in reports if not r.stale] + [(f"job {j.name}", j.status)
+                                                                                   for j in jobs]
+    act = [name for name, status in sections if status == ACT]
+    watch = [name for name, status in sections if status == WATCH]
+    if stale:
+        word = f"STALE ({', '.join(stale)}): no current verdict" + (f"; out of balance: {', '.join(act)}" if act
+                                                                     else "")
+    elif act:
+        word = f"OUT OF BALANCE ({', '.join(act)})"
+    elif watch:
+        word = f"BALANCED (watch {', '.join(watch)})"
+    else:
+        word = "BALANCED"
+    return f"overall: {word}; exit {exit_code}"

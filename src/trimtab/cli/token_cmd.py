@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from trimtab.cli.options import db_option, misconfigured
-from trimtab.paths import default_db_url, write_private_file
+from trimtab.paths import default_db_url, private_dir, write_private_file
 
 
 def _engine(db_url):
@@ -38,11 +38,17 @@ def token():
 @click.option("--scope", type=click.Choice(["agent", "job", "admin"]), required=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the secret to this file instead of printing it: always mode 0600, replacing (never "
-                   "following) a symlink or an older file of wider mode.")
+                   "following) a symlink or an older file of wider mode; a missing directory is made (0700). Best "
+                   "outside a git checkout, e.g. ~/.config/trimtab/NAME.token.")
 def create(db_url, name, scope, out):
     """Create a token and show its secret once."""
     from trimtab.api.auth import create_token
 
+    if out is not None:  # before the token exists: a directory that cannot be made leaves no token behind
+        try:
+            private_dir(out.parent)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {out}: {exc}") from exc
     engine = _engine(db_url)
     try:
         stored, secret = create_token(engine, name, scope)

@@ -1,6 +1,7 @@
 """Server URLs as a user gives them, one parser for the agent and the hook: ``--server`` repeated, one string with
 several URLs separated by commas or spaces (``$TRIMTAB_SERVER``, ``server_url`` in trimtab.toml), or a list. Several
-heads on one PostgreSQL serve ingest alike, so both sides take the list in fail-over order."""
+heads on one PostgreSQL serve ingest alike, so both sides take the list in fail-over order. And how both say what a
+server's error answer said (``answer_detail``)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ def server_urls(values: Union[str, Sequence[str], None]) -> list[str]:
             if url not in out:
                 out.append(url)
     return out
+
+
+def answer_detail(resp) -> str:
+    """The API's own ``detail`` of an error answer (an httpx response; else the body's start), on one line."""
+    try:
+        detail = resp.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return " ".join(str(detail if detail is not None else resp.text).split())[:200]

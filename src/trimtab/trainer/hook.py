@@ -1,7 +1,7 @@
 """The training-loop hook: times a job's phases, reports each step to the trimtab server from a background thread,
 and applies the rebalancer's knob changes at step boundaries, identically on every rank.
 
-    hook = trimtab.trainer.attach(job="ppo-demo", server="http://127.0.0.1:9460", token=...,
+    hook = trimtab.trainer.attach(job="ppo-demo", server="http://127.0.0.1:9460", token=os.environ["JOB_TOKEN"],
                                   device_map={"actor": [0, 1], "critic": [2]},
                                   knobs={"batch_size": (8, 1, 64), "prefetch": (0, 0, 4)})
     for step in range(n):
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import re
 import threading
 import time
@@ -45,6 +44,7 @@ from trimtab.trainer.knob_agreement import ChangeCallback, KnobAgreement
 from trimtab.trainer.knobs import KnobSet, KnobSpecLike, Number
 from trimtab.trainer.oom import OomEvent, OomGuard, OomHandler
 from trimtab.trainer.outbox import Outbox
+from trimtab.trainer.job_token import job_token
 from trimtab.trainer.server_link import Reporter
 from trimtab.trainer.step_record import StepReport
 from trimtab.trainer.timing import Phase, PhaseTimer
@@ -99,6 +99,7 @@ class Hook:
                                  f"letter or digit")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        token = job_token(token)
         self.job, self._mode, self._advise_only_reason = job, mode, advise_only_reason
         self.rank, self.world_size, _ = rank_and_world()
         self.device_map = {str(c): [int(g) for g in gpus] for c, gpus in (device_map or {}).items()}
@@ -121,7 +122,7 @@ class Hook:
         self._closed = False
         if server is not None:
             self._reporter = Reporter(
-                server, job, token or os.environ.get("TRIMTAB_TOKEN"),
+                server, job, token,
                 registration=self._declaration() if self.rank == 0 else None,
                 on_pending=self._changes.stage if self.rank == 0 else None, queue_max=queue_max,
                 timeout_s=timeout_s, backoff_max_s=backoff_max_s, transport=transport, batch_max=report_batch_max,
@@ -268,10 +269,11 @@ class Hook:
     def stats(self) -> dict:
         """Counters for logs and tests: what became of the step reports (sent, of them stored new, already
         stored and late; rejected; dropped and why; unconfirmed; pending; the spool's bytes — exact, see
-        ``backlog.py``), queued (reports and acks), the server in use, offline (every server away), OOMs, the
-        probe's baseline."""
+        ``backlog.py``), queued (reports and acks), the server in use, offline (every server away), auth_refused (a
+        server answered, and refused the token: not an outage), OOMs, the probe's baseline."""
         r = self._reporter
-        reports = r.stats() if r else {"sent": 0, "dropped": 0, "rejected": 0, "offline": False}
+        reports = r.stats() if r else {"sent": 0, "dropped": 0, "rejected": 0, "offline": False,
+                                       "auth_refused": False}
         return {**reports, "queued": r.queued if r else 0, "ooms": self.ooms,
                 "collective_baseline_us": self._probe.baseline_us, "collective_last_us": self._probe.last_us}
 

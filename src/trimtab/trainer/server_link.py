@@ -39,12 +39,13 @@ import httpx
 from trimtab.contract.knobs import ChangeAck, ChangeRefusal
 from trimtab.contract.step_report import MAX_REPORTS_PER_BATCH
 from trimtab.trainer.backlog import SPOOL_MAX_BYTES, Backlog
+from trimtab.trainer.job_token import AUTH_REFUSED, refusal_line
 from trimtab.trainer.servers import Servers
 
 log = logging.getLogger("trimtab.trainer")
 
 OK, RETRY, DROP, UNKNOWN_JOB, NO_ROUTE, FAILOVER = "ok", "retry", "drop", "unknown_job", "no_route", "failover"
-RETRY_STATUSES = {401, 403, 408, 425, 429}  # auth may be fixed by an admin; the others are transient
+RETRY_STATUSES = {408, 425, 429}  # transient: retried as an outage
 # What FastAPI (Starlette) itself answers for a path or method no route serves: an older server without the batch
 # route. The API's own 404 for a job it does not know says "no job named …" (api/routes/jobs.py: find_job).
 NO_SUCH_ROUTE = {"not found", "method not allowed"}
@@ -77,6 +78,7 @@ class Reporter:
         self._servers, self.job = Servers(server), job
         self.servers = self._servers.urls
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.auth_refused: Optional[int] = None  # the status of the server's refusal of the token, until taken
         self._registration = registration
         self._register_if_missing = register_if_missing
         self._need_register = registration is not None
@@ -166,9 +168,10 @@ class Reporter:
         return self.backlog.rejected
 
     def stats(self) -> dict:
-        """The report counts (:class:`~trimtab.trainer.backlog.Backlog`), the server in use and whether every
-        server is away."""
-        return {**self.backlog.stats(), "server": self.server, "offline": self.offline}
+        """The report counts (:class:`~trimtab.trainer.backlog.Backlog`), the server in use, whether every
+        server is away and whether the server refuses the token (``auth_refused``: it answers; not an outage)."""
+        return {**self.backlog.stats(), "server": self.server, "offline": self.offline,
+                "auth_refused": self.auth_refused is not None}
 
     # -- the reporter thread ----------------------------------------------------------------------------------
 
@@ -352,6 +355,9 @@ class Reporter:
         if batch and r.status_code in (404, 405) and _no_such_route(r):
             self._came_online()
             return NO_ROUTE, None
+        if r.status_code in AUTH_REFUSED:
+            self._in_doubt = False
+            return self._token_refused(r, path), None
         if r.status_code == 404:
             self._came_online()
             return UNKNOWN_JOB, None
@@ -383,7 +389,22 @@ class Reporter:
                         ", ".join(self.servers), why, self.backlog.describe())
         return RETRY
 
+    def _token_refused(self, r: httpx.Response, path: str) -> str:
+        """The server answered 401/403: the token, not the network. Reports wait as in an outage (spilled to disk
+        sooner) and are retried with backoff — an admin may fix the token — but the servers are not marked away
+        and no fail-over is tried (they share one store: the same token is refused by all). Said once at ERROR,
+        naming the server and what to do, until the token is taken again."""
+        self.backlog.set_away(True)
+        if self.auth_refused is None:
+            self.auth_refused = r.status_code
+            log.error(refusal_line(self.server, self.job, path, r))
+        return RETRY
+
     def _came_online(self) -> str:
+        if self.auth_refused is not None:
+            log.warning("trimtab: server %s accepts job %s's token now; %d reports wait to be sent", self.server,
+                        self.job, self.backlog.pending)
+            self.auth_refused = None
         self.backlog.set_away(False)
         was_offline = self._servers.offline
         away_s = self._servers.answered()

@@ -100,8 +100,8 @@ COLUMN_TITLES = {"verl": "verl (adapter, `verl-tail`)", "trl": "TRL",
 
 
 def markdown_table() -> str:
-    """The frameworks × signals table as the README shows it: which name each framework logs a signal under, or
-    that it logs none (the README's copy is checked against this)."""
+    """The frameworks × signals table as docs/hook.md shows it: which name each framework logs a signal under, or
+    that it logs none (that page's copy is checked against this)."""
     frameworks = list(TABLE)
     rows = ["| signal | " + " | ".join(COLUMN_TITLES.get(f, f) for f in frameworks) + " |",
             "|---|" + "---|" * len(frameworks)]

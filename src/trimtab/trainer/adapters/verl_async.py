@@ -30,7 +30,7 @@ The two knobs, by their trimtab names so that ``src/trimtab/grading/rules.toml``
   with it. The rollouter derives ``max_required_samples`` from it too (from its config): told by the trainer in band
   (a Ray call to its actor), it re-derives at the same sync point, so both processes move together. verl's checkpoint
   resume does not see it: it recomputes its step and sample counters as version × the configured value
-  (``load_checkpoint`` of both), so a resumed run's counters are off by what the live value changed (README, verl).
+  (``load_checkpoint`` of both), so a resumed run's counters are off by what the live value changed (docs/verl.md).
 
 One invariant verl fixes at start-up bounds both: the ``MessageQueue`` is created with
 ``max_queue_size = required_samples × (staleness_threshold + 1) × trigger_parameter_sync_step`` (a ``deque`` of
