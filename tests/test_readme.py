@@ -26,7 +26,8 @@ from tests.support.procs import free_port, stop, wait_http
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # Every test in these files runs a real Prometheus (they skip, saying why, without one).
-PROMETHEUS_TEST_FILES = ("tests/grafana/test_promql_queries.py", "tests/api/metrics/test_prometheus_scrape.py")
+PROMETHEUS_TEST_FILES = ("tests/grafana/test_promql_queries.py", "tests/api/metrics/test_prometheus_scrape.py",
+                         "tests/grafana/test_promql_units.py")
 TWO_COMMANDS = ["pip install . && trimtab up", "python3 -m pip install -e '.[dev]' && python3 -m pytest"]
 
 

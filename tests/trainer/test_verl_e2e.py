@@ -195,7 +195,7 @@ def test_a_change_verl_cannot_apply_is_refused_stored_and_shown(served, tmp_path
                if x["knob"] == "log_prob_micro_batch" and x["new_value"] == 6]
     assert len(refused) == 1  # not asked again
     res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
-    print(res.output)  # the README's verl section shows this output
+    print(res.output)  # docs/verl.md shows this output
     assert f"job {job}  mode auto" in res.output
     assert "log_prob_micro_batch 2 → 6" in res.output and "refused" in res.output
     assert "does not divide the per-GPU batch of 8" in res.output
@@ -261,7 +261,7 @@ def test_roles_are_found_from_verls_workers_and_shown_by_get_job_and_check_witho
                                "source": "found"}
     assert roles["actor"]["pids"] == pids["actor_pool"] and len(set(pids["actor_pool"])) == 2
     res = CliRunner().invoke(cli, ["check", "--server", api.url, "--window", "600"])
-    print(res.output)  # the README's verl section shows this output
+    print(res.output)  # docs/verl.md shows this output
     assert f"roles: actor+ref+rollout {host} GPUs 0,1 · critic {host} GPU 2" in res.output, res.output
 
 
