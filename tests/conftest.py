@@ -5,6 +5,7 @@ import os
 import pytest
 
 from tests.store.conftest import pg_migrated_url, pg_url, store_engine  # noqa: F401  (re-exported fixtures)
+from tests.store.conftest import drop_migrated_templates  # noqa: E402
 # The live API on loopback (uvicorn thread, fresh SQLite store), for the trainer hook's tests.
 from tests.api.conftest import make_api, migrated_sqlite, sqlite_api, stopping_servers  # noqa: F401,E402
 # A real small filesystem (tmpfs) for the disk-full tests.
@@ -20,6 +21,10 @@ def pytest_collection_modifyitems(config, items):
     the ``serial`` tests after all others, alone (tests/support/xdist_groups.py)."""
     if config.pluginmanager.hasplugin("xdist"):
         xdist_groups.add_groups(items)
+
+
+def pytest_sessionfinish(session):
+    drop_migrated_templates()
 
 
 @pytest.hookimpl(optionalhook=True)

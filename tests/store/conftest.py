@@ -62,6 +62,15 @@ def pg_url():
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
 
 
+_TEMPLATES: list[str] = []  # the migrated templates this process made
+
+
+def drop_migrated_templates() -> None:
+    """Drops this process's templates; tests/conftest.py calls it when the run ends (in each xdist worker)."""
+    while _TEMPLATES:
+        _drop_database(_TEMPLATES.pop())
+
+
 @functools.lru_cache(maxsize=None)
 def _migrated_template(base: str):
     """A database migrated once per process (pytest-xdist worker), to clone for each test that wants a migrated
@@ -74,7 +83,8 @@ def _migrated_template(base: str):
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception:  # noqa: BLE001 - no CREATEDB: fall back to migrating a schema per test
         return None
-    atexit.register(_drop_database, name)
+    _TEMPLATES.append(name)
+    atexit.register(_drop_database, name)  # (an xdist worker may end without atexit: see drop_migrated_templates)
     template = open_engine(make_url(base).set(database=name).render_as_string(hide_password=False))
     try:
         migrate(template)
