@@ -4,6 +4,8 @@ import math
 import threading
 import time
 
+import pytest
+
 from trimtab.contract.readings import EVENT_SOURCE_ERROR, GpuInfo, GpuSample, HostSample, NvlinkSample, Readings
 from trimtab.agent.sampler import Sampler
 from trimtab.agent.source import Inventory
@@ -37,6 +39,7 @@ class ScriptedSource:
         pass
 
 
+@pytest.mark.serial  # a wall-clock bound: under xdist it runs after the other tests, alone
 def test_ticks_stay_on_the_grid_without_drift():
     stamps = []
     s = Sampler([ScriptedSource()], lambda b: stamps.append(time.monotonic()), interval_s=0.05, hostname="n")
@@ -69,6 +72,7 @@ def test_not_finite_values_become_none():
     assert b.host_samples[0].cpu_pct is None
 
 
+@pytest.mark.serial  # a wall-clock bound: under xdist it runs after the other tests, alone
 def test_an_overrunning_tick_skips_missed_ticks_instead_of_bursting():
     src = ScriptedSource(delay_s=0.25)
     s = Sampler([src], lambda b: None, interval_s=0.1, hostname="n")

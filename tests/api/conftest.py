@@ -170,4 +170,4 @@ def sqlite_api(make_api) -> Api:
 def api(request, make_api) -> Api:
     if request.param == "sqlite":
         return make_api("sqlite")
-    return make_api(request.getfixturevalue("pg_url"))
+    return make_api(request.getfixturevalue("pg_migrated_url"))

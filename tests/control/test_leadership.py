@@ -57,6 +57,7 @@ def test_one_server_plans_and_the_other_cannot_write_a_decision(two_servers):
     assert [d.evidence["by"] for d in list_decisions(eng_a, job_id, 10, 0)] == [a.holder]
 
 
+@pytest.mark.serial  # a wall-clock bound: under xdist it runs after the other tests, alone
 def test_the_other_takes_over_within_the_lease_and_the_fenced_former_leader_writes_nothing(two_servers):
     (eng_a, eng_b), job_id = two_servers
     a, b = lead(eng_a, "a"), lead(eng_b, "b")

@@ -7,6 +7,7 @@ it cannot be reached its tests skip, saying why — unless ``TRIMTAB_REQUIRE_PG=
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import secrets
@@ -61,6 +62,60 @@ def pg_url():
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
 
 
+_TEMPLATES: list[str] = []  # the migrated templates this process made
+
+
+def drop_migrated_templates() -> None:
+    """Drops this process's templates; tests/conftest.py calls it when the run ends (in each xdist worker)."""
+    while _TEMPLATES:
+        _drop_database(_TEMPLATES.pop())
+
+
+@functools.lru_cache(maxsize=None)
+def _migrated_template(base: str):
+    """A database migrated once per process (pytest-xdist worker), to clone for each test that wants a migrated
+    PostgreSQL store: ``CREATE DATABASE … TEMPLATE`` takes ~0.1 s where the migrations take ~1 s. None where this
+    role may not create databases (then each test migrates a fresh schema, as ``pg_url`` does)."""
+    _, admin = _pg_admin()
+    name = f"trimtab_tpl_{secrets.token_hex(4)}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception:  # noqa: BLE001 - no CREATEDB: fall back to migrating a schema per test
+        return None
+    _TEMPLATES.append(name)
+    atexit.register(_drop_database, name)  # (an xdist worker may end without atexit: see drop_migrated_templates)
+    template = open_engine(make_url(base).set(database=name).render_as_string(hide_password=False))
+    try:
+        migrate(template)
+    finally:
+        template.dispose()  # a template may have no open connection while it is cloned
+    return name
+
+
+def _drop_database(name: str) -> None:
+    probe = _pg_admin()
+    if not isinstance(probe, str):
+        with probe[1].connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def pg_migrated_url(request):
+    """A URL of a fresh PostgreSQL database cloned from a migrated template; dropped after (with any connection the
+    test left open). Without the right to create databases: ``pg_url``'s fresh schema, which the caller migrates."""
+    base, admin = pg_admin_or_skip()
+    template = _migrated_template(base)
+    if template is None:
+        yield request.getfixturevalue("pg_url")
+        return
+    name = f"trimtab_db_{secrets.token_hex(4)}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    _drop_database(name)
+
+
 @pytest.fixture
 def sqlite_url(tmp_path):
     return f"sqlite:///{tmp_path}/store/trimtab.db"  # a directory that does not exist yet: open_engine makes it
@@ -72,11 +127,12 @@ def store_url(request):
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
-@pytest.fixture
-def engine(store_url):
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def engine(request):
     """A migrated, empty store on each backend."""
-    engine = open_engine(store_url)
-    migrate(engine)
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_migrated_url")
+    engine = open_engine(url)
+    migrate(engine)  # on a PostgreSQL clone of the migrated template: only the check that it is at head
     yield engine
     engine.dispose()
 
@@ -118,7 +174,8 @@ def store_engine(request, tmp_path):
     """A migrated store, once on SQLite and once on a fresh PostgreSQL schema."""
     from trimtab.store.engine import migrate, open_engine
 
-    url = f"sqlite:///{tmp_path}/trimtab.db" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    url = (f"sqlite:///{tmp_path}/trimtab.db" if request.param == "sqlite"
+           else request.getfixturevalue("pg_migrated_url"))
     engine = open_engine(url)
     migrate(engine)
     yield engine

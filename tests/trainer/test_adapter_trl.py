@@ -22,6 +22,8 @@ from trimtab.trainer.adapters.trl import ADVISE_ONLY, SEAMS, instrument  # noqa:
 
 REWARD_S = 0.03  # the reward function's own time: scoring must include it
 STEPS = 4
+# `trimtab check --window`: the whole run however slow the machine (at 60 s a run on busy cores lost its first steps)
+CHECK_WINDOW_S = "600"
 
 
 def tiny_grpo(output_dir: str):
@@ -141,7 +143,7 @@ def test_the_job_is_advise_only_and_trimtab_check_shows_its_composition_and_cade
     reports(grpo_run)
     job = httpx.get(f"{grpo_run['base']}/v1/jobs/grpo-tiny").json()
     assert job["knobs"] == {} and job["advise_only_reason"] == ADVISE_ONLY
-    check = trimtab("check", "--server", grpo_run["base"], "--window", "60", "--json")
+    check = trimtab("check", "--server", grpo_run["base"], "--window", CHECK_WINDOW_S, "--json")
     out, err = check.communicate(timeout=60)
     assert check.returncode in (0, 1), err
     section = next(j for j in json.loads(out)["jobs"] if j["name"] == "grpo-tiny")
@@ -149,7 +151,7 @@ def test_the_job_is_advise_only_and_trimtab_check_shows_its_composition_and_cade
     assert row["status"] != "no_data" and "generation" in row["message"] and "evaluation" in row["message"]
     assert section["generation_cadence"]["generating_steps"] == 2 and section["generation_cadence"]["steps"] == 4
     assert section["rl"]["completions_per_step"] == 4 and section["rl"]["tokens_per_s"] > 0
-    text = trimtab("check", "--server", grpo_run["base"], "--window", "60")
+    text = trimtab("check", "--server", grpo_run["base"], "--window", CHECK_WINDOW_S)
     out, _ = text.communicate(timeout=60)
     assert "job grpo-tiny" in out and "step_composition" in out
     section_text = out[out.index("job grpo-tiny"):]

@@ -40,6 +40,7 @@ def assert_cheap(costs: list[float]) -> None:
                                                                                      max(costs))
 
 
+@pytest.mark.serial  # a wall-clock bound: under xdist it runs after the other tests, alone
 def test_the_server_killed_mid_run_costs_nothing_is_said_once_and_reports_resume_after_restart(sqlite_api, caplog):
     api = sqlite_api
     caplog.set_level(logging.WARNING, logger="trimtab.trainer")
@@ -72,6 +73,7 @@ def fake_hook(server: FakeServer, **kw):
                   transport=httpx.MockTransport(server), **kw)
 
 
+@pytest.mark.serial  # a wall-clock bound: under xdist it runs after the other tests, alone
 @pytest.mark.parametrize("mode", ["garbage", "5xx"])
 def test_garbage_and_5xx_answers_are_retried_until_the_server_recovers(mode, caplog):
     caplog.set_level(logging.WARNING, logger="trimtab.trainer")
@@ -87,6 +89,7 @@ def test_garbage_and_5xx_answers_are_retried_until_the_server_recovers(mode, cap
     assert len(messages(caplog, "offline")) == 1 and len(messages(caplog, "back online")) == 1
 
 
+@pytest.mark.serial  # a wall-clock bound: under xdist it runs after the other tests, alone
 def test_a_server_that_never_answers_times_out_in_the_background_and_close_is_bounded(caplog):
     caplog.set_level(logging.WARNING, logger="trimtab.trainer")
     silent = socket.socket()

@@ -13,6 +13,7 @@ from trimtab.trainer.knobs import KnobSet
 from trimtab.trainer.memory import MemorySampler
 
 
+@pytest.mark.serial  # a wall-clock bound: under xdist it runs after the other tests, alone
 def test_step_time_runs_from_boundary_to_boundary_and_other_is_what_the_phases_leave():
     hook = attach("parts")
     t0 = time.perf_counter()
