@@ -107,7 +107,11 @@ def test_generation_scoring_and_update_are_phases_that_cover_the_step(grpo_run):
         # TRL times its training_step itself (step_time): our phases cover it, and the step's rest is small.
         assert named >= grpo_run["trl_logs"][step]["step_time"] * 0.95
         assert r["other_s"] < r["step_time_s"] / 3
-    assert by_step[1]["step_time_s"] > by_step[2]["step_time_s"] and by_step[3]["step_time_s"] > by_step[4]["step_time_s"]
+    # The steps alternate because generating and scoring happen every other step: what a step spends besides its
+    # update (the phase whose CPU time a loaded machine stretches most: 0.20 s against 0.50 s under xdist at load 5)
+    # is longer on a generating step than on the step after it.
+    beside_update = {step: r["step_time_s"] - r["update_s"] for step, r in by_step.items()}
+    assert beside_update[1] > beside_update[2] and beside_update[3] > beside_update[4], beside_update
 
 
 def test_tokens_completions_and_trls_logged_values_arrive(grpo_run):
