@@ -385,7 +385,9 @@ def _plan(state: JobState, rules: RuleSet,
         win = candidates
     if win is None:
         w = _collecting(candidates, wctl)
-        return Plan(note=f"collecting a window (steps from {start})", wait=w, gate=Gate(
+        # a first climb's shorter window may become possible with any step (memory_follow.climb_possible)
+        every_step = last is None and first_x >= 1.0 and memory_follow.climb_possible(state, rules)
+        return Plan(note=f"collecting a window (steps from {start})", wait=Wait(steps=1) if every_step else w, gate=Gate(
             gates.COLLECTING, window=window_evidence(candidates) if candidates else None,
             missing=f"{w.seconds:.1f} s more of step time or {w.enough_steps} more steps (a window from step {start})",
             expects_step=expected_step(state.steps, w.steps, w.seconds, w.enough_steps) if state.steps
