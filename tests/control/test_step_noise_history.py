@@ -77,3 +77,17 @@ def test_a_queue_raise_is_not_judged_on_its_drain_alone_and_is_judged_one_period
     cut = change(id=5, knob="prefetch", value=2, previous=4, applied_step=38)
     sync = change(id=5, knob="sync_every", value=8, previous=2, applied_step=38)
     assert not drain_only(cut, RULES, [], 39, 8) and not drain_only(sync, RULES, [], 39, 8)
+
+
+def test_a_queue_raise_s_drain_is_not_read_as_the_job_s_noise():
+    # prefetch 0 → 2 at step 10: 8 steps of drain (settle.py: 4 a unit) 15 % fast, then the setting; the next
+    # change at step 40 closes the stretch
+    raise_ = change(id=5, knob="prefetch", value=2, previous=0, applied_step=10)
+    later = change(id=6, knob="batch_size", value=32, previous=16, applied_step=40)
+
+    def noise(bank: float):
+        history = (_spread_steps(0, 10) + _spread_steps(10, 1) + _spread_steps(11, 8, x=bank)
+                   + _spread_steps(19, 21) + _spread_steps(40, 10))
+        return persistence(state(history, job(batch=32, prefetch=2), changes=[raise_, later]), RULES).step_noise
+
+    assert noise(0.85) is not None and noise(0.85) == noise(1.0), (noise(0.85), noise(1.0))

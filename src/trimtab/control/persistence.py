@@ -20,8 +20,8 @@ beyond one standard error (the estimate less 1/√periods), from 32 periods of h
 The same stretches say how noisy one step of the job is (``step_noise``): a side of a verdict that holds one sync
 period has no spread of its own, and the assumed 10 % a step made a −8 % move at sync 8 on a ±5 % job
 "inconclusive" on one period each side (the bench's banking job ran its loser 16 steps more, until a second period
-was in). The stretch in flight (the setting now, a change's after window) is not in it: a move's own level shift is
-not the job's noise. The assumed noise stays in as a prior worth ``ASSUMED_NOISE_DOF`` degrees of freedom (a few
+was in). The stretch in flight (the setting now, a change's after window) is not in it, nor a queue raise's drain: a
+move's own level shift is not the job's noise. The assumed noise stays in as a prior worth ``ASSUMED_NOISE_DOF`` degrees of freedom (a few
 quiet steps do not make a one-step side sure: 10 identical 45 s steps before a change are not a noiseless job).
 """
 
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from trimtab.contract.statuses import APPLIED
 from trimtab.control.verdict import Sample, fit_line, lone_outlier, unsettled
-from trimtab.control.settle import settled_from
+from trimtab.control.settle import drained_from, settled_from
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep, as_period, chunk_rates
 
@@ -43,12 +43,13 @@ if TYPE_CHECKING:
 
 MIN_PERIODS = 4  # a stretch shorter than this says nothing about persistence (its residuals are mostly its mean)
 MIN_HISTORY_PERIODS = 32  # nor does less history than this in all: 19 periods of ±20 % noise read ρ 0.38 by chance
-MIN_STEP_NOISE_DOF = 8    # a step noise read on fewer degrees of freedom than this is no better than the assumed one
-ASSUMED_NOISE_DOF = 8     # … and the assumed one (assumed_noise_pct) is pooled with it as if read on this many
+MIN_STEP_NOISE_DOF = 12   # a step noise read on fewer degrees of freedom than this is no better than the assumed one
+ASSUMED_NOISE_DOF = 4     # … and the assumed one (assumed_noise_pct) is pooled with it as if read on this many
 
 
-def _stretches(state: "JobState", rules: RuleSet) -> list[tuple[int, int, int]]:
-    """(first step, last step + 1, period) of each stretch of unchanged knobs, oldest first."""
+def _stretches(state: "JobState", rules: RuleSet, drained: bool = False) -> list[tuple[int, int, int]]:
+    """(first step, last step + 1, period) of each stretch of unchanged knobs, oldest first (``drained``: from the
+    end of a queue raise's drain, settle.py — its fast steps are the raise landing, not the job's noise)."""
     ctl = rules.controller
     applied = sorted((c for c in state.changes if c.status == APPLIED and c.applied_step is not None),
                      key=lambda c: c.applied_step)
@@ -62,7 +63,7 @@ def _stretches(state: "JobState", rules: RuleSet) -> list[tuple[int, int, int]]:
             at = as_period(c.previous_value)
     periods.append(at)
     periods.reverse()  # periods[i]: before applied[i] (i < len), periods[-1]: after the last change
-    starts = [0] + [settled_from(c, rules) for c in applied]
+    starts = [0] + [drained_from(c, rules, "") if drained else settled_from(c, rules) for c in applied]
     ends = [c.applied_step for c in applied] + [math.inf]
     return [(s, e, p) for s, e, p in zip(starts, ends, periods) if e > s]
 
@@ -124,11 +125,13 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     periods = stretches = 0
     numbers = [s.step for s in state.steps]  # oldest first: each stretch is one slice
     noise_sum, noise_dof = 0.0, 0
-    for first, end, every in _stretches(state, rules):
+    for first, end, every in _stretches(state, rules, drained=True):
         lo, hi = bisect_left(numbers, first), bisect_left(numbers, end)
         if end != math.inf and hi - lo >= 2 * every:
             var, dof = _step_var(state.steps[lo:hi], every, rules, lone_x, cap)
             noise_sum, noise_dof = noise_sum + var * dof, noise_dof + dof
+    for first, end, every in _stretches(state, rules):
+        lo, hi = bisect_left(numbers, first), bisect_left(numbers, end)
         if hi - lo < MIN_PERIODS * every:
             continue
         stretch, trending = _settled_part(state.steps[lo:hi], every, rules)
