@@ -199,14 +199,16 @@ def _worth_a_move(state: "JobState", rules: RuleSet, action: Action, behind: flo
     confirm (one within the dead band is "no measurable gain"), while the move's trial costs a window at a setting
     that is as likely worse. The eval-bound prefetch job: 2 → 4 read +25 %, 4 → 6 −3 % (sure): the parabola puts 5
     at +1.4 % over 4 (true +0.6 %), and the trial of 5 went back in half the runs — a second rollback of the knob
-    for nothing. Not on ×/÷ steps: their three values span ×16 (4, 16, 64) and a curve with a kink is no parabola
-    there — 4, 16 and 64 put 32 at −14 % where it is +11 % (the non-monotone curve then stood at 16, 87 %)."""
-    if action.op != "add":
+    for nothing. On ×/÷ steps only where the three values lie within one rung of the action (×4 for the batch), on
+    the log scale: across more (4, 16, 64) a curve with a kink is no parabola — 4, 16 and 64 put 32 at −14 % where
+    it is +11 % (the non-monotone curve then stood at 16, 87 %); within one (16, 25, 32 near its peak) it is, and
+    the trial of 28 there went back in every run, a second rollback of the knob."""
+    if action.op != "add" and (min(behind, ahead) <= 0 or max(behind, ahead) / min(behind, ahead) > action.by):
         return None
     points = _tied_points(state, rules, action, behind, current, ahead, now)
     if points is None:
         return None
-    x = value
+    x = value if action.op == "add" else math.log(value)
     level = sum(fy * math.prod((x - ox) / (fx - ox) for ox, _ in points if ox != fx) for fx, fy in points)
     gain_pct = math.expm1(level) * 100.0  # the current value's level is 0
     if gain_pct >= rules.controller.dead_band_pct:

@@ -21,7 +21,7 @@ from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_
 from trimtab.control import memory_follow
 from trimtab.control.cadence import with_cadence
 from trimtab.control.composition import composition
-from trimtab.control.drain import drain_read
+from trimtab.control.drain import drain_only, drain_read
 from trimtab.control.drift import at_equal_length
 from trimtab.control.lost_steps import lost_note, lost_steps, measured_throughput
 from trimtab.control.memory_fit import GIB
@@ -208,7 +208,8 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
     state = replace(state, steps=at_length)
     every = period(state.job, rules, state.steps)
     first = own_verdict_from(change, rules, state.steps)
-    drained = drain_read(change, rules, state.steps, first, every)  # a bank its own steps show drained (drain.py)
+    drained = drain_read(change, rules, state.steps, first, every,  # a bank its own steps show drained (drain.py)
+                         lambda: persistence(state, rules).step_noise)
     first = first if drained is None else max(first, int(drained["to"]))
     after_steps = [s for s in state.steps if s.step >= first]
     # a first climb: judged from a window as short as the one before it
@@ -218,7 +219,7 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
                      applied_step=change.applied_step, measuring=open_d.id if open_d.applied_step is None else None,
                      wait=wait_to_cover(after_steps, wctl.window_min_steps, wctl.window_min_s, every,
                                         wctl.window_enough_steps))
-    if not complete:
+    if not complete or (drained is None and drain_only(change, rules, after_steps, first, every)):
         return measuring
     state = replace(state, persistence=persistence(state, rules))  # a verdict's spreads widen by it (persistence.py)
     # While the test cannot tell, the after window grows (see _after_bound), then "no measurable gain".

@@ -234,6 +234,19 @@ def first_window_x(state: JobState, rules: RuleSet) -> float:
     return 1.0
 
 
+def climb_possible(state: JobState, rules: RuleSet) -> bool:
+    """A first climb may still shorten the job's first window (``first_window_x``): none of its moves decided yet,
+    and a batch knob a rule raises by ×. The memory fit that allows one changes with each step early on (on three
+    steps of the drifting bench's job, ±3 % lengths read as a steep trend, it forecast no room: seed 17 waited for
+    the full window, 18 steps at batch 4), so the first window is looked at every step while it could: while the
+    job reports the allocator peaks a fit is made of (a job that reports none is planned per window)."""
+    if rules.controller.memory_first_window_x >= 1.0 or state.decisions:
+        return False
+    knobs = {a.knob for rule in rules.rules for a in rule.actions
+             if a.needs_memory_headroom and a.op == "mul" and a.knob in state.job.knobs}
+    return any(forecast.job_fit(state, rules, knob) is not None for knob in knobs)
+
+
 def after_window_x(open_d: StoredDecision) -> float:
     """The factor on the after window a first climb is judged on before the test may close it (its
     ``window_x``: the window that decided it was as short; a two-rung move is as large an effect to see), else 1.

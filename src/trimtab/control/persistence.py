@@ -16,6 +16,13 @@ not persistence), its unsettled head left out and what still trends taken from i
 drift's trend), pooled over the stretches, the small-sample bias added back, and only the part the history shows
 beyond one standard error (the estimate less 1/√periods), from 32 periods of history on. Clamped to [0,
 ``persistence_max``]: anything below is taken as independence; ``persistence_max`` 0 switches it off.
+
+The same stretches say how noisy one step of the job is (``step_noise``): a side of a verdict that holds one sync
+period has no spread of its own, and the assumed 10 % a step made a −8 % move at sync 8 on a ±5 % job
+"inconclusive" on one period each side (the bench's banking job ran its loser 16 steps more, until a second period
+was in). The stretch in flight (the setting now, a change's after window) is not in it, nor a queue raise's drain: a
+move's own level shift is not the job's noise. The assumed noise stays in as a prior worth ``ASSUMED_NOISE_DOF`` degrees of freedom (a few
+quiet steps do not make a one-step side sure: 10 identical 45 s steps before a change are not a noiseless job).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from trimtab.contract.statuses import APPLIED
 from trimtab.control.verdict import Sample, fit_line, lone_outlier, unsettled
-from trimtab.control.settle import settled_from
+from trimtab.control.settle import drained_from, settled_from
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep, as_period, chunk_rates
 
@@ -36,10 +43,13 @@ if TYPE_CHECKING:
 
 MIN_PERIODS = 4  # a stretch shorter than this says nothing about persistence (its residuals are mostly its mean)
 MIN_HISTORY_PERIODS = 32  # nor does less history than this in all: 19 periods of ±20 % noise read ρ 0.38 by chance
+MIN_STEP_NOISE_DOF = 12   # a step noise read on fewer degrees of freedom than this is no better than the assumed one
+ASSUMED_NOISE_DOF = 4     # … and the assumed one (assumed_noise_pct) is pooled with it as if read on this many
 
 
-def _stretches(state: "JobState", rules: RuleSet) -> list[tuple[int, int, int]]:
-    """(first step, last step + 1, period) of each stretch of unchanged knobs, oldest first."""
+def _stretches(state: "JobState", rules: RuleSet, drained: bool = False) -> list[tuple[int, int, int]]:
+    """(first step, last step + 1, period) of each stretch of unchanged knobs, oldest first (``drained``: from the
+    end of a queue raise's drain, settle.py — its fast steps are the raise landing, not the job's noise)."""
     ctl = rules.controller
     applied = sorted((c for c in state.changes if c.status == APPLIED and c.applied_step is not None),
                      key=lambda c: c.applied_step)
@@ -53,7 +63,7 @@ def _stretches(state: "JobState", rules: RuleSet) -> list[tuple[int, int, int]]:
             at = as_period(c.previous_value)
     periods.append(at)
     periods.reverse()  # periods[i]: before applied[i] (i < len), periods[-1]: after the last change
-    starts = [0] + [settled_from(c, rules) for c in applied]
+    starts = [0] + [drained_from(c, rules, "") if drained else settled_from(c, rules) for c in applied]
     ends = [c.applied_step for c in applied] + [math.inf]
     return [(s, e, p) for s, e, p in zip(starts, ends, periods) if e > s]
 
@@ -78,6 +88,8 @@ class Persistence:
     var_log: Optional[float] = None
     lone_x: float = 0.0  # a lone period this many times off its window's median is left out (lone_period_x)
     step_rho_max: float = 0.8  # the cap on steps moving together inside a period (persistence_max; step_noise.py)
+    step_noise: Optional[tuple[float, int]] = None  # one step's log-throughput variance at the job's earlier
+                                                    # settings and its degrees of freedom (None: too little history)
 
     @property
     def inflation(self) -> float:
@@ -91,8 +103,10 @@ class Persistence:
         return self.var_log if self.rho > 0 else None
 
     def sample(self, steps: Sequence[JobStep], period: int = 1) -> Optional[Sample]:
-        """The window's per-period sample, its spread widened for persistence, a lone stalled period left out."""
-        return Sample.of_steps(steps, period, self.inflation, self.var_floor, self.lone_x, self.step_rho_max)
+        """The window's per-period sample, its spread widened for persistence, a lone stalled period left out; a
+        window of one period is given the job's step noise from its history (widened alike)."""
+        history = None if self.step_noise is None else (self.step_noise[0] * self.inflation, self.step_noise[1])
+        return Sample.of_steps(steps, period, self.inflation, self.var_floor, self.lone_x, self.step_rho_max, history)
 
     def evidence(self) -> dict[str, Any]:
         return {"rho": round(self.rho, 3), "var_log": None if self.var_log is None else round(self.var_log, 6),
@@ -110,6 +124,12 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     num = den = 0.0
     periods = stretches = 0
     numbers = [s.step for s in state.steps]  # oldest first: each stretch is one slice
+    noise_sum, noise_dof = 0.0, 0
+    for first, end, every in _stretches(state, rules, drained=True):
+        lo, hi = bisect_left(numbers, first), bisect_left(numbers, end)
+        if end != math.inf and hi - lo >= 2 * every:
+            var, dof = _step_var(state.steps[lo:hi], every, rules, lone_x, cap)
+            noise_sum, noise_dof = noise_sum + var * dof, noise_dof + dof
     for first, end, every in _stretches(state, rules):
         lo, hi = bisect_left(numbers, first), bisect_left(numbers, end)
         if hi - lo < MIN_PERIODS * every:
@@ -126,8 +146,12 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
         num += sum(a * b for a, b in zip(resid, resid[1:]))
         den += sum(r * r for r in resid)
         periods, stretches = periods + len(logs), stretches + 1
+    noise = None
+    if noise_dof >= MIN_STEP_NOISE_DOF:
+        prior = math.log1p(rules.controller.assumed_noise_pct / 100.0) ** 2 * ASSUMED_NOISE_DOF
+        noise = ((noise_sum + prior) / (noise_dof + ASSUMED_NOISE_DOF), noise_dof + ASSUMED_NOISE_DOF)
     if den <= 0 or periods < MIN_HISTORY_PERIODS:
-        return Persistence(lone_x=lone_x, step_rho_max=cap)
+        return Persistence(lone_x=lone_x, step_rho_max=cap, step_noise=noise)
     var_log = den / (periods - stretches)
     rho = num / den
     # Residuals from each stretch's own mean read persistence low by about (1 + 3ρ)/m over stretches of m periods
@@ -136,4 +160,15 @@ def persistence(state: "JobState", rules: RuleSet) -> Persistence:
     # Only what the history shows beyond one standard error (about 1/√periods; 84 % sure, one-sided): a job with
     # independent periods seldom has its verdicts slowed by this estimate's own noise (a wrong "sure" verdict costs
     # more than a slow one, so not 95 %).
-    return Persistence(min(cap, max(0.0, rho - 1.0 / math.sqrt(periods))), var_log, lone_x, cap)
+    return Persistence(min(cap, max(0.0, rho - 1.0 / math.sqrt(periods))), var_log, lone_x, cap, noise)
+
+
+def _step_var(stretch: Sequence[JobStep], every: int, rules: RuleSet, lone_x: float, cap: float) -> tuple[float, int]:
+    """One step's log-throughput variance in a closed stretch of unchanged knobs, and its degrees of freedom (0: it
+    says nothing) — its settled part in whole periods, read as a verdict reads a window (``Sample.of_steps``: the
+    periods' steps, a lone stall left out)."""
+    settled, _ = _settled_part(stretch, every, rules)
+    sample = Sample.of_steps(settled, every, lone_x=lone_x, step_rho_max=cap)
+    if sample is None or sample.var_log is None:
+        return 0.0, 0
+    return sample.var_log * sample.steps_per_period, sample.dof

@@ -3,8 +3,9 @@ of the per-period throughputs before and after a change (a test on their ratio),
 interval of the ratio for the decision.
 
 Per-period, not per-step: with a sync every 4th step, steps alternate fast and slow; a period is one sample.
-A side with fewer than two periods has no variance of its own: it is given ``assumed_noise_pct``, the step-to-step
-noise seen on real jobs, averaged over the steps its one period holds — one 45 s step keeps all of it (one slow step
+A side with fewer than two periods has no variance of its own: it is given the job's own step-to-step noise where its
+history shows it (``history_var``: its steps at earlier settings, ``persistence.py``), else ``assumed_noise_pct``, the
+step-to-step noise seen on real jobs, averaged over the steps its one period holds — one 45 s step keeps all of it (one slow step
 against one fast one is "inconclusive", not a verdict), a period of 32 short steps a sixth of it (32 steps with a
 sync at the end average like ~28 steps: (Σt)² / Σt²).
 
@@ -42,6 +43,9 @@ class Sample:
     var_dof: Optional[int] = None  # the degrees of freedom of var_log: n − 1 (None), or k(n − 1) where it was read
                                    # from the periods' steps (step_noise.py)
     step_rho: Optional[float] = None  # where it was: the steps' lag-1 autocorrelation within a period taken in
+    history_var: Optional[float] = None  # one step's log-throughput variance the job's earlier settings showed: what
+                                         # a one-period side is given instead of ``assumed_noise_pct``
+    history_dof: Optional[int] = None    # … and its degrees of freedom
 
     @property
     def dof(self) -> int:
@@ -65,14 +69,17 @@ class Sample:
     @classmethod
     def of_steps(cls, steps: Sequence[JobStep], period: int = 1, inflate: float = 1.0,
                  var_floor: Optional[float] = None, lone_x: float = 0.0,
-                 step_rho_max: Optional[float] = None) -> Optional["Sample"]:
+                 step_rho_max: Optional[float] = None,
+                 history: Optional[tuple[float, int]] = None) -> Optional["Sample"]:
         """The per-period sample of a window of steps (whole periods of ``period`` steps); its spread widened
         ``inflate`` times, from at least ``var_floor``, where the job's periods persist (see
         ``trimtab.control.persistence``); a lone period ``lone_x`` times off the median left out (0: none). A period
         holding a lost step (an OOM's ``samples=0``, no samples: ``lost_steps.py``) has no rate: left out, and its
         lost steps named (``lost``); None when no period is measurable. ``step_rho_max`` not None: where periods
         hold several steps, their variance is read from the steps (``step_noise.py``: k(n − 1) degrees of freedom
-        instead of n − 1), steps moving together inside a period taken in up to this lag-1 autocorrelation."""
+        instead of n − 1), steps moving together inside a period taken in up to this lag-1 autocorrelation.
+        ``history``: (one step's log variance, its degrees of freedom) from the job's earlier settings, for a side of
+        one period (``persistence.step_noise``)."""
         spans, lost = measurable_periods(steps, period)
         weights = [sum(s.step_time_s for s in span) ** 2 / sum(s.step_time_s ** 2 for s in span) for span in spans]
         rates = [throughput(span) for span in spans]  # each > 0: a lost step is one whose rate could not be
@@ -94,7 +101,7 @@ class Sample:
         if var_log is not None and (inflate != 1.0 or var_floor is not None):
             var_log = max(var_log, var_floor or 0.0) * inflate
         return cls(sample.n, sample.mean_log, var_log, sample.steps_per_period, left_out, tuple(lost), var_dof,
-                   step_rho)
+                   step_rho, *(history if history is not None else (None, None)))
 
     @classmethod
     def from_evidence(cls, d: Any) -> Optional["Sample"]:
@@ -106,12 +113,20 @@ class Sample:
             return None
 
     def variance(self, ctl: ControllerSettings) -> float:
-        """The variance of one period's log throughput: measured (≥ 2 periods), else the assumed step-to-step
-        noise averaged over the period's steps; never below ``min_noise_pct``."""
+        """The variance of one period's log throughput: measured (≥ 2 periods), else the job's step-to-step noise
+        from its history (or, without one, the assumed noise) averaged over the period's steps; never below
+        ``min_noise_pct``."""
         floor = math.log1p(ctl.min_noise_pct / 100.0) ** 2  # a noiseless synthetic job must not divide by zero
         if self.var_log is not None:
             return max(floor, self.var_log)
+        if self.history_var is not None:
+            return max(floor, self.history_var / self.steps_per_period)
         return max(floor, math.log1p(ctl.assumed_noise_pct / 100.0) ** 2 / self.steps_per_period)
+
+    @property
+    def noise_dof(self) -> Optional[int]:
+        """The degrees of freedom of :meth:`variance` (None: the assumed noise, a known variance)."""
+        return self.dof if self.var_log is not None else self.history_dof
 
     def evidence(self) -> dict[str, Any]:
         out = {"n": self.n, "mean_log": round(self.mean_log, 6),
@@ -119,6 +134,9 @@ class Sample:
                "steps_per_period": round(self.steps_per_period, 2)}
         if self.var_dof is not None:
             out.update(var_dof=self.var_dof, var_from="the periods' steps (step_noise.py)", step_rho=self.step_rho)
+        if self.var_log is None and self.history_var is not None:
+            out.update(step_var_log=round(self.history_var, 8), step_var_dof=self.history_dof,
+                       step_var_from="the job's steps at its earlier settings (persistence.py)")
         if self.left_out:
             out["left_out"] = [{"first_step": step, "x_median_period": x,
                                 "why": "a lone period this far from the window's median period (a stall), "
@@ -202,8 +220,14 @@ def _standard_error(before: Sample, after: Sample, ctl: ControllerSettings) -> t
             return (math.sqrt(vb / before.n + va / after.n), float(other.dof),
                     "welch, the other side's step noise on a one-period side")
     if before.var_log is None or after.var_log is None:
-        # the assumed noise is a known variance: a normal test
-        return math.sqrt(vb / before.n + va / after.n), 1e6, "welch, assumed noise on a one-period side"
+        sb, sa = vb / before.n, va / after.n
+        dofs = [(x, s.noise_dof) for x, s in ((sb, before), (sa, after)) if s.noise_dof is not None]
+        if not any(s.var_log is None and s.history_var is not None for s in (before, after)):
+            # the assumed noise is a known variance: a normal test
+            return math.sqrt(sb + sa), 1e6, "welch, assumed noise on a one-period side"
+        # the job's step noise from its history: a variance with degrees of freedom of its own (Welch–Satterthwaite)
+        df = (sb + sa) ** 2 / sum(x * x / d for x, d in dofs)
+        return math.sqrt(sb + sa), df, "welch, the job's step noise from its history on a one-period side"
     nb, na = before.n, after.n
     db, da = before.dof, after.dof
     if _spread_differs_p(vb, db, va, da) >= 1.0 - ctl.pool_unless_spread_differs_pct / 100.0:
