@@ -211,7 +211,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                       f"; reward per simulated second: auto {auto:.3f}, static prefetch 0 {static[0]:.3f}, "
                       f"prefetch 2 {static[2]:.3f}", flush=True)
             gains = [s[2] / s[0] - 1 for _, _, _, _, s in rows]
-            print(f"{twin}: {met}/{len(seeds)} {expected}{' (no learning reported: judged on samples/s alone)' if args.throughput_alone else ''}; "
+            alone = " (no learning reported: judged on samples/s alone)" if args.throughput_alone else ""
+            print(f"{twin}: {met}/{len(seeds)} {expected}{alone}; "
                   f"static prefetch 2 against 0: reward per second {statistics.median(gains):+.1%} (median); "
                   f"auto against the better static: "
                   f"{statistics.median(a / max(s.values()) for _, _, _, a, s in rows):.1%} (median)", flush=True)
