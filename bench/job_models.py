@@ -34,6 +34,15 @@ class Workload:
                                                   # then halves the batch as the hook does (a lost step, 0 samples)
 
 
+def learning_declaration(w: Workload) -> dict:
+    """The rules override each simulated job registers with: every knob of it throughput-only. A job modelled here
+    has step times and no policy — no knob of it changes what is learned, and it reports no learning signal — so it
+    says so per knob, the way a real job declares a knob it knows changes only its speed (``[learning]
+    throughput_only``). Without it the shipped rules (``without_signals = "advise"``) would only advise its
+    prefetch and sync_every moves."""
+    return {"learning": {"throughput_only": sorted(w.knobs)}}
+
+
 def _noisy(rng: random.Random, t: float, noise: float) -> float:
     return t * (1 + rng.uniform(-noise, noise))
 

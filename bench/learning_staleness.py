@@ -22,10 +22,12 @@ rebalanced run against each static setting (0 and 2), measured on the same seed 
 mean reward over that time (the area under the reward curve, per second — a run that learns faster sooner reads
 higher).
 
-    python3 bench/learning_staleness.py [--seeds 1-10] [--budget-s 100] [--without-learning]
+    python3 bench/learning_staleness.py [--seeds 1-10] [--budget-s 100] [--without-learning [--throughput-alone]]
 
-``--without-learning`` is the baseline: the same jobs report no learning signal, so the raise is judged on
-samples/s alone (and kept in both twins).
+``--without-learning``: the same jobs report no learning signal; under the shipped rules (``[learning]
+without_signals = "advise"``) the raise is then advice, not made, in both twins (its reason says no learning signal
+is reported). ``--throughput-alone`` adds the job's rules override ``without_signals = "throughput"``: the baseline
+judged on samples/s alone, the raise kept in both twins.
 """
 
 from __future__ import annotations
@@ -130,11 +132,13 @@ def reward_per_s(curve: list[tuple[float, float]]) -> float:
     return sum(t * r for t, r in curve) / sum(t for t, _ in curve)
 
 
-def run_auto(http, token: str, lr: float, seed: int, budget_s: float, job: str, report_learning: bool = True) -> dict:
+def run_auto(http, token: str, lr: float, seed: int, budget_s: float, job: str, report_learning: bool = True,
+             throughput_alone: bool = False) -> dict:
     auth = {"Authorization": f"Bearer {token}"}
     knobs = {"prefetch": {"value": 0, "min": 0, "max": 2}}
+    rules = {"rules": {"learning": {"without_signals": "throughput"}}} if throughput_alone else {}
     r = http.post("/v1/jobs", json={"name": job, "ranks": 1, "device_map": {}, "hostnames": ["cpu"],
-                                    "knobs": knobs, "mode": "auto"}, headers=auth)
+                                    "knobs": knobs, "mode": "auto", **rules}, headers=auth)
     assert r.status_code == 201, r.text
     rng = random.Random(seed)
     learner = Learner(lr, random.Random(seed * 7919))
@@ -155,9 +159,19 @@ def run_auto(http, token: str, lr: float, seed: int, budget_s: float, job: str, 
         i += 1
     decisions = http.get("/v1/decisions", params={"job": job, "limit": 50}).json()["decisions"]
     raises = [d for d in decisions if d["knob"] == "prefetch" and d["new_value"] > d["old_value"]
-              and d["change_id"] is not None]
+              and (d["change_id"] is not None or d["outcome"] == "advised")]
     first = min(raises, key=lambda d: d["id"]) if raises else None
     return {"curve": curve, "raise": first, "final_prefetch": prefetch}
+
+
+def expected_outcome(hurts: bool, without_learning: bool, throughput_alone: bool) -> tuple[str, str]:
+    """(the raise's outcome each run must show, in words): rolled back citing a signal where staleness hurts and the
+    job reports learning; advised (not made) where it reports none under the shipped rules; kept otherwise."""
+    if without_learning and not throughput_alone:
+        return "advised", "advised, not made (no learning signal reported)"
+    if hurts and not without_learning:
+        return "rolled_back", "rolled back citing a signal"
+    return "kept", "kept"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -166,8 +180,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--budget-s", type=float, default=100.0, help="simulated seconds of each run")
     ap.add_argument("--twins", default=",".join(TWINS), help="which twins, comma-separated")
     ap.add_argument("--without-learning", action="store_true",
-                    help="the baseline: the job reports no learning signal, so the raise is judged on samples/s alone")
+                    help="the job reports no learning signal: under the shipped rules the raise is advice only")
+    ap.add_argument("--throughput-alone", action="store_true",
+                    help="with --without-learning: the job's rules say without_signals = throughput, the baseline "
+                         "judged on samples/s alone")
     args = ap.parse_args(argv)
+    if args.throughput_alone and not args.without_learning:
+        ap.error("--throughput-alone goes with --without-learning")
     seeds = _seeds(args.seeds)
     failed = False
     with local_api("learner") as (http, token):
@@ -175,22 +194,25 @@ def main(argv: Optional[list[str]] = None) -> int:
             lr, hurts = TWINS[twin], twin == "stale-hurts"
             met, rows = 0, []
             for seed in seeds:
-                out = run_auto(http, token, lr, seed, args.budget_s, f"{twin}-{seed}", not args.without_learning)
+                out = run_auto(http, token, lr, seed, args.budget_s, f"{twin}-{seed}", not args.without_learning,
+                               args.throughput_alone)
                 auto = reward_per_s(out["curve"])
                 static = {p: reward_per_s(run_static(lr, seed, p, args.budget_s)) for p in (0, 2)}
                 d = out["raise"]
                 outcome = d["outcome"] if d else "no raise"
                 signal = ((d or {}).get("evidence") or {}).get("learning_broken", {}).get("signal")
-                ok = (outcome == "rolled_back" and signal is not None) if hurts and not args.without_learning \
-                    else outcome == "kept"
+                want, expected = expected_outcome(hurts, args.without_learning, args.throughput_alone)
+                ok = outcome == want and (signal is not None or want != "rolled_back")
+                if want == "advised":
+                    ok = ok and "reports no learning signal" in (d.get("advice") or "")
                 met += ok
                 rows.append((seed, outcome, signal, auto, static))
                 print(f"{twin} seed {seed}: prefetch raise {outcome}" + (f" ({signal})" if signal else "") +
                       f"; reward per simulated second: auto {auto:.3f}, static prefetch 0 {static[0]:.3f}, "
                       f"prefetch 2 {static[2]:.3f}", flush=True)
             gains = [s[2] / s[0] - 1 for _, _, _, _, s in rows]
-            expected = "rolled back citing a signal" if hurts and not args.without_learning else "kept"
-            print(f"{twin}: {met}/{len(seeds)} {expected}{' (no learning reported)' if args.without_learning else ''}; "
+            alone = " (no learning reported: judged on samples/s alone)" if args.throughput_alone else ""
+            print(f"{twin}: {met}/{len(seeds)} {expected}{alone}; "
                   f"static prefetch 2 against 0: reward per second {statistics.median(gains):+.1%} (median); "
                   f"auto against the better static: "
                   f"{statistics.median(a / max(s.values()) for _, _, _, a, s in rows):.1%} (median)", flush=True)

@@ -45,7 +45,7 @@ from typing import Optional
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
-from bench.job_models import GIB, GOAL_STEPS, LIMIT_GIB, WORKLOADS, Workload  # noqa: E402
+from bench.job_models import GIB, GOAL_STEPS, LIMIT_GIB, WORKLOADS, Workload, learning_declaration  # noqa: E402
 from bench.live_api import _seeds, local_api  # noqa: E402
 from trimtab.control.bracket import REAPPLIED  # noqa: E402
 
@@ -66,7 +66,7 @@ def run(http: httpx.Client, token: str, w: Workload, seed: int, job: str = "w",
     the run short, a smoke run)."""
     auth = {"Authorization": f"Bearer {token}"}
     declaration = {"name": job, "ranks": w.ranks, "device_map": {}, "hostnames": ["cpu"], "knobs": w.knobs,
-                   "mode": "auto"}
+                   "mode": "auto", "rules": learning_declaration(w)}  # its knobs model throughput only
     r = http.post("/v1/jobs", json=declaration, headers=auth)
     assert r.status_code == 201, r.text
     setting = {k: v["value"] for k, v in w.knobs.items()}

@@ -4,6 +4,7 @@ knobs and the rebalancer's decisions. ``grafana.generate`` writes them."""
 from __future__ import annotations
 
 from grafana.ledger_panels import ledger_pg_panels
+from trimtab.grading.rules import load_rules
 from grafana.panels import (GUIDES, JOB_IS, LATENCY, OUTCOME_MAPPINGS, PG, PG_JOB, PHASES, PROBE_BASELINE_STEPS,
                             STEP_BUCKET, dashboard, graded_phase_columns, job_steps, override, sql, stat, table,
                             timeseries)
@@ -210,6 +211,26 @@ DECISIONS_SQL = (
 DECISION_COLUMNS = ["time", "rule", "change", "applied at step", "before (samples/s)", "after (samples/s)", "gain",
                     "outcome", "advice", "evidence"]
 
+# Decisions on a knob that changes what is learned (the shipped rules' [learning] changes_learning: prefetch,
+# sync_every), with both verdicts in words as control/goodput.py stored them and trimtab check prints them; advice-only
+# moves of such a knob for a job reporting no learning signal say so in their advice.
+LEARNING_KNOBS = load_rules().learning.changes_learning
+LEARNING_SQL = (
+    "SELECT to_timestamp(d.ts_ms / 1000.0) AS \"time\",\n"
+    "  d.knob || ': ' || coalesce(d.old_value::text, '?') || ' → ' || coalesce(d.new_value::text, '?') AS \"change\",\n"
+    "  d.outcome AS \"outcome\",\n"
+    "  coalesce(d.evidence -> 'verdicts' ->> 'throughput', CASE d.outcome WHEN 'pending' THEN 'being measured' "
+    "WHEN 'advised' THEN 'not made' ELSE 'not recorded' END) AS \"throughput verdict\",\n"
+    "  coalesce(d.evidence -> 'verdicts' ->> 'learning', CASE WHEN d.advice LIKE '%reports no learning signal%' "
+    "THEN 'no learning signal reported: advice only' WHEN d.outcome = 'pending' THEN 'being measured' "
+    "ELSE 'not recorded' END) AS \"learning verdict\",\n"
+    "  d.evidence -> 'learning_broken' ->> 'signal' AS \"signal\"\n"
+    "FROM decisions d JOIN jobs j ON j.id = d.job_id\n"
+    f"WHERE {JOB_IS} AND d.ts_ms BETWEEN $__from AND $__to\n"
+    f"  AND (d.knob IN ({', '.join(repr(k) for k in LEARNING_KNOBS)}) OR d.evidence -> 'verdicts' IS NOT NULL)\n"
+    "ORDER BY d.ts_ms DESC, d.id DESC")
+LEARNING_COLUMNS = ["time", "change", "outcome", "throughput verdict", "learning verdict", "signal"]
+
 OUTCOMES_SQL = (
     "SELECT coalesce(d.outcome, 'none') AS \"outcome\", count(*) AS \"decisions\"\n"
     "FROM decisions d JOIN jobs j ON j.id = d.job_id\n"
@@ -232,6 +253,15 @@ def rebalancer_pg() -> dict:
                          override("gain", unit="percent", decimals=1),
                          override("evidence", custom__inspect=True, custom__width=400),
                          override("advice", custom__inspect=True)]),
+        table("Learning-knob decisions: both verdicts",
+              "Changes to a knob that changes what is learned (prefetch, sync_every): kept only if throughput "
+              "improved and the learning guards held. Each row: the throughput verdict (gain and how sure) and the "
+              "learning verdict (held: each signal before → after; broke: the signal and the bound it broke, the "
+              "change rolled back at once), as trimtab check prints them. A job that reports no learning signal "
+              "gets advice only on these knobs (rules.toml [learning] without_signals).",
+              sql(LEARNING_SQL, "table"), LEARNING_COLUMNS, h=8,
+              overrides=[override("outcome", mappings=OUTCOME_MAPPINGS, custom__cellOptions={"type": "color-text"}),
+                         override("learning verdict", custom__inspect=True, custom__width=420)]),
     ]
     return dashboard("trimtab-rebalancer", "trimtab · Rebalancer",
                      "What the rebalancer decided for one job, why, and whether it helped.",

@@ -40,8 +40,12 @@ def test_the_demo_raises_throughput_and_logs_every_change(tmp_path):
     assert result["story"]["rolled_back"] == sum(d["outcome"] == "rolled_back" for d in decisions)
     for d in decisions:
         if d["outcome"] == "rolled_back":  # the rebalancer's own verdict: worse, or no better than noise, or
-            # (issue 20) a gain on steps that had not settled yet (the pipeline's first steps): re-measured
-            assert d["verdict"]["result"] == "worse" or d["back_to_known"] or d["remeasure"], d
+            # (issue 20) a gain on steps that had not settled yet (the pipeline's first steps): re-measured; or
+            # (issue 41) a learning guard the pipeline's own signals broke, named
+            if d["learning_broken"]:
+                assert d["verdicts"]["learning"].startswith(f"broke: {d['learning_broken']['signal']} "), d
+            else:
+                assert d["verdict"]["result"] == "worse" or d["back_to_known"] or d["remeasure"], d
             back = [c for c in result["changes"] if c["reason"].startswith(f"rollback: decision {d['id']}:")]
             assert [(c["knob"], c["value"], c["status"]) for c in back] == [(d["knob"], d["old_value"], "applied")]
     for change in result["changes"]:

@@ -9,9 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from tests.support.plans import NOW, RULES, change, decision, job, state, steps
+from tests.support.plans import NOW, SHIPPED_RULES as RULES, change, decision, job, state, steps
 from trimtab.control.controller import plan
 from trimtab.control.goodput import blind_to_learning, guards
+from trimtab.grading.learning_rules import advised_only
 from trimtab.grading.rules import RulesError
 
 
@@ -43,6 +44,12 @@ def test_a_staleness_raise_that_gained_throughput_is_rolled_back_when_the_clip_f
     assert "learning does not keep up: clip_fraction" in p.note
     assert p.evidence["learning_broken"]["signal"] == "clip_fraction"
     assert p.evidence["learning_guards"]["clip_fraction"]["holds"] is False
+    # both verdicts, in the words check, the API and the dashboards show
+    both = p.evidence["verdicts"]
+    assert both["learning"] == "broke: clip_fraction 0.04 → 0.15 (rose by +0.110, bound +0.05)"
+    gain = p.evidence.get("gain_pct")
+    assert both["throughput"] == ("not judged yet (closed on learning first)" if gain is None else
+                                  f"{gain:+.1f} % ({p.evidence['verdict']['confidence_pct']:.0f} % sure): kept")
 
 
 def test_the_same_raise_is_kept_when_its_guards_hold():
@@ -51,6 +58,11 @@ def test_the_same_raise_is_kept_when_its_guards_hold():
     assert p.outcome == "kept", p.note
     shown = p.evidence["learning_guards"]
     assert all(shown[s]["holds"] for s in ("clip_fraction", "kl", "eff_sample_size"))
+    both = p.evidence["verdicts"]
+    assert both["learning"] == "held: clip_fraction 0.04 → 0.06, eff_sample_size 0.95 → 0.9, kl 0.002 → 0.003"
+    assert both["throughput"] == (f"{p.evidence['gain_pct']:+.1f} % "
+                                  f"({p.evidence['verdict']['confidence_pct']:.0f} % sure): kept")
+    assert p.evidence["gain_pct"] > 0
 
 
 @pytest.mark.parametrize("before, after, signal", [
@@ -93,15 +105,43 @@ def test_a_speed_only_knob_is_judged_on_throughput_alone():
 
 
 def test_without_signals_advise_makes_a_learning_knob_advice_only_until_the_job_reports_learning():
-    advise = RULES.with_overrides({"learning": {"without_signals": "advise"}})
     quiet = steps(0, 3)
-    assert "reports no learning signal" in blind_to_learning(advise, "prefetch", quiet)
-    assert blind_to_learning(advise, "batch_size", quiet) is None  # not declared a learning knob
-    assert blind_to_learning(advise, "prefetch", learning(quiet, reward=0.1)) is None
-    assert blind_to_learning(RULES, "prefetch", quiet) is None  # the shipped rules: judged on throughput
-    p = plan(state(steps(0, 3), job(batch=64)), advise)  # generation-bound at its max batch: prefetch +2
+    assert RULES.learning.without_signals == "advise"  # shipped
+    assert "reports no learning signal" in blind_to_learning(RULES, "prefetch", quiet)
+    assert blind_to_learning(RULES, "batch_size", quiet) is None  # not declared a learning knob
+    assert blind_to_learning(RULES, "prefetch", learning(quiet, reward=0.1)) is None
+    throughput = RULES.with_overrides({"learning": {"without_signals": "throughput"}})
+    assert blind_to_learning(throughput, "prefetch", quiet) is None  # judged on samples/s alone, as before
+    p = plan(state(steps(0, 3), job(batch=64)), RULES)  # generation-bound at its max batch: prefetch +2
     assert p.change is None and p.advised is not None and p.advised.knob == "prefetch"
     assert "reports no learning signal" in p.advised.reason
+    made = plan(state(steps(0, 3), job(batch=64)), throughput)
+    assert made.change is not None and made.change.knob == "prefetch", made.note
+
+
+def test_a_knob_the_job_declares_throughput_only_is_changed_without_a_learning_signal_and_judged_on_samples_s():
+    declared = RULES.with_overrides({"learning": {"throughput_only": ["prefetch"]}})
+    assert declared.learning.changes_learning_of("prefetch") is False
+    assert declared.learning.changes_learning_of("sync_every") is True  # only the knob it names
+    p = plan(state(steps(0, 3), job(batch=64)), declared)
+    assert p.change is not None and p.change.knob == "prefetch" and "learning" not in p.change.reason, p.note
+    # its verdict ignores the learning guards: a clip fraction that climbs does not roll it back
+    kept = plan(prefetch_raise_measured({"clip_fraction": 0.04}, {"clip_fraction": 0.5}), declared)
+    assert kept.outcome == "kept" and "learning_guards" not in kept.evidence, kept.note
+    assert plan(prefetch_raise_measured({"clip_fraction": 0.04}, {"clip_fraction": 0.5}), RULES).outcome \
+        == "rolled_back"
+
+
+def test_advised_only_names_the_learning_knobs_a_quiet_job_gets_advice_on():
+    knobs = ["batch_size", "prefetch", "sync_every", "ppo_micro_batch_size_per_gpu"]
+    assert advised_only(RULES.learning, knobs, reports_learning=False) == \
+        "no learning signal reported: advising only on prefetch, sync_every"
+    assert advised_only(RULES.learning, knobs, reports_learning=True) is None
+    assert advised_only(RULES.learning, ["batch_size"], reports_learning=False) is None  # no learning knob declared
+    declared = RULES.with_overrides({"learning": {"throughput_only": ["prefetch"]}})
+    assert advised_only(declared.learning, knobs, False) == "no learning signal reported: advising only on sync_every"
+    throughput = RULES.with_overrides({"learning": {"without_signals": "throughput"}})
+    assert advised_only(throughput.learning, knobs, False) is None
 
 
 def test_a_learning_table_that_cannot_be_used_is_refused_with_its_key():
@@ -111,3 +151,5 @@ def test_a_learning_table_that_cannot_be_used_is_refused_with_its_key():
         RULES.with_overrides({"learning": {"changes_learning": ["ppo_micro_batch_size_per_gpu"]}})
     with pytest.raises(RulesError, match="has no key"):
         RULES.with_overrides({"learning": {"kl_max": 3}})
+    with pytest.raises(RulesError, match="learning.throughput_only"):
+        RULES.with_overrides({"learning": {"throughput_only": "prefetch"}})

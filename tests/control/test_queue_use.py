@@ -12,7 +12,7 @@ from typing import Optional
 import pytest
 
 from tests.support.loop_job import JOB, KNOBS, report
-from tests.support.plans import RULES, acts, change, decision, job, state, steps
+from tests.support.plans import RULES, THROUGHPUT_ONLY, acts, change, decision, job, state, steps
 from trimtab.control.controller import plan
 from trimtab.control.queue_use import queue_unused
 
@@ -82,7 +82,8 @@ def test_through_the_api_the_mark_a_job_reports_is_what_the_rebalancer_reads(loo
     rebalancer on its own thread reads it: below the depth, an advice naming the queue; at the depth, prefetch 2 → 4."""
     api = loop_api
     at_best = {**JOB, "knobs": {**KNOBS, "batch_size": {"value": 64, "min": 1, "max": 64},
-                                "prefetch": {"value": 2, "min": 0, "max": 8}}}
+                                "prefetch": {"value": 2, "min": 0, "max": 8}},
+               "rules": THROUGHPUT_ONLY}  # it reports no learning signal: its prefetch declared throughput-only
     assert api.post("/v1/jobs", at_best, scope="job").status_code == 201
     for i in range(12):
         t = 1.0 * (1.03 if i % 2 else 0.97)

@@ -166,7 +166,7 @@ def write_jobs(engine: Engine, now_ms: int) -> dict[str, int]:
             dict(ts_ms=start + 10 * 60_000, rule="generation_bound", evidence={"generation_share_pct": 58.0},
                  change_id=kept, knob="batch_size", old_value=8, new_value=16, applied_step=30,
                  throughput_before_samples_per_s=11.5, throughput_after_samples_per_s=13.2, outcome="kept"),
-            dict(ts_ms=start + 20 * 60_000, rule="evaluation_bound", evidence={"evaluation_share_pct": 52.0},
+            dict(ts_ms=start + 20 * 60_000, rule="evaluation_bound", evidence=LEARNING_ROLLBACK_EVIDENCE,
                  change_id=rolled, knob="prefetch", old_value=2, new_value=4, applied_step=60,
                  throughput_before_samples_per_s=13.2, throughput_after_samples_per_s=12.9, outcome="rolled_back"),
             dict(ts_ms=start + 35 * 60_000, rule="collective_latency", evidence={"x_baseline": 2.25},
@@ -177,6 +177,22 @@ def write_jobs(engine: Engine, now_ms: int) -> dict[str, int]:
                     "throughput_after_samples_per_s", "advice")
         conn.execute(insert(decisions), [dict(dict.fromkeys(optional), job_id=job_id, **d) for d in decision_rows])
     return {JOB: job_id, OTHER_JOB: other_id}
+
+
+def _learning_rollback_evidence() -> dict:
+    """A prefetch raise rolled back because its clip fraction climbed, while its throughput was still measured:
+    the evidence goodput.py writes, its verdicts worded by goodput.py's own functions."""
+    from trimtab.control.goodput import Broken, learning_words, throughput_words
+
+    shown = {"clip_fraction": {"before": 0.04, "after": 0.15, "steps": [10, 6], "holds": False}}
+    broken = Broken("clip_fraction", 0.04, 0.15, "rose by +0.110, bound +0.05")
+    evidence = {"evaluation_share_pct": 52.0, "learning_guards": shown,
+                "learning_broken": {"signal": "clip_fraction", "before": 0.04, "after": 0.15, "bound": broken.bound}}
+    return {**evidence, "verdicts": {"throughput": throughput_words(evidence, None),
+                                     "learning": learning_words(shown, broken, 4)}}
+
+
+LEARNING_ROLLBACK_EVIDENCE = _learning_rollback_evidence()
 
 
 def populate(engine: Engine, now_ms: int, minutes: int = 50) -> None:

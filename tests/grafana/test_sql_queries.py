@@ -310,6 +310,36 @@ def test_decisions_of_every_outcome_show_in_table_and_annotations(store: Store):
     assert ann["filter"]["ids"] == [throughput["id"]]
 
 
+def test_a_learning_knob_decision_shows_both_verdicts_as_check_prints_them(store: Store):
+    """The rolled-back prefetch raise (its clip fraction climbed): the learning panel shows the throughput verdict
+    and the learning verdict naming the signal — the words the decision's evidence holds and trimtab check prints;
+    the sync_every raise still measured is in it as such; the batch-size decision (a knob that does not change
+    learning) and the advice are not."""
+    from trimtab.cli.render import verdicts_line
+    from trimtab.grading.job_report import job_summaries
+    from trimtab.store import jobs as job_store
+
+    rows = _run_panel(store, "rebalancer.json", "Learning-knob decisions", "1h-rollup", {"job": simrun.JOB})
+    assert [(r["change"], r["throughput verdict"], r["learning verdict"]) for r in rows[:1]] == [
+        ("sync_every: 2 → 4", "being measured", "being measured")]
+    assert len(rows) == 2, rows
+    row = rows[1]
+    stored = simrun.LEARNING_ROLLBACK_EVIDENCE["verdicts"]
+    assert (row["change"], row["outcome"], row["signal"]) == ("prefetch: 2 → 4", "rolled_back", "clip_fraction")
+    assert row["throughput verdict"] == stored["throughput"] == "not judged yet (closed on learning first)"
+    assert row["learning verdict"] == stored["learning"] == \
+        "broke: clip_fraction 0.04 → 0.15 (rose by +0.110, bound +0.05)"
+    engine = open_engine(store.url)
+    try:
+        summary = job_summaries(engine, [job_store.get_job(engine, simrun.JOB)], decisions=10)[0]
+    finally:
+        engine.dispose()
+    shown = [d for d in summary.decisions if d.verdicts]
+    assert [d.verdicts for d in shown] == [stored]
+    assert verdicts_line(shown[0].verdicts) == (f"throughput {row['throughput verdict']} · learning "
+                                               f"{row['learning verdict']}")
+
+
 def test_step_composition_is_graded_on_gpu_time_where_the_steps_report_it(store: Store):
     """Issue 22: a job whose evaluation launches kernels and returns (wall 0 s, GPU 0.6 s of a 1.1 s step): the
     composition panel shows the GPU shares the rebalancer grades (waiting keeps its wall time), and says the steps

@@ -15,7 +15,12 @@ from trimtab.store.queries import GpuAggregate
 
 T0 = 1_700_000_000_000
 NOW = T0 + 3_600_000
-RULES = load_rules()
+SHIPPED_RULES = load_rules()
+# The jobs built here model throughput only and report no learning signal: their prefetch and sync_every are
+# declared throughput-only, as bench/workloads.py declares its simulated jobs' (the shipped rules would make a change
+# to them advice: tests/control/test_goodput.py tests that, on SHIPPED_RULES).
+THROUGHPUT_ONLY = {"learning": {"throughput_only": ["prefetch", "sync_every"]}}
+RULES = SHIPPED_RULES.with_overrides(THROUGHPUT_ONLY)
 GIB = 2**30
 PCIE_PEAK = 63e9
 

@@ -131,6 +131,11 @@ class JobOut(Model):
                                          "plan's note, the gate that held it when nothing was decided (and the step "
                                          "at which it expects to decide), and whether planning the job fails (the "
                                          "error, since when, retried when); null before its first plan.")
+    learning_advice: Optional[str] = Field(None, description="GET /v1/jobs/{name} only: why changes to the job's "
+                                           "knobs that change what is learned are advice only — 'no learning signal "
+                                           "reported: advising only on prefetch, sync_every' (rules.toml [learning] "
+                                           "without_signals = advise); null when its newest window reports a "
+                                           "learning signal or it has no such knob.")
     end_state: Optional[EndStateOut] = Field(None, description="GET /v1/jobs/{name} only (null in the list): the "
                                              "end state a balanced job reaches, over its last end_state_window_s "
                                              "seconds — each GPU's utilization band, step-time variation, scaling "

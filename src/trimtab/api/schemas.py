@@ -329,6 +329,10 @@ class JobDecisionRowOut(Model):
     throughput_after_samples_per_s: Optional[float] = Field(description="Throughput over the window after, "
                                                                         "samples/s.")
     note: Optional[str] = Field(None, description="Outcome refused: why the job could not apply the change.")
+    verdicts: Optional[dict[str, str]] = Field(
+        None, description="A decision on a knob that changes what is learned (prefetch, sync_every): both verdicts "
+                          "in words — throughput ('+12.3 % (99 % sure): kept') and learning ('held: clip_fraction "
+                          "0.04 → 0.06' or 'broke: …' naming the signal and its bound); null for other decisions.")
 
 
 class JobCheckOut(Model):
@@ -378,6 +382,10 @@ class JobCheckOut(Model):
         default_factory=dict, description="Learning signals the job reports (reward, clip_fraction, kl, "
                                           "eff_sample_size, grad_norm, entropy, stale_share): each one's mean over "
                                           "the window; a signal no step of the window reports is absent.")
+    learning_advice: Optional[str] = Field(
+        None, description="Why changes to the job's learning knobs are advice only: 'no learning signal reported: "
+                          "advising only on prefetch, sync_every' (rules.toml [learning] without_signals = advise); "
+                          "null when the job reports a learning signal or has no such knob.")
     generation_cadence: Optional[dict[str, Union[int, float]]] = Field(
         None, description="When only some steps generate (a generation batch feeds several optimizer steps, TRL's "
                           "steps_per_generation): generating_steps of steps, step_with_generation_s and "

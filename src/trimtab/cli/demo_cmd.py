@@ -198,6 +198,7 @@ def _decision_row(d: dict, records) -> dict:
     ev = d["evidence"]
     return row | {"gain_pct": ev.get("gain_pct"), "verdict": ev.get("verdict"), "no_gain": bool(ev.get("no_gain")),
                   "back_to_known": bool(ev.get("back_to_known")), "remeasure": bool(ev.get("remeasure")),
+                  "learning_broken": ev.get("learning_broken"), "verdicts": ev.get("verdicts"),
                   "regenerated_after": regenerated,
                   "samples_after": samples}
 
@@ -253,6 +254,11 @@ def _print_why(d: dict) -> None:
 
 def _print_rollback(d: dict, row: dict) -> None:
     v = row["verdict"] or {}
+    if row.get("learning_broken"):  # the learning guards (issue 41): the pipeline's own clip fraction, KL, …
+        both = row.get("verdicts") or {}
+        click.echo(f"        learning does not keep up: {both.get('learning')}; throughput {both.get('throughput')}: "
+                   f"{d['knob']} back to {d['old_value']:g}")
+        return
     if v:
         # Measurably worse, or not told apart from noise and no better: either way back to the known setting.
         said = "not told apart from noise and no better" if row["back_to_known"] else "worse"

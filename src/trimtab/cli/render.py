@@ -127,6 +127,11 @@ def planner_lines(p: dict, now_ms: int) -> list[str]:
     return lines
 
 
+def verdicts_line(verdicts: dict) -> str:
+    """Both verdicts of a learning knob's decision: "throughput +12.3 % (99 % sure): kept · learning broke: …"."""
+    return f"throughput {verdicts.get('throughput', '?')} · learning {verdicts.get('learning', '?')}"
+
+
 def render_job(j) -> str:
     """One job's section (a :class:`trimtab.grading.job_report.JobSummary`): knobs, window, the three job rows
     and the recent decisions."""
@@ -142,6 +147,8 @@ def render_job(j) -> str:
         lines.append(f"roles: {roles_line(j.gpus_by_role)}")
     knobs = ", ".join(f"{k} {_knob(v)}" for k, v in sorted(j.knobs.items())) or "none declared"
     lines.append(f"knobs: {knobs}" + (f" — {j.advise_only_reason}" if j.advise_only_reason else ""))
+    if j.learning_advice:
+        lines.append(f"learning: {j.learning_advice}")
     if j.window_steps:
         first, last = j.window_steps
         span = f"step {first}" if first == last else f"steps {first}–{last}"
@@ -179,7 +186,8 @@ def render_job(j) -> str:
             step = f" at step {d.applied_step}" if d.applied_step is not None else ""
             lines.append(f"  {_age(d.ts_ms, j.generated_at_ms):>11}  {d.rule:<20} {d.change:<24} "
                          f"{d.outcome or '?'}{step}{tp}" + (f" — {d.note}" if d.note else "")
-                         + (f"\n{'':13}addresses {d.waste}" if d.waste else ""))
+                         + (f"\n{'':13}addresses {d.waste}" if d.waste else "")
+                         + (f"\n{'':13}{verdicts_line(d.verdicts)}" if d.verdicts else ""))
     else:
         lines.append("recent decisions: none")
     verdict = {OK: "BALANCED", WATCH: "BALANCED (watch the rows marked WATCH)", ACT: "OUT OF BALANCE"}[j.status]

@@ -17,8 +17,8 @@ alone would keep a +20 % staleness raise while the policy's importance ratios bl
 
 A guard that breaks rolls the change back at once — while the throughput verdict is still measuring too — with the
 signal named in the reason. A job that reports no learning signal gets advice, not an automatic change, on these
-knobs where ``[learning] without_signals = "advise"`` (:func:`blind_to_learning`); the shipped rules still judge
-such a job on throughput alone (``"throughput"``) until the reference pipeline and the workloads report learning.
+knobs (``[learning] without_signals = "advise"``, shipped: :func:`blind_to_learning`); a knob the job declares
+``throughput_only`` is judged on samples/s alone, and ``without_signals = "throughput"`` judges every such knob so.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from trimtab.contract.learning import SIGNAL_NAMES
-from trimtab.contract.statuses import APPLIED, KEPT, ROLLED_BACK
+from trimtab.contract.statuses import APPLIED, ROLLED_BACK
+from trimtab.control.follow_up import _at_old_setting
 from trimtab.control.plan import JobState, Plan
-from trimtab.grading.learning_rules import LearningSettings
+from trimtab.grading.learning_rules import LearningSettings, advised_only
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep
 from trimtab.store.decisions import StoredDecision
@@ -62,8 +63,7 @@ def reports_learning(steps: Sequence[JobStep]) -> bool:
 def blind_to_learning(rules: RuleSet, knob: str, steps: Sequence[JobStep]) -> Optional[str]:
     """Why a change to ``knob`` must stay advice: it changes what is learned and the job reports no learning signal
     in ``steps``; None when it may be made."""
-    if rules.learning.without_signals != "advise" or rules.learning.changes_learning_of(knob) is not True \
-            or reports_learning(steps):
+    if advised_only(rules.learning, [knob], reports_learning(steps)) is None:
         return None
     return (f"{knob} changes what is learned and the job reports no learning signal (reward, clip fraction, KL, "
             f"effective sample size: step_end(learning=...) or its framework's logs), so trimtab cannot judge a "
@@ -151,23 +151,54 @@ RollBack = Callable[..., Plan]
 
 def _before(state: JobState, rules: RuleSet, change: Any, throughput_before: list[JobStep]) -> list[JobStep]:
     """The guards' before window: the throughput verdict's, stretched to the steps a signal needs (a 45 s step
-    covers the verdict's seconds alone), never past the previous change (those steps ran another setting)."""
-    earlier = [c.applied_step for c in state.changes
-               if c.id != change.id and c.applied_step is not None and c.applied_step < change.applied_step]
-    floor = max(earlier, default=-1)
-    pool = [s for s in state.steps if floor <= s.step < change.applied_step]
+    covers the verdict's seconds alone), never past the previous change (those steps ran another setting:
+    ``follow_up._at_old_setting`` knows where they end)."""
     cfg = rules.learning
-    return pool[-max(len(throughput_before), cfg.guard_min_steps, cfg.reward_min_steps):]
+    return _at_old_setting(state, rules, change)[-max(len(throughput_before), cfg.guard_min_steps,
+                                                      cfg.reward_min_steps):]
+
+
+def throughput_words(evidence: dict[str, Any], outcome: Optional[str]) -> str:
+    """The throughput verdict of a decision in words: "+12.3 % (99 % sure): kept"; "not judged yet" where the
+    learning guards closed it first."""
+    gain, v = evidence.get("gain_pct"), evidence.get("verdict") or {}
+    if gain is None:
+        return "not judged yet (closed on learning first)"
+    sure = f" ({v['confidence_pct']:.0f} % sure)" if isinstance(v, dict) and v.get("confidence_pct") is not None \
+        else ""
+    return f"{gain:+.1f} %{sure}" + ("" if outcome is None else f": {outcome.replace('_', ' ')}")
+
+
+def learning_words(shown: dict[str, Any], broken: Optional[Broken], min_steps: int) -> str:
+    """The learning verdict in words: the broken guard ("broke: clip_fraction 0.04 → 0.15 (…)"), else each signal
+    judged with its before and after ("held: clip_fraction 0.04 → 0.06, kl …"), else why none was judged."""
+    if broken is not None:
+        return f"broke: {broken.words()}"
+    judged = [f"{'reward per wall-second' if name == 'reward_per_s' else name} {g['before']:.4g} → {g['after']:.4g}"
+              for name, g in shown.items()]
+    if judged:
+        return "held: " + ", ".join(judged)
+    return f"not judged: fewer than {min_steps} steps of a signal on a side"
+
+
+def _with_verdicts(evidence: dict[str, Any], outcome: Optional[str], learning: str) -> dict[str, Any]:
+    """``evidence`` with both verdicts of a learning knob's decision in words (``check``, the API and the
+    dashboards show them as they are stored)."""
+    return {**evidence, "verdicts": {"throughput": throughput_words(evidence, outcome), "learning": learning}}
 
 
 def judge_learning(state: JobState, rules: RuleSet, open_d: StoredDecision, plan: Plan,
                    before_steps: Callable[[JobState, RuleSet, Any], list[JobStep]], roll_back: RollBack) -> Plan:
     """``plan`` (the throughput's follow-up of ``open_d``) with the learning guards of a change to a knob that
     changes what is learned: a broken guard rolls the change back at once, naming the signal; a change kept for
-    throughput keeps the guards' figures in its evidence. Other knobs: ``plan`` as it is."""
+    throughput keeps the guards' figures in its evidence. A verdict on such a knob carries both verdicts in words
+    (``evidence["verdicts"]``). Other knobs: ``plan`` as it is."""
     change = next((c for c in state.changes if c.id == open_d.change_id), None)
     if change is None or change.status != APPLIED or change.applied_step is None \
-            or rules.learning.changes_learning_of(change.knob) is not True or plan.outcome == ROLLED_BACK:
+            or rules.learning.changes_learning_of(change.knob) is not True:
+        return plan
+    if plan.outcome == ROLLED_BACK:  # the throughput verdict undid it: learning need not be judged
+        plan.evidence = _with_verdicts(plan.evidence or {}, plan.outcome, "not judged: rolled back on throughput")
         return plan
     before = _before(state, rules, change, before_steps(state, rules, change))
     after = [s for s in state.steps if s.step >= change.applied_step]
@@ -176,16 +207,21 @@ def judge_learning(state: JobState, rules: RuleSet, open_d: StoredDecision, plan
         return plan
     evidence = {**(plan.evidence or open_d.evidence or {}), "learning_guards": shown}
     if broken is None:
-        plan.evidence = evidence if plan.close is not None else plan.evidence
+        if plan.close is not None:  # a verdict: it keeps the guards' figures; a plan still measuring has none
+            plan.evidence = _with_verdicts(evidence, plan.outcome, learning_words(shown, None,
+                                                                                  rules.learning.guard_min_steps))
         return plan
     evidence["learning_broken"] = {"signal": broken.signal, "before": broken.before, "after": broken.after,
                                    "bound": broken.bound}
     closed = dict(close=open_d.id, throughput_after=plan.throughput_after, applied_step=change.applied_step)
     out = roll_back(state, open_d, change, f"learning does not keep up: {broken.words()}", evidence, closed)
+    out.evidence = _with_verdicts(out.evidence, None if plan.close is None else plan.outcome,
+                                  learning_words(shown, broken, rules.learning.guard_min_steps))
     if out.outcome == ROLLED_BACK:
         out.note = (f"decision {open_d.id}: learning does not keep up: {broken.words()}: rolling {change.knob} back "
                     f"to {out.rollback_to:g}")
     return out
 
 
-__all__ = ["Broken", "blind_to_learning", "guards", "judge_learning", "reports_learning"]
+__all__ = ["Broken", "blind_to_learning", "guards", "judge_learning", "learning_words", "reports_learning",
+           "throughput_words"]

@@ -27,6 +27,7 @@ from trimtab.contract.roles import gpus_by_role
 from trimtab.contract.statuses import ACT, NO_DATA, OK, REFUSED, SEVERITY, WATCH
 from trimtab.grading.grading import LIVE_JOB_S, Verdict, job_checks, job_rows, live_since_ms, no_data, rules_for
 from trimtab.grading.rules import RuleSet, default_rules
+from trimtab.grading.learning_rules import advised_only
 from trimtab.grading.step_facts import generation_cadence, learning_facts, rl_facts
 from trimtab.grading.signals import WALL_TIME, JobContext, phase_share_pct, time_base
 from trimtab.grading.window import PHASES, JobStep, as_period, load_jobs_steps, screen, throughput, window
@@ -55,6 +56,7 @@ class DecisionRow:
     throughput_after_samples_per_s: Optional[float]
     note: Optional[str] = None                   # why it ended so, where the outcome needs a why (refused)
     waste: Optional[str] = None                  # the ledger's largest waste it addresses (control/waste_cite.py)
+    verdicts: Optional[dict[str, str]] = None    # a learning knob's: {"throughput": …, "learning": …} in words
 
     @property
     def change(self) -> str:
@@ -94,6 +96,7 @@ class JobSummary:
     gpus_by_role: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # role → node → local GPUs
     planner: Optional[dict[str, Any]] = None     # the rebalancer's last word on it (store/plan_status.py); None: none
     learning: dict[str, float] = field(default_factory=dict)  # step_facts.learning_facts: signal → window mean
+    learning_advice: Optional[str] = None        # learning_rules.advised_only: why its learning knobs are advice only
 
     @property
     def status(self) -> str:
@@ -192,6 +195,7 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
                 generated_at_ms=now_ms, decisions=list(decisions), advise_only_reason=job.advise_only_reason,
                 gpus_by_role=gpus_by_role(job.roles, job.device_map, job.hostnames))
     if not steps:
+        base["learning_advice"] = advised_only(rules.learning, job.knobs, reports_learning=False)
         return JobSummary(**base, window_steps=None, n_steps=0, window_s=0.0, full_window=False, samples_per_s=None,
                           step_time_s=None, phase_shares={p: None for p in PHASES}, fragmentation=None,
                           collective_latency_us=None, probe_baseline_us=baseline_us,
@@ -214,11 +218,13 @@ def grade(job: StoredJob, rules: RuleSet, steps: Sequence[JobStep], baseline_us:
     # the window's time base once (each phase's share would read it again); on wall time the two are one
     graded_base = time_base(win)
     shares = _shares(win, graded_base)
+    learning = learning_facts(win)
+    base["learning_advice"] = advised_only(rules.learning, job.knobs, reports_learning=bool(learning))
     return JobSummary(**base, window_steps=[win[0].step, win[-1].step], n_steps=len(win),
                       window_s=sum(s.step_time_s for s in win), full_window=full, samples_per_s=tp,
                       step_time_s=statistics.fmean(s.step_time_s for s in win), phase_shares=shares,
                       fragmentation=_mean(s.fragmentation for s in win), collective_latency_us=mean_latency,
-                      probe_baseline_us=baseline_us, verdicts=verdicts, rl=rl_facts(win), learning=learning_facts(win),
+                      probe_baseline_us=baseline_us, verdicts=verdicts, rl=rl_facts(win), learning=learning,
                       generation_cadence=generation_cadence(win), time_base=graded_base,
                       wall_phase_shares=shares if graded_base == WALL_TIME else _shares(win, WALL_TIME))
 
@@ -232,13 +238,19 @@ def cited_waste(evidence: Optional[Mapping[str, Any]]) -> Optional[str]:
     return f"{w['gpu_hours']:.3f} GPU-h {w.get('what', w.get('cause'))} over the last {w.get('window_s', 0):g} s"
 
 
+def _verdicts(evidence: Optional[Mapping[str, Any]]) -> Optional[dict[str, str]]:
+    """Both verdicts of a learning knob's decision, as goodput.py worded them; None for any other decision."""
+    v = evidence.get("verdicts") if isinstance(evidence, Mapping) else None
+    return {k: str(v[k]) for k in ("throughput", "learning") if k in v} if isinstance(v, Mapping) else None
+
+
 def _decision_rows(engine: Engine, job: StoredJob, n: int) -> list[DecisionRow]:
     if n <= 0:
         return []
     return [DecisionRow(d.id, d.ts_ms, d.rule, d.knob, d.old_value, d.new_value, d.outcome, d.applied_step,
                         d.throughput_before_samples_per_s, d.throughput_after_samples_per_s,
                         note=(d.evidence or {}).get("refused_reason") if d.outcome == REFUSED else None,
-                        waste=cited_waste(d.evidence))
+                        waste=cited_waste(d.evidence), verdicts=_verdicts(d.evidence))
             for d in decision_store.list_decisions(engine, job.id, limit=n, offset=0)]
 
 

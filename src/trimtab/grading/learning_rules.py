@@ -5,7 +5,14 @@ Raising the staleness bound (``prefetch``; verl's ``async_training.staleness_thr
 often (``sync_every``; verl's ``trigger_parameter_sync_step``) buys samples per second by training on older data: such
 a change is kept only if learning keeps up (:mod:`trimtab.control.goodput`). Micro-batch sizes and token budgets
 change memory and speed, never the maths. Any other knob — ``batch_size`` in a plain loop — is the job's to declare:
-its registration's rules override lists it in ``changes_learning``.
+its registration's rules override lists it in ``changes_learning``. The other way round, a job that knows a knob
+changes only its speed in its own setting (a simulated job, a queue whose trainer never sees a sample older than the
+last sync) lists it in ``throughput_only``: such a knob is judged on samples/s, never on learning, and never made
+advice-only for want of a learning signal.
+
+A job that reports no learning signal cannot have a change to a learning knob judged on learning: with
+``without_signals = "advise"`` (shipped) such a change is advice, not made, and ``check`` and ``GET /v1/jobs/{name}``
+say why (:func:`advised_only`); ``"throughput"`` judges it on samples/s alone, as before learning signals existed.
 
 Guards compare the after window's mean of a signal with the before window's, each over at least
 ``guard_min_steps`` steps that report it: an absolute rise (clip fraction, stale share), a ratio (KL and gradient
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 LEARNING_TABLE = "learning"
 WITHOUT_SIGNALS = ("advise", "throughput")
@@ -29,8 +36,9 @@ class LearningRulesError(ValueError):
 @dataclass(frozen=True)
 class LearningSettings:
     changes_learning: tuple[str, ...] = ("prefetch", "sync_every")
-    without_signals: str = "throughput"  # a learning knob of a job reporting no signal: "advise" or "throughput"
+    without_signals: str = "advise"  # a learning knob of a job reporting no signal: "advise" or "throughput"
     never_changes_learning: tuple[str, ...] = ("*micro_batch*", "*_max_tokens")
+    throughput_only: tuple[str, ...] = ()  # knobs the job declares change only its speed (overrides the above)
     guard_min_steps: int = 4
     clip_fraction_max_rise: float = 0.05
     stale_share_max_rise: float = 0.30
@@ -44,15 +52,35 @@ class LearningSettings:
 
     def changes_learning_of(self, knob: str) -> Optional[bool]:
         """True: a change to ``knob`` changes what is learned; False: it never does (memory and speed only);
-        None: nobody said (a plain loop's ``batch_size`` until the job declares it)."""
+        None: nobody said (a plain loop's ``batch_size`` until the job declares it). A knob the job declares
+        ``throughput_only`` never does, whatever the shipped lists say."""
+        if knob in self.throughput_only:
+            return False
         if knob in self.changes_learning:
             return True
         if any(fnmatch.fnmatchcase(knob, pattern) for pattern in self.never_changes_learning):
             return False
         return None
 
+    def learning_knobs(self, knobs: Iterable[str]) -> list[str]:
+        """The knobs of ``knobs`` a change to which changes what is learned, sorted."""
+        return sorted(k for k in knobs if self.changes_learning_of(k) is True)
+
     def to_document(self) -> dict[str, Any]:
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+
+
+NO_SIGNAL = "no learning signal reported"
+
+
+def advised_only(cfg: LearningSettings, knobs: Iterable[str], reports_learning: bool) -> Optional[str]:
+    """Why changes to some of a job's ``knobs`` stay advice: they change what is learned, the job reports no
+    learning signal (``reports_learning`` False) and the rules say ``without_signals = "advise"`` — "no learning
+    signal reported: advising only on prefetch, sync_every". None when every change may be made."""
+    if cfg.without_signals != "advise" or reports_learning:
+        return None
+    advised = cfg.learning_knobs(knobs)
+    return f"{NO_SIGNAL}: advising only on {', '.join(advised)}" if advised else None
 
 
 def build(table: Optional[Mapping[str, Any]], where: str) -> LearningSettings:

@@ -32,8 +32,7 @@ def learning_facts(win: Sequence[JobStep]) -> dict[str, Optional[float]]:
     """Each learning signal's mean over the window's steps that report it (absent: none does)."""
     out: dict[str, Optional[float]] = {}
     for name in SIGNAL_NAMES:
-        known = [s.reported.get(f"learning_{name}") for s in win]
-        known = [v for v in known if v is not None]
+        known = [v for v in (s.reported.get(f"learning_{name}") for s in win) if v is not None]
         if known:
             out[name] = statistics.fmean(known)
     return out

@@ -19,7 +19,7 @@ from .channel import BusyTotals, PrefetchQueue
 from .config import COMPONENTS, DEFAULT_KNOBS, DeviceMap, Knobs, PipelineConfig, parse_device_map
 from .generation import GeneratedBatch, GenerationWorker, generate
 from .models import CausalLM, TokenScorer, frozen_copy
-from .ppo import Rollout, ppo_update
+from .ppo import Rollout, learning_signals, ppo_update
 from .scoring import ScoringWorker
 from .streams import WorkerStreams, inference_dtype
 from .task import GoodTokenRule, pretrain_reward_model
@@ -67,6 +67,10 @@ class StepRecord:
     staleness_mean: float = 0.0  # actor updates the generating policy was behind, averaged over samples
     queue_max_depth: int = 0     # most generated batches that waited unclaimed during this step
     regenerated: int = 0         # samples generated a second time: too stale to train on (config.max_staleness)
+    ppo_kl: float = 0.0          # PPO's KL between the behaviour policy and the one trained (the learning signal)
+    eff_sample_size: float = 1.0  # of the update's importance ratios, (Σw)² / (n·Σw²)
+    grad_norm: float = 0.0       # the actor's, before clipping, mean over minibatches
+    stale_share: float = 0.0     # share of the step's samples an older policy generated
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -217,6 +221,9 @@ class Pipeline:
         self._boundary_s = time.perf_counter()
         step_s = self._boundary_s - start
         high_water = self.queue.reset_max_depth()  # a deeper queue than this ever held would stay empty
+        # How many actor updates behind the policy being trained each sample's generating policy was.
+        staleness = sum(self.staleness(b) * b.size for b in batches) / samples
+        stale_share = sum(b.size for b in batches if self.staleness(b) > 0) / samples
         if self.hook is not None:
             phases_s = {phase: busy.get(phase, 0.0) for phase in WORKER_PHASES}
             if self.config.report_wait:
@@ -225,9 +232,8 @@ class Pipeline:
             # falls into the next step): by default the hook would start the first step at its first phase()
             # entry, the update, and report that step as its update alone.
             self.hook.step_end(samples=samples, tokens=tokens, step=self.step_index, phases_s=phases_s,
-                               step_time_s=step_s, framework={"queue_high_water": high_water})
-        # How many actor updates behind the policy being trained each sample's generating policy was.
-        staleness = sum(self.staleness(b) * b.size for b in batches) / samples
+                               step_time_s=step_s, framework={"queue_high_water": high_water},
+                               learning=learning_signals(stats, stale_share))
         record = StepRecord(
             step=self.step_index, samples=samples, tokens=tokens, step_s=step_s, samples_per_s=samples / step_s,
             **{f"{phase}_s": busy.get(phase, 0.0) for phase in PHASES}, wait_s=wait_s,
@@ -235,7 +241,9 @@ class Pipeline:
             kl=stats["kl"], clip_fraction=stats["clip_fraction"], batch_size=knobs.batch_size,
             prefetch=knobs.prefetch, sync_every=knobs.sync_every, synced=synced,
             generation_batch_sizes=[b.size for b in batches], staleness_mean=staleness,
-            queue_max_depth=high_water, regenerated=sum(b.size for b in batches if b.regenerated))
+            queue_max_depth=high_water, regenerated=sum(b.size for b in batches if b.regenerated),
+            ppo_kl=stats["ppo_kl"], eff_sample_size=stats["eff_sample_size"], grad_norm=stats["grad_norm"],
+            stale_share=stale_share)
         self.step_index += 1
         return record
 

@@ -22,6 +22,7 @@ from trimtab.api.errors import invalid
 from trimtab.api.schemas import SLUG
 from trimtab.contract.roles import RolePlacement, device_map_of, gpus_by_role, merge
 from trimtab.grading.end_state import job_end_state
+from trimtab.grading.job_report import job_summaries
 from trimtab.grading.rules import RulesError, check_job_overrides
 from trimtab.store import jobs as job_store
 from trimtab.store import plan_status
@@ -125,6 +126,8 @@ def get_job(name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx)) -> 
     out = job_out(job, job_store.simulated_hostnames(ctx.engine),
                   planner_out(status, plan_status.events(ctx.engine, job.id, limit=5) if status else []))
     out.end_state = EndStateOut(**job_end_state(ctx.engine, job, ctx.rules, int(time.time() * 1000)).to_dict())
+    # graded as check grades it: the same window, the same words
+    out.learning_advice = job_summaries(ctx.engine, [job], ctx.rules, decisions=0, planner=False)[0].learning_advice
     return out
 
 
