@@ -30,7 +30,7 @@ import logging
 import re
 import threading
 import time
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import httpx
 
@@ -78,7 +78,11 @@ class Hook:
     apply it. Knobs without an applier are owned by the loop that reads ``hook.knobs``; ``advise_only_reason``
     says why a job declares no knobs (its framework cannot change them between steps), for ``trimtab check``;
     ``roles`` where each role runs (:class:`~trimtab.contract.roles.RolePlacement`, found by a framework adapter),
-    registered beside the device map (their nodes join the job's hostnames).
+    registered beside the device map (their nodes join the job's hostnames); ``rules`` this job's overrides of the
+    daemon's rules, registered with it, in the rules file's shape — e.g. ``{"learning": {"throughput_only":
+    ["prefetch"]}}`` for a knob that changes only the job's speed, or ``{"learning": {"changes_learning":
+    ["batch_size", "prefetch", "sync_every"]}}`` where a plain loop's batch size changes what is learned (a bad key
+    or value is refused by the server, and said once, as a refused registration is).
     """
 
     def __init__(self, job: str, server: Optional[Union[str, Sequence[str]]] = None, token: Optional[str] = None, *,
@@ -91,7 +95,12 @@ class Hook:
                  report_min_interval_s: float = 0.25, timeout_s: float = 1.0,
                  backoff_max_s: float = 5.0, transport: Optional[httpx.BaseTransport] = None,
                  appliers: Optional[Mapping[str, KnobApplier]] = None,
-                 advise_only_reason: Optional[str] = None, roles: Sequence[RolePlacement] = ()):
+                 advise_only_reason: Optional[str] = None, roles: Sequence[RolePlacement] = (),
+                 rules: Optional[Mapping[str, Any]] = None):
+        if rules is not None and not isinstance(rules, Mapping):
+            raise TypeError(f"rules must be a mapping in the rules file's shape, e.g. "
+                            f"{{'learning': {{'throughput_only': ['batch_size']}}}}; got {type(rules).__name__}")
+        self._rules = dict(rules) if rules else None
         for kind, name, limit in ([("job", job, MAX_JOB_NAME)] + [("knob", k, MAX_NAME) for k in (knobs or {})]
                                   + [("component", c, MAX_NAME) for c in (device_map or {})]):
             if not (isinstance(name, str) and len(name) <= limit and SLUG.match(name)):
@@ -297,6 +306,7 @@ class Hook:
         return {"name": self.job, "ranks": self.world_size, "device_map": self.device_map,
                 "hostnames": hostnames, "knobs": knobs, "mode": self._mode,
                 **({"roles": [p.to_wire() for p in self.roles]} if self.roles else {}),
+                **({"rules": self._rules} if self._rules else {}),
                 **({"advise_only_reason": self._advise_only_reason[:1024]} if self._advise_only_reason else {})}
 
     def _known_learning(self, learning: Optional[Mapping[str, float]]) -> Optional[dict[str, float]]:
