@@ -72,8 +72,19 @@ def test_the_same_raise_is_kept_when_its_guards_hold():
     ({"stale_share": 0.1}, {"stale_share": 0.6}, "stale_share"),
 ])
 def test_each_off_policy_indicator_has_its_bound(before, after, signal):
-    p = plan(prefetch_raise_measured(before, after), RULES)
+    capped = replace(RULES, learning=replace(RULES.learning, stale_share_max_rise=0.3))  # the share capped by a job
+    p = plan(prefetch_raise_measured(before, after), capped)
     assert p.outcome == "rolled_back" and p.evidence["learning_broken"]["signal"] == signal, p.note
+
+
+def test_a_staleness_raise_is_not_rolled_back_by_default_for_the_stale_share_it_makes():
+    """Raising staleness raises the share of stale samples by definition (the demo's prefetch 0 → 1: 0 → 0.95 for
+    +42.9 % samples/s); by default only what it does to learning rolls it back."""
+    p = plan(prefetch_raise_measured({"stale_share": 0.0, "clip_fraction": 0.04},
+                                     {"stale_share": 0.95, "clip_fraction": 0.05}), RULES)
+    assert p.outcome == "kept", p.note
+    shown = p.evidence["learning_guards"]["stale_share"]
+    assert (shown["before"], shown["after"], shown["holds"]) == (0.0, 0.95, True)
 
 
 def test_reward_per_wall_second_surely_lower_rolls_back_and_a_noisy_one_does_not():

@@ -41,10 +41,10 @@ class LearningSettings:
     throughput_only: tuple[str, ...] = ()  # knobs the job declares change only its speed (overrides the above)
     guard_min_steps: int = 4
     clip_fraction_max_rise: float = 0.05
-    stale_share_max_rise: float = 0.30
+    stale_share_max_rise: float = 1.0  # the share alone never rolls back by default (rules.toml says why)
     eff_sample_size_max_drop: float = 0.10
     kl_max_x: float = 2.0
-    kl_floor: float = 0.001
+    kl_floor: float = 0.01
     grad_norm_max_x: float = 3.0
     grad_norm_floor: float = 0.01
     reward_rate_confidence_pct: float = 95.0
