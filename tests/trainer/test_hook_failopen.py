@@ -62,6 +62,9 @@ def test_the_server_killed_mid_run_costs_nothing_is_said_once_and_reports_resume
             eventually(lambda: not hook.stats["offline"] and hook.stats["queued"] == 0)
             run_steps(hook, 5)
             steps = eventually(lambda: (s := {r["step"] for r in reports_of(api, "survivor")}) >= {214} and s)
+            # closed while the server is up: its reporter's last call after the server stops would be a second
+            # outage, said once more (seen once in the full suite under xdist)
+            hook.close(timeout_s=0.5)
     finally:
         hook.close(timeout_s=0.5)
     assert steps == set(range(215))  # nothing lost: the queue (256) held the outage's 200 reports
