@@ -145,11 +145,13 @@ class ProcessActivity:
             self.last_seen_us = newest
             tally.start(newest / 1000)
             return
+        if newest <= last_seen:  # nothing newer than what was covered
+            return
         pids = [v[0] for v in values]
         if len(set(pids)) == len(pids):  # one record a process: each is its mean over the whole read
+            covered_ms = (newest - last_seen) / 1000
             for pid, _, sm, mem in values:
-                if newest > last_seen:
-                    tally.add(pid, sm, mem, (newest - last_seen) / 1000)
+                tally.add(pid, sm, mem, covered_ms)
         else:  # a driver that returns one record a sampling period: each covers the time since the pid's previous
             since: dict[int, int] = {}
             for pid, stamp, sm, mem in sorted(values, key=lambda v: v[1]):
@@ -157,9 +159,8 @@ class ProcessActivity:
                 if stamp > start:
                     tally.add(pid, sm, mem, (stamp - start) / 1000)
                     since[pid] = stamp
-        if newest > last_seen:
-            self.last_seen_us = newest
-            tally.answered(newest / 1000)
+        self.last_seen_us = newest
+        tally.answered(newest / 1000)
 
     def _pick(self) -> None:
         """Time each way ``PICK_CALLS`` times (``lastSeenTimeStamp`` 0: nothing of ours is read) and keep them
