@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.loop_job import JOB, report
 from trimtab.control import service as service_mod
+from trimtab.control.plan_queue import PlanQueue
 from trimtab.trainer.server_link import Reporter
 
 
@@ -149,7 +150,7 @@ def test_an_idle_planning_thread_stops_at_once(sqlite_api):
 
 @pytest.mark.parametrize("forced", [False, True])
 def test_a_job_queued_twice_waits_once_and_a_refusal_keeps_it_forced(forced):
-    queue = service_mod._PlanQueue()
+    queue = PlanQueue()
     job = type("J", (), {"name": "j"})()
     queue.put(job)
     queue.put(job, forced=forced)

@@ -28,7 +28,6 @@ import statistics
 import sys
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -42,6 +41,7 @@ from trimtab.grading.grading import LIVE_JOB_S, rules_for
 from trimtab.control.placement_bridge import placement_for
 from trimtab.control.leadership import Leadership
 from trimtab.control.plan_process import PlanProcess, can_plan_apart
+from trimtab.control.plan_queue import PlanQueue
 from trimtab.control.plan_writes import RebalancerWrites, child_writes
 from trimtab.control.plan import Cadence, period, steps_needed
 from trimtab.control.waste_cite import with_waste
@@ -78,53 +78,6 @@ class RebalancerStats:
     failing: dict[str, PlanFailure] = field(default_factory=dict)  # job → its last failure, while its plans fail
 
 
-class _PlanQueue:
-    """Jobs waiting for a plan, in the order they asked, each at most once: a job queued again before its plan
-    ran keeps its place (with the newest copy of the job, and ``forced`` if either asked for it)."""
-
-    def __init__(self) -> None:
-        self._jobs: "OrderedDict[str, tuple[StoredJob, bool]]" = OrderedDict()
-        self._cond = threading.Condition()
-        self._taken = False  # a job taken and not yet done
-
-    def put(self, job: StoredJob, forced: bool = False) -> None:
-        with self._cond:
-            queued = self._jobs.get(job.name)
-            self._jobs[job.name] = (job, forced or (queued is not None and queued[1]))
-            if queued is None:
-                self._cond.notify()
-
-    def take(self, timeout_s: float) -> Optional[tuple[StoredJob, bool]]:
-        """The job that asked first and whether it was forced, or None once ``timeout_s`` passed (or on wake)."""
-        with self._cond:
-            if not self._jobs:
-                self._cond.wait(timeout_s)
-            if not self._jobs:
-                return None
-            self._taken = True
-            return self._jobs.popitem(last=False)[1]
-
-    def done(self) -> None:
-        with self._cond:
-            self._taken = False
-            self._cond.notify_all()
-
-    def wait_empty(self, timeout_s: float) -> bool:
-        """Until nothing is queued or being planned; False if ``timeout_s`` passed first."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._jobs and not self._taken, timeout_s)
-
-    def wake(self, drop: bool = False) -> None:
-        with self._cond:
-            if drop:
-                self._jobs.clear()
-            self._cond.notify_all()
-
-    def names(self) -> list[str]:
-        with self._cond:
-            return list(self._jobs)
-
-
 class Rebalancer:
     def __init__(self, engine: Engine, rules: Optional[RuleSet] = None, interval_s: float = 1.0,
                  plan_share: float = PLAN_SHARE, leadership: Optional[Leadership] = None):
@@ -143,7 +96,7 @@ class Rebalancer:
         self._seen: dict[str, tuple] = {}
         self._cadence: dict[str, Cadence] = {}  # job → when it is next worth planning
         self._others: dict[tuple[str, int], float] = {}  # (job, rank) → memory others held at its last report
-        self._queue = _PlanQueue()
+        self._queue = PlanQueue()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._apart: Optional[PlanProcess] = None  # the process the plans run in (None: this one)
