@@ -61,12 +61,13 @@ def _src_on_path() -> None:
         sys.path.insert(0, str(src))
 
 
-def loop(kind: str, gpu: int, seconds: float, idle_s: float, lock, ready, go, results, scale: float = 1.0) -> None:
+def loop(kind: str, gpu: int, seconds: float, idle_s: float, lock, ready, go, results, scale: float = 1.0,
+         shape: Optional[tuple] = None) -> None:
     """One child: calibrate a burst, then take turns with the other until ``seconds`` pass, idle for ``idle_s``
     from the middle on; send its bursts. ``scale`` stretches its burst and gap (phases of seconds, as an RL step's)."""
     import torch
 
-    side, burst_ms, gap_s, extra_gib = LOOPS[kind]
+    side, burst_ms, gap_s, extra_gib = shape or LOOPS[kind]
     burst_ms, gap_s = burst_ms * scale, gap_s * scale
     torch.cuda.set_device(gpu)
     a = torch.randn(side, side, device="cuda", dtype=torch.bfloat16)
@@ -136,8 +137,17 @@ def main(argv=None) -> int:
                     help="both loops idle this long from the middle of --seconds on (NVML answers NOT_FOUND)")
     ap.add_argument("--burst-scale", type=float, default=1.0,
                     help="stretch both loops' bursts and gaps by this factor (1: 300/120 ms bursts, sub-second turns)")
+    ap.add_argument("--reward-side", type=int, default=None,
+                    help="the reward loop's matrix side (default 4096; 2048 gives both loops the same kernel, to tell "
+                         "a kernel's own effect on smUtil from the turn-taking's)")
+    ap.add_argument("--dump", type=Path, default=None,
+                    help="write every raw read (its wall time, the records and the device's utilization samples), "
+                         "each burst's wall start/end and event time, and the agent's rows to this JSON file")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     args = ap.parse_args(argv)
+    if args.reward_side is not None:
+        side, *rest = LOOPS["reward"]
+        LOOPS["reward"] = (args.reward_side, *rest)
     try:
         import torch
     except ImportError:
@@ -170,7 +180,7 @@ def run(args, source) -> int:
     lock, go, results = ctx.Lock(), ctx.Event(), ctx.Queue()
     readies = {kind: ctx.Event() for kind in LOOPS}
     children = [ctx.Process(target=loop, args=(kind, args.gpu, args.seconds, args.idle_s, lock, readies[kind], go,
-                                               results, args.burst_scale)) for kind in LOOPS]
+                                               results, args.burst_scale, LOOPS[kind])) for kind in LOOPS]
     for child in children:
         child.start()
     progress(f"two loops starting on GPU {args.gpu} (spawned: torch's import and a calibration each)")
@@ -178,7 +188,7 @@ def run(args, source) -> int:
         for kind, ready in readies.items():
             if not ready.wait(60):
                 return fail(f"the {kind} loop did not start within 60 s")
-        rows, raw, calls, ticks, last_seen, own = [], [], [], [], 0, {}
+        rows, raw, calls, ticks, last_seen, own, dumped = [], [], [], [], 0, {}, []
         util_seen = 0
         go.set()
         next_tick = go_at = time.time()
@@ -197,8 +207,9 @@ def run(args, source) -> int:
             except nv.NVMLError as exc:
                 calls.append(0 if exc.value == nv.NVML_ERROR_NOT_FOUND else -exc.value)
             raw.extend(got)
-            util_now, util_seen, util_mean = device_util(nv, handle, util_seen)
+            util_now, util_seen, util_mean, util_raw = device_util(nv, handle, util_seen)
             ticks.append((time.time(), util_now, util_mean, got))
+            dumped.append({"t_s": time.time(), "records": got, "util_now": util_now, "util_samples": util_raw})
             while not results.empty():  # a loop's bursts, sent as it ends
                 kind, pid, bursts = results.get()
                 own[kind] = (pid, bursts)
@@ -218,12 +229,18 @@ def run(args, source) -> int:
     if gpu.activity is None or not gpu.activity.supported:
         return fail("per-process utilization is unsupported on this GPU/driver (NVML NOT_SUPPORTED)")
     progress("loops done; adding up")
+    if args.dump:
+        args.dump.write_text(json.dumps({
+            "reads": dumped, "loops": {k: list(v) for k, v in LOOPS.items()},
+            "bursts": {kind: {"pid": pid, "bursts": bursts} for kind, (pid, bursts) in own.items()},
+            "agent_rows": [[r.pid, r.sm_util_pct, r.util_from_ms, r.util_to_ms, r.util_samples] for r in rows]}))
+        progress(f"raw reads, bursts and rows written to {args.dump}")
     return report(args, own, rows, raw, calls, ticks, source)
 
 
 def device_util(nv, handle, since_us: int) -> tuple:
     """(nvmlDeviceGetUtilizationRates.gpu now, the newest utilization sample's time, the mean of the device's
-    utilization samples since ``since_us`` — None where a call fails)."""
+    utilization samples since ``since_us`` — None where a call fails —, and those samples as (µs, %))."""
     try:
         now = nv.nvmlDeviceGetUtilizationRates(handle).gpu
     except nv.NVMLError:
@@ -234,8 +251,8 @@ def device_util(nv, handle, since_us: int) -> tuple:
     except nv.NVMLError:
         values = []
     if not values:
-        return now, since_us, None
-    return now, max(t for t, _ in values), statistics.fmean(v for _, v in values)
+        return now, since_us, None, []
+    return now, max(t for t, _ in values), statistics.fmean(v for _, v in values), values
 
 
 def share_times_util(ticks: list, use_mean: bool) -> tuple[dict, Optional[tuple]]:
