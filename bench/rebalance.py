@@ -227,8 +227,9 @@ def main() -> int:
     within_before = story.steps_to_within(records, best_before)
     print("\ndecisions (oldest first):")
     print("| id | rule | change | applied at step | before samples/s | after samples/s | gain | verdict | outcome | "
-          "how the step was chosen (an advice: why no action could act) |")
-    print("|---:|---|---|---:|---:|---:|---:|---|---|---|")
+          "learning (a knob that changes what is learned) | how the step was chosen (an advice: why no action "
+          "could act) |")
+    print("|---:|---|---|---:|---:|---:|---:|---|---|---|---|")
     for d in reversed(decisions):
         change = f"{d['knob']} {d['old_value']} → {d['new_value']}" if d["knob"] else "advice"
         ev = d["evidence"]
@@ -241,6 +242,7 @@ def main() -> int:
         print(f"| {d['id']} | {d['rule']} | {change} | {d['applied_step'] if d['applied_step'] is not None else ''} | "
               f"{fmt(d['throughput_before_samples_per_s'])} | {fmt(d['throughput_after_samples_per_s'])} | "
               f"{'' if gain is None else f'{gain:+.1f} %'} | {verdict} | {outcome} | "
+              f"{(ev.get('verdicts') or {}).get('learning', '')} | "
               f"{'; '.join(ev.get('step_policy', []) if d['knob'] else ev.get('skipped', []))} |")
     print("\nacknowledgements: " + "; ".join(
         f"change {c['change_id']} {c['knob']}={c['value']}: " + ", ".join(

@@ -79,7 +79,8 @@ class StepRecord:
         return (f"step {self.step:4d}  samples {self.samples}  {self.step_s:7.3f} s  "
                 f"{self.samples_per_s:8.1f} samples/s  gen {self.generation_s:.3f} eval {self.evaluation_s:.3f} "
                 f"update {self.update_s:.3f} comm {self.communication_s:.3f} s  reward {self.reward_mean:.3f}  "
-                f"[bs {self.batch_size} prefetch {self.prefetch} sync {self.sync_every}]")
+                f"clip {self.clip_fraction:.3f} ppo_kl {self.ppo_kl:.4f} ess {self.eff_sample_size:.3f} "
+                f"grad {self.grad_norm:.2f} stale {self.stale_share:.2f}  [bs {self.batch_size} prefetch {self.prefetch} sync {self.sync_every}]")
 
 
 class Pipeline:
