@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.process_activity import agent_attribution, report, share_times_util, sm_times_dt
+from bench.process_activity import agent_attribution, driver_rule, report, share_times_util, sm_times_dt
 
 PERIOD_US = 200_000  # NVML's sampling period on the H100 (0.201 s measured)
 
@@ -56,6 +56,17 @@ def agent_rows(seconds: int = 10, first_from_ms: int = 0):
                                         util_from_ms=start, util_to_ms=(s + 1) * 1000,
                                         used_memory_bytes=(4 if pid == 1 else 2) << 30))
     return rows
+
+
+def test_the_drivers_rule_credits_each_sample_whole_to_the_process_that_ran_last():
+    """Generation 0–0.3 s, reward 0.3–0.5 s back to back, then idle; samples every 0.2 s. The sample ending at 0.4 s
+    holds 0.1 s of each and goes whole to the reward (running at its instant); the one ending at 0.6 s (50 %: the
+    reward's last 0.1 s) to the reward too, the last to run."""
+    reads = [{"util_samples": [(0, 0), (200_000, 100)]}, {"util_samples": [(400_000, 100), (600_000, 50)]}]
+    got, span = driver_rule(reads, {1: [(0.0, 0.3, 0.3)], 2: [(0.3, 0.5, 0.2)]})
+    assert span == (0.0, 0.6)
+    assert got[1] == pytest.approx(0.2) and got[2] == pytest.approx(0.3)  # truth 0.3 and 0.2: the tail moved
+    assert driver_rule([{"util_samples": [(0, 0)]}], {1: []}) == ({}, None)
 
 
 def test_the_agents_attribution_is_sm_times_covered_seconds_through_the_ledgers_estimator():

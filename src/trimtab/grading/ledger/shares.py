@@ -11,7 +11,12 @@ processes' own CUDA-event totals (bench/process_activity.py); reading a record a
 undercounted about five-fold, which is why an earlier version scaled shares by the GPU's utilization instead.
 
 Still an estimate (the cell says so): NVML gives whole percent, its records cover the agent's reads rather than the
-window's edges, and a process's rows stand for the whole window.
+window's edges, and a process's rows stand for the whole window. And the driver splits a shared GPU only as finely
+as its sampling period: measured on an H100 (driver 580.159.04, 2026-12-06, ``process_activity.py --dump``), each
+200 ms device sample is credited whole to the process that ran last before its instant (203 of 204 samples), so of
+two processes taking turns back to back the newcomer gets the other's tail, about half a period per turn. With
+120/300 ms turns that is 0.81–0.94× and 1.01–1.07× the two processes' own totals, and the agent reads within 2 % of
+that rule's own figures (the bench's estimator (d)); the error falls as turns lengthen toward RL phases of seconds.
 """
 
 from __future__ import annotations
