@@ -89,7 +89,8 @@ def main() -> None:
     from trimtab.cli.main import cli
     from trimtab.contract.sink import BatchRefused
     from trimtab.daemon import ApiServer
-    from trimtab.store.engine import migrate, shared_engine
+    from trimtab.store.engine import shared_engine
+    from trimtab.store.migrate import migrate
     from trimtab.store.sink import StoreSink
 
     class WithoutSentMs(HttpSink):

@@ -28,7 +28,8 @@ def _run(tmp: str, seconds: float, every_s: float) -> tuple[int, int, int, list[
     from trimtab.control import service as service_mod
     from trimtab.control.service import Rebalancer
     from trimtab.store import jobs as job_store
-    from trimtab.store.engine import migrate, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.migrate import migrate
 
     engine = open_engine(f"sqlite:///{tmp}/t.db")
     migrate(engine)

@@ -39,8 +39,9 @@ from trimtab.contract.roles import RolePlacement  # noqa: E402
 from trimtab.contract.step_report import to_columns  # noqa: E402
 from trimtab.grading.ledger.read import MAX_ADVANCE_MS, job_ledger  # noqa: E402
 from trimtab.grading.ledger.ticker import advance_all  # noqa: E402
-from trimtab.store.engine import migrate, open_engine  # noqa: E402
+from trimtab.store.engine import open_engine
 from trimtab.store.ingest import BatchWriter  # noqa: E402
+from trimtab.store.migrate import migrate  # noqa: E402
 from tests.support.pipeline_job import RANKS, report  # noqa: E402
 
 PERIOD_MS = int(PIPELINE_SCHEDULE.period_s * 1000)

@@ -35,7 +35,8 @@ def local_api(job_token_name: str, rules_file: Optional[str] = None) -> Iterator
     from trimtab.daemon import ApiServer
     from trimtab.grading.rules import load_rules
     from trimtab.control.service import Rebalancer
-    from trimtab.store.engine import migrate, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.migrate import migrate
 
     with tempfile.TemporaryDirectory(prefix="trimtab-workloads-") as tmp:
         engine = open_engine(f"sqlite:///{Path(tmp) / 'trimtab.db'}")

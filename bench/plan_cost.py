@@ -27,7 +27,8 @@ def run(rate: float, ranks: int, seconds: float, cadence: str, seed: int = 1) ->
     """One simulated job on a fresh store; ``cadence`` "step" (evaluate every completed step) or "window"."""
     from trimtab.control.service import Rebalancer
     from trimtab.store import jobs as job_store
-    from trimtab.store.engine import migrate, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.migrate import migrate
 
     with tempfile.TemporaryDirectory(prefix="trimtab-plan-cost-") as tmp:
         engine = open_engine(f"sqlite:///{Path(tmp) / 'trimtab.db'}")

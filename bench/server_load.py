@@ -56,7 +56,8 @@ def agent_token(url: str) -> str:
     """An ``agent`` token made in the store itself, as `trimtab token create` does: the server's own first admin
     token goes to a file named after its store (``admin-<database>-<hash>.token`` for a --db of its own)."""
     from trimtab.api.auth import create_token
-    from trimtab.store.engine import migrate, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.migrate import migrate
 
     engine = open_engine(url)
     try:

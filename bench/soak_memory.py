@@ -31,7 +31,7 @@ from bench.soak import LIVE_VARIANTS, Fleet, LiveAgents, rss_mb  # noqa: E402
 
 
 def sqlite_heap_mb() -> float:
-    from trimtab.store.engine import sqlite_memory_used_bytes
+    from trimtab.store.sqlite_pragmas import sqlite_memory_used_bytes
 
     used = sqlite_memory_used_bytes()
     return float("nan") if used is None else used / 2**20
@@ -95,7 +95,8 @@ def main() -> int:
     from trimtab.api.auth import ensure_admin_token
     from trimtab.api.context import ApiContext
     from trimtab.daemon import ApiServer
-    from trimtab.store.engine import migrate, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.migrate import migrate
 
     tmp = Path(tempfile.mkdtemp(prefix="trimtab-soakmem-"))
     url, cleanup = store_url(args.db, tmp)

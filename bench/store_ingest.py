@@ -25,8 +25,10 @@ from urllib.parse import quote
 from sqlalchemy import create_engine, text
 
 from trimtab.contract.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
-from trimtab.store.engine import insert_for, migrate, open_engine
+from trimtab.store.engine import open_engine
 from trimtab.store.ingest import BatchWriter, DriverStatement
+from trimtab.store.inserts import insert_for
+from trimtab.store.migrate import migrate
 from trimtab.store.models import gpu_samples, gpus, host_samples, nodes
 
 T0_MS = 1_700_000_000_000

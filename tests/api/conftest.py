@@ -21,7 +21,8 @@ from trimtab.contract.readings import Batch, NodeInfo
 from trimtab.api.app import create_app
 from trimtab.api.auth import ensure_admin_token
 from trimtab.api.context import ApiContext
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.migrate import migrate
 from tests.store.conftest import make_batch
 
 SIM_NODE = NodeInfo(hostname="node-b-sim", simulated=True, scenario="actor-hot")

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from trimtab.api.auth import any_tokens, ensure_admin_token
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.migrate import migrate
 from trimtab.store.models import api_tokens
 from tests.api.conftest import recent_batch
 

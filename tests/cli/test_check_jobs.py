@@ -17,8 +17,9 @@ from trimtab.grading.job_report import job_summary, job_verdicts, live_job_summa
 from trimtab.grading.rules import load_rules
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
 from trimtab.store.ingest import BatchWriter
+from trimtab.store.migrate import migrate
 
 RULES = load_rules()
 KNOBS = {"batch_size": {"value": 4, "min": 1, "max": 64}, "prefetch": {"value": 0, "min": 0, "max": 8},

@@ -13,7 +13,8 @@ from trimtab.cli.main import cli
 from trimtab.control import service as service_mod
 from trimtab.control.service import Rebalancer
 from trimtab.store import jobs as job_store
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.migrate import migrate
 
 KNOBS = {"batch_size": {"value": 4, "min": 1, "max": 64}}
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trimtab.control.service import Rebalancer
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.migrate import migrate
 
 
 @pytest.fixture

@@ -14,8 +14,10 @@ import pytest
 
 from trimtab.control.leadership import Leadership, NotLeading, lease_status
 from trimtab.store.decisions import list_decisions
-from trimtab.store.engine import migrate, open_engine, write_transaction
+from trimtab.store.engine import open_engine
 from trimtab.store.jobs import register_job
+from trimtab.store.migrate import migrate
+from trimtab.store.transactions import write_transaction
 
 LEASE_S, RENEW_S = 2.0, 0.25
 

@@ -87,10 +87,12 @@ COUNT_ENGINES = """
 import json, sys
 
 import trimtab.store.engine as store_engine
+import trimtab.store.sqlite_pragmas as sqlite_pragmas
 
 opened = []
-create = store_engine.create_engine
-store_engine.create_engine = lambda url, *a, **kw: opened.append(str(url)) or create(url, *a, **kw)
+for module in (store_engine, sqlite_pragmas):  # PostgreSQL engines are made in the one, SQLite engines in the other
+    module.create_engine = (lambda create: lambda url, *a, **kw: opened.append(str(url)) or create(url, *a, **kw))(
+        module.create_engine)
 from trimtab.cli.main import cli
 
 try:
@@ -129,7 +131,8 @@ def test_the_commands_the_first_start_suggests_run_as_printed(tmp_path, capsys, 
 
     from trimtab.cli.main import cli
     from trimtab.cli.serve_cmd import _guard_bind
-    from trimtab.store.engine import migrate, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.migrate import migrate
 
     db = f"sqlite:///{tmp_path}/t.db"
     engine = open_engine(db)

@@ -18,7 +18,8 @@ from trimtab.contract.statuses import SEVERITY
 from trimtab.grading.grading import job_checks, node_rules
 from trimtab.grading.rules import RulesError, load_rules
 from trimtab.grading.signals import gpu_reading
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.migrate import migrate
 from trimtab.store.queries import gpu_aggregates
 
 WATERMARK = """\

@@ -16,7 +16,8 @@ from trimtab.grading.ledger.read import advance_ledgers
 from trimtab.grading.ledger.timeline import account_of, step_spans
 from trimtab.store import jobs as job_store
 from trimtab.store import ledger as ledger_store
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.migrate import migrate
 
 ACTOR = [RolePlacement("actor", "h", (0,), (10,))]
 

@@ -24,8 +24,9 @@ from trimtab.agent.sampler import Sampler
 from trimtab.api.context import ApiContext
 from trimtab.contract.roles import RolePlacement
 from trimtab.grading.ledger.ticker import LedgerTicker
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
 from trimtab.store.ingest import BatchWriter
+from trimtab.store.migrate import migrate
 
 from . import simrun
 from .dashboards import all_panels, load_dashboards, queries

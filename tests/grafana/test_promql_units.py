@@ -25,7 +25,8 @@ from trimtab.api.metrics import CONTENT_TYPE, render_metrics
 from trimtab.agent.sampler import Sampler
 from trimtab.api.context import ApiContext
 from trimtab.api.live_view import LatestSnapshot
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.migrate import migrate
 from trimtab.store.queries import LatestSample
 
 from . import simrun

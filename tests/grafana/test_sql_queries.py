@@ -22,7 +22,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.migrate import migrate
 
 from . import simrun
 from .dashboards import (all_panels, datasources, env_for_tests, load_dashboards, organize_columns, override_names,

@@ -18,7 +18,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from trimtab.contract.readings import Batch, GpuInfo, GpuSample, HostSample, NodeInfo
-from trimtab.store.engine import mask_url, migrate, open_engine
+from trimtab.store.engine import open_engine
+from trimtab.store.errors import mask_url
+from trimtab.store.migrate import migrate
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 T0_MS = 1_699_999_200_000  # a whole hour in epoch ms (so also a whole minute): test buckets start here
@@ -172,7 +174,8 @@ def count(engine, table) -> int:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_engine(request, tmp_path):
     """A migrated store, once on SQLite and once on a fresh PostgreSQL schema."""
-    from trimtab.store.engine import migrate, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.migrate import migrate
 
     url = (f"sqlite:///{tmp_path}/trimtab.db" if request.param == "sqlite"
            else request.getfixturevalue("pg_migrated_url"))

@@ -5,8 +5,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import text
 
-from trimtab.store.engine import WAL_PAGES_MAX, WAL_PAGES_MIN, StoreError, migrate, open_engine, wal_pages_for
+from trimtab.store.engine import open_engine
+from trimtab.store.errors import StoreError
+from trimtab.store.migrate import migrate
 from trimtab.store.models import metadata
+from trimtab.store.sqlite_pragmas import WAL_PAGES_MAX, WAL_PAGES_MIN, wal_pages_for
 from tests.store.conftest import T0_MS, make_batch
 
 

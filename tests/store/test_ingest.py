@@ -8,8 +8,9 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from trimtab.contract.readings import Batch, GpuProcess, GpuSample, HealthEvent, NodeInfo, NvlinkSample
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
 from trimtab.store.ingest import BatchWriter
+from trimtab.store.migrate import migrate
 from trimtab.store.models import (gpu_nvlink_samples, gpu_processes, gpu_samples, gpus, health_events, host_samples,
                                   nodes, rollup_state)
 from tests.store.conftest import NODE, T0_MS, count, gpu_info, make_batch

@@ -8,8 +8,9 @@ from contextlib import contextmanager
 from sqlalchemy import delete, event, insert
 
 from trimtab.contract.readings import NvlinkSample
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
 from trimtab.store.ingest import BatchWriter
+from trimtab.store.migrate import migrate
 from trimtab.store.models import gpu_latest, gpu_nvlink_latest, gpu_samples, gpus, nodes
 from trimtab.store.queries import latest_gpu_samples, latest_nvlink_samples, previous_sample_ms
 from trimtab.store.rollup import RetentionPolicy, apply_retention

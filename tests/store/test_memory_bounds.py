@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 from trimtab.contract.readings import NodeInfo
-from trimtab.store import engine as store_engine_module
-from trimtab.store.engine import StoreError, migrate, open_engine, sqlite_memory_used_bytes
+from trimtab.store import sqlite_pragmas
+from trimtab.store.engine import open_engine
+from trimtab.store.errors import StoreError
 from trimtab.store.ingest import BatchWriter
+from trimtab.store.migrate import migrate
+from trimtab.store.sqlite_pragmas import sqlite_memory_used_bytes
 from tests.store.conftest import T0_MS, count, make_batch
 
 MIB = 2**20
@@ -20,7 +23,7 @@ def restore_sqlite_limit():
     yield
     engine = open_engine("sqlite://")
     with engine.connect() as conn:
-        conn.exec_driver_sql(f"PRAGMA soft_heap_limit={store_engine_module.SQLITE_MEMORY_MIB_DEFAULT * MIB}")
+        conn.exec_driver_sql(f"PRAGMA soft_heap_limit={sqlite_pragmas.SQLITE_MEMORY_MIB_DEFAULT * MIB}")
     engine.dispose()
 
 

@@ -8,7 +8,8 @@ import threading
 
 from sqlalchemy import event, text
 
-from trimtab.store.engine import open_engine, sqlite_writer_turn, write_transaction
+from trimtab.store.engine import open_engine
+from trimtab.store.transactions import sqlite_writer_turn, write_transaction
 
 
 def test_a_second_writer_waits_its_turn_not_in_sqlites_busy_handler_and_then_writes(tmp_path):

@@ -22,7 +22,8 @@ import pytest
 SERIAL = "serial"
 RAY = "ray"
 # Modules whose import means the test drives verl on the shared local Ray (tests/trainer/conftest.py ``verl_ray``).
-RAY_MODULES = frozenset({"tests.trainer.verl_harness", "tests.trainer.verl_async_harness"})
+RAY_MODULES = frozenset({"tests.trainer.verl_harness", "tests.trainer.verl_legacy_harness",
+                         "tests.trainer.verl_v1_sync_harness", "tests.trainer.verl_async_harness"})
 
 
 def _uses_ray(item: pytest.Item) -> bool:

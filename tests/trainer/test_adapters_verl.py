@@ -17,7 +17,8 @@ require("verl")
 
 from tests.support.hook_api import reports_of  # noqa: E402
 from tests.support.waits import eventually  # noqa: E402
-from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
+from tests.trainer.verl_legacy_harness import run_legacy_fit  # noqa: E402
+from tests.trainer.verl_v1_sync_harness import run_v1_fit  # noqa: E402
 from trimtab.trainer.adapters.verl import VerlTailer, parse_device_map, record_to_report, tail_verl  # noqa: E402
 
 

@@ -179,7 +179,7 @@ def test_without_a_spool_a_failed_batch_is_requeued_whole_within_queue_max():
         eventually(lambda: len(server.posted("/report-batches")) == 2)  # held inside its retry
         submit_held(server, reporter, range(5, 9))  # 4 newer reports leave room for 2: the batch's 3 oldest go
         # … unconfirmed, not dropped: a 5xx does not say the server did not store them
-        eventually(lambda: reporter.backlog.unconfirmed == 3)
+        eventually(lambda: reporter.backlog.counts.unconfirmed == 3)
         server.mode = "ok"
         eventually(lambda: server.delivered == set(range(3, 9)))
     finally:

@@ -25,7 +25,8 @@ from tests.support.hook_api import reports_of  # noqa: E402
 from tests.support.verl_runs import PHASE_COLUMNS, attached, verl_workers  # noqa: E402
 from tests.support.waits import eventually  # noqa: E402
 from tests.trainer import verl_harness as tests_harness  # noqa: E402
-from tests.trainer.verl_harness import run_legacy_fit, run_v1_fit  # noqa: E402
+from tests.trainer.verl_legacy_harness import run_legacy_fit  # noqa: E402
+from tests.trainer.verl_v1_sync_harness import run_v1_fit  # noqa: E402
 from trimtab.cli.main import cli  # noqa: E402
 from trimtab.contract.kinds import clean  # noqa: E402
 from trimtab.contract.learning import BY_NAME as LEARNING  # noqa: E402

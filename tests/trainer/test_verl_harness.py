@@ -23,6 +23,9 @@ require("verl")
 require("transfer_queue")
 
 from tests.trainer import verl_harness as h  # noqa: E402
+from tests.trainer import verl_worker_stubs as stubs  # noqa: E402
+from tests.trainer.verl_legacy_harness import run_legacy_fit  # noqa: E402
+from tests.trainer.verl_v1_sync_harness import run_v1_fit  # noqa: E402
 
 STEPS = 3
 COMMON_TIMERS = ("step", "gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
@@ -36,13 +39,13 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def fits(tmp_path_factory):
-    old = h.VALIDATE_SLEEP_S
-    h.VALIDATE_SLEEP_S = 0.2  # make "testing" dwarf any unmeasured overhead inside "step"
+    old = stubs.VALIDATE_SLEEP_S
+    stubs.VALIDATE_SLEEP_S = 0.2  # make "testing" dwarf any unmeasured overhead inside "step"
     try:
-        legacy = h.run_legacy_fit(tmp_path_factory.mktemp("legacy"), steps=STEPS, test_freq=2, save_freq=2, step_s=0.05)
-        v1 = h.run_v1_fit(tmp_path_factory.mktemp("v1"), steps=STEPS, test_freq=2, save_freq=2, step_s=0.05)
+        legacy = run_legacy_fit(tmp_path_factory.mktemp("legacy"), steps=STEPS, test_freq=2, save_freq=2, step_s=0.05)
+        v1 = run_v1_fit(tmp_path_factory.mktemp("v1"), steps=STEPS, test_freq=2, save_freq=2, step_s=0.05)
     finally:
-        h.VALIDATE_SLEEP_S = old
+        stubs.VALIDATE_SLEEP_S = old
     print("harness wall_s: legacy", round(legacy.wall_s, 2), "v1", round(v1.wall_s, 2), "one-off",
           h.session_costs())
     return {"legacy": legacy, "v1": v1}
@@ -89,7 +92,7 @@ def test_worker_calls_carry_the_injected_config_micro_batch_sizes(fits, kind):
             assert keys["micro_batch_size_per_gpu"] == 2 and keys["use_dynamic_bsz"] is False
             assert "micro_batch_size_per_gpu" in keys["injected"]  # the caller did not send it: engine default
             assert keys["n_micro_batches"] == EXPECTED_MICRO[name], (name, keys)
-        else:  # the critic's engine config keeps the engine default use_dynamic_bsz=True (see verl_harness)
+        else:  # the critic's engine config keeps the engine default use_dynamic_bsz=True (see verl_engine_configs)
             assert keys["use_dynamic_bsz"] is True and keys["micro_batch_size_per_gpu"] is None
             assert keys["max_token_len_per_gpu"] == 32768
         if name in ("update_actor", "train_mini_batch"):
@@ -117,7 +120,7 @@ def _inject_micro_one(trainer):
 
 @pytest.mark.parametrize("kind", ["legacy", "v1"])
 def test_a_per_call_micro_batch_size_wins_over_the_engine_config(tmp_path, kind):
-    fit = h.run_legacy_fit if kind == "legacy" else h.run_v1_fit
+    fit = run_legacy_fit if kind == "legacy" else run_v1_fit
     run = fit(tmp_path, steps=2, before_fit=_inject_micro_one)
     assert len(run.records) == 2
     for _, name, keys in run.calls:
@@ -142,7 +145,7 @@ def test_v1_extra_info_set_for_one_call_reaches_the_next_call_on_the_same_meta(t
 
         wg.compute_ref_log_prob = compute_ref_log_prob
 
-    run = h.run_v1_fit(tmp_path, steps=1, before_fit=before_fit)
+    run = run_v1_fit(tmp_path, steps=1, before_fit=before_fit)
     by_name = {name: keys for _, name, keys in run.calls}
     assert by_name["compute_log_prob"]["micro_batch_size_per_gpu"] == 2
     assert by_name["compute_ref_log_prob"]["micro_batch_size_per_gpu"] == 1

@@ -20,7 +20,7 @@ from tests.support.frameworks import require
 
 require("verl")
 
-from tests.trainer.verl_harness import run_v1_fit  # noqa: E402
+from tests.trainer.verl_v1_sync_harness import run_v1_fit  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("verl_ray")
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,8 @@ CHILD = textwrap.dedent("""
     sys.modules[BROKEN] = None
     import verl  # verl's loader: every verl.plugins entry point
     loaded = PLUGIN in sys.modules  # a module that raised while loading is taken out of sys.modules
-    from tests.trainer.verl_harness import run_v1_fit, shutdown
+    from tests.trainer.verl_harness import shutdown
+    from tests.trainer.verl_v1_sync_harness import run_v1_fit
     try:
         run = run_v1_fit(TMP, steps=2, overrides=["+trimtab.server=http://127.0.0.1:9"])
         steps = sorted(r["step"] for r in run.records if "timing_s/step" in r["data"])

@@ -1,7 +1,7 @@
 """Run verl 0.9.1's V1 ``separate_async`` trainer (``PPOTrainerSeparateAsync``, what ``main_ppo.TaskRunnerV1``
 builds for ``trainer.v1.trainer_mode=separate_async``) on CPU, stubbing only what needs a GPU.
 
-Built as ``verl_harness.run_v1_fit`` builds the ``sync`` trainer (same config composition from verl's
+Built as ``verl_v1_sync_harness.run_v1_fit`` builds the ``sync`` trainer (same config composition from verl's
 ``ppo_trainer.yaml``, ``validate_config``, real ``__init__``, ``_init_tokenizer``, ``_init_dataloader``, replay
 buffer, TransferQueue, ``_load_checkpoint``, ``fit``), plus what separate_async's ``_setup`` adds. Real (verl's own
 code, unchanged): ``PPOTrainerSeparateAsync.__init__`` (its asserts, ``HybridRolloutSwitchConfig``), ``fit``,
@@ -11,10 +11,10 @@ code, unchanged): ``PPOTrainerSeparateAsync.__init__`` (its asserts, ``HybridRol
 eviction (``max_off_policy_threshold``, ``drop``) and refill, the driver-side ``_update_actor`` etc., metrics and
 ``Tracking``.
 
-Stubbed (GPU only), on top of ``verl_harness``'s stubs (the worker groups' compute, the agent loop's generation,
-weight sync, ``_validate``, ``_save_checkpoint``): ``DetachActorWorker``'s ``save_model_to_cpu`` /
-``restore_model_from_cpu`` / ``clear_cpu_model`` (copies of the GPU model's weights; recorded, no model), the
-standalone rollout pool (``standalone_server_manager``: vLLM/SGLang replicas on their own GPUs) and its
+Stubbed (GPU only), on top of ``verl_worker_stubs``'s stubs (the worker groups' compute, weight sync, ``_validate``,
+``_save_checkpoint``) and ``verl_v1_sync_harness``'s agent loop (its generation): ``DetachActorWorker``'s
+``save_model_to_cpu`` / ``restore_model_from_cpu`` / ``clear_cpu_model`` (copies of the GPU model's weights; recorded,
+no model), the standalone rollout pool (``standalone_server_manager``: vLLM/SGLang replicas on their own GPUs) and its
 ``standalone_checkpoint_manager`` (NCCL weight sync, recorded per step). ``actor_rollout_ref.hybrid_engine=False``:
 no colocated replicas, so verl never switches the trainer's GPUs to rollout (that needs GPU replicas).
 """
@@ -24,8 +24,10 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
-from tests.trainer import verl_harness
+from tests.trainer import verl_harness, verl_worker_stubs
+from tests.trainer.verl_engine_configs import _engine_configs
 from tests.trainer.verl_harness import VerlRun
+from tests.trainer.verl_v1_sync_harness import _V1AgentLoopManager, fit_v1
 
 
 def separate_async_overrides(*, sync_step: int, mini: int, threshold: Optional[int], warmup: float,
@@ -73,7 +75,7 @@ class _StubStandaloneSync:
 
     def update_weights(self, global_steps=None):
         self.run.events.append((global_steps, "standalone_update_weights"))
-        time.sleep(verl_harness.WEIGHT_SYNC_SLEEP_S)
+        time.sleep(verl_worker_stubs.WEIGHT_SYNC_SLEEP_S)
         return {}
 
 
@@ -119,25 +121,25 @@ def run_separate_async_fit(tmp_path, *, steps: int = 6, sync_step: int = 2, mini
         resource_pool_spec={"global_pool": [config.trainer.n_gpus_per_node] * config.trainer.nnodes},
         mapping=trainer.mapping)
     trainer.ref_in_actor = False
-    engines = verl_harness._engine_configs(config, v1=True)
-    trainer.actor_rollout_wg, _ = verl_harness._worker_groups(run, engines, use_critic=False)
+    engines = _engine_configs(config, v1=True)
+    trainer.actor_rollout_wg, _ = verl_worker_stubs._worker_groups(run, engines, use_critic=False)
     _cpu_copies(run, trainer.actor_rollout_wg)
-    trainer.reward_loop_manager = verl_harness._StubRewardLoopManager()
+    trainer.reward_loop_manager = verl_worker_stubs._StubRewardLoopManager()
     trainer.teacher_model_manager = None
     trainer.distillation_config = None
-    trainer.llm_server_manager = verl_harness._StubLLMServerManager()
-    trainer.checkpoint_manager = verl_harness._StubCheckpointManager(run)
+    trainer.llm_server_manager = verl_worker_stubs._StubLLMServerManager()
+    trainer.checkpoint_manager = verl_worker_stubs._StubCheckpointManager(run)
     trainer.standalone_server_manager = _StubStandalone()
     trainer.standalone_checkpoint_manager = _StubStandaloneSync(run)
     trainer.current_mode = HybridEngineMode.TRAINER  # _setup with hybrid_engine=False
     trainer._load_checkpoint()
     trainer.on_init_end()  # real: standalone update_weights(global_steps)
-    trainer._validate = verl_harness._stub_validate(run)
-    trainer._save_checkpoint = verl_harness._stub_save(run)
-    agent_loop_manager = verl_harness._V1AgentLoopManager(run, config, step_s)
+    trainer._validate = verl_worker_stubs._stub_validate(run)
+    trainer._save_checkpoint = verl_worker_stubs._stub_save(run)
+    agent_loop_manager = _V1AgentLoopManager(run, config, step_s)
     if before_fit is not None:
         before_fit(trainer)
-    return verl_harness.fit_v1(run, agent_loop_manager)
+    return fit_v1(run, agent_loop_manager)
 
 
 def updates_by_step(run: VerlRun) -> dict[int, int]:

@@ -92,7 +92,7 @@ def ensure_admin_token(engine: Engine, state_dir: Path) -> Optional[Path]:
         return None
     path = admin_token_path(engine, private_dir(Path(state_dir)))
     if (path.exists() or path.is_symlink()) and not _known_here(engine, path):
-        from trimtab.store.engine import mask_url
+        from trimtab.store.errors import mask_url
 
         raise TokenFileConflict(
             f"{path} already holds an admin token that the store {mask_url(engine.url)} does not know: it belongs to "

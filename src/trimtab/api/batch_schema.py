@@ -14,8 +14,9 @@ from pydantic import ConfigDict, Field, StrictBool, StringConstraints, create_mo
 
 from trimtab.contract.readings import (GPU_METRICS, HOST_METRICS, MAX_CLOCK_AHEAD_S, NVLINK_LINK_METRICS, Batch,
                                     MetricSpec, ahead_of_clock_message, first_ahead_of_clock)
-from trimtab.api.schemas import EVENT_KIND, MAX_INT32, MAX_INT64, NO_CONTROL_CHARS, NO_NUL, EpochMs, GpuUuid, Hostname, \
-    InputModel, Model
+from trimtab.api.schemas_base import EVENT_KIND, MAX_INT32, MAX_INT64, NO_NUL, EpochMs, GpuUuid, Hostname, InputModel, \
+    Model
+from trimtab.contract.kinds import NO_CONTROL_CHARS
 
 SAMPLE_TIME = (f"Sample time, epoch milliseconds; at most {MAX_CLOCK_AHEAD_S} s ahead of the server's clock (422 "
                f"naming the field beyond that).")

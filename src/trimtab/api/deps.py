@@ -11,7 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trimtab.api.auth import allows
 from trimtab.api.context import ApiContext
-from trimtab.api.schemas import ErrorOut
+from trimtab.api.schemas_base import ErrorOut
 from trimtab.store.tokens import StoredToken
 
 MAX_PAGE = 1000

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from trimtab.api.schemas import Model
+from trimtab.api.schemas_base import Model
 
 
 class GpuBandOut(Model):

@@ -12,10 +12,11 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, StringConstraints, create_model, model_validator
 
+from trimtab.api.contract_models import contract_field, input_type, message_model
 from trimtab.api.end_state_schemas import EndStateOut
 from trimtab.api.planner_schemas import PlannerOut
-from trimtab.api.schemas import NO_CONTROL_CHARS, SLUG, Hostname, InputModel, Model, PageOut, contract_field, \
-    input_type, message_model
+from trimtab.api.schemas_base import SLUG, Hostname, InputModel, Model, PageOut
+from trimtab.contract.kinds import NO_CONTROL_CHARS
 from trimtab.contract.knobs import ACK, KNOB_DECLARATION, KNOB_NAME, KNOB_VALUE, MAX_JOB_NAME, MAX_NAME, \
     PENDING_CHANGE, REFUSAL
 from trimtab.contract.readings import MAX_CLOCK_AHEAD_S

@@ -6,7 +6,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from trimtab.api.schemas import Model
+from trimtab.api.schemas_base import Model
 
 
 class GpuTimeCellOut(Model):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trimtab.api.schemas import MAX_INT64
+from trimtab.api.schemas_base import MAX_INT64
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 

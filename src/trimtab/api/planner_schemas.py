@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from trimtab.api.schemas import Model
+from trimtab.api.schemas_base import Model
 from trimtab.control.gates import GATES
 from trimtab.store.plan_status import JobEvent, PlanStatus
 

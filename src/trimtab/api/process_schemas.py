@@ -7,7 +7,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from trimtab.api.schemas import Model
+from trimtab.api.schemas_base import Model
 
 UNKNOWN = "null: unknown (unsupported on this GPU, the first interval after the agent started, or no call answered)."
 

@@ -45,7 +45,9 @@ def _from_store(db_url: str, window_s: float, node, rules=None, jobs: bool = Tru
 
     from trimtab.grading.job_report import live_job_summaries
     from trimtab.grading.node_report import node_reports
-    from trimtab.store.engine import StoreError, has_schema, mask_url, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.errors import StoreError, mask_url
+    from trimtab.store.migrate import has_schema
 
     if db_url.startswith("sqlite:///") and not Path(db_url[len("sqlite:///"):]).exists():
         raise CheckError(f"no store at {db_url[len('sqlite:///'):]}: start `trimtab agent` (or `trimtab up`) first, "

@@ -57,7 +57,8 @@ def _use_state_dir(_ctx, _param, value):
 
 def _resolve_db(_ctx, _param, value):
     """``postgres://…`` and ``postgresql://…`` name no driver trimtab has: use psycopg 3, and say so."""
-    from trimtab.store.engine import mask_url, resolve_url
+    from trimtab.store.engine import resolve_url
+    from trimtab.store.errors import mask_url
 
     if value is None or resolve_url(value) == value:
         return value

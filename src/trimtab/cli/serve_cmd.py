@@ -92,7 +92,9 @@ def _shut_down(notifier, api, rebalancer, engine) -> None:
 
 def _open_store(url: str):
     """The process's engine on the store at ``url``, migrated (the agent's store sink in `up` shares it)."""
-    from trimtab.store.engine import StoreError, migrate, release_engine, shared_engine
+    from trimtab.store.engine import release_engine, shared_engine
+    from trimtab.store.errors import StoreError
+    from trimtab.store.migrate import migrate
 
     engine = None
     try:
@@ -228,7 +230,7 @@ def server(db_url, host, port, metrics_nvlink_links, metrics_dcgm_names, status_
     from trimtab.api.context import ApiContext
     from trimtab.daemon import StatusPinger, wait_loop
     from trimtab.sdnotify import Notifier
-    from trimtab.store.engine import mask_url
+    from trimtab.store.errors import mask_url
     from trimtab.store.rollup import Upkeep
 
     rules = _load_rules(rules_file)

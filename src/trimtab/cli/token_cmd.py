@@ -17,7 +17,9 @@ from trimtab.paths import default_db_url, private_dir, write_private_file
 
 
 def _engine(db_url):
-    from trimtab.store.engine import StoreError, migrate, open_engine
+    from trimtab.store.engine import open_engine
+    from trimtab.store.errors import StoreError
+    from trimtab.store.migrate import migrate
 
     try:
         engine = open_engine(db_url or default_db_url())

@@ -18,9 +18,10 @@ from typing import Optional
 from sqlalchemy import Engine, func, select, text
 
 from trimtab.contract.readings import EVENT_CLOCK_SKEW, MAX_CLOCK_SKEW_S, NodeInfo
-from trimtab.store.engine import insert_for, write_transaction
 from trimtab.store.ingest import _detail_hash
+from trimtab.store.inserts import insert_for
 from trimtab.store.models import gpu_samples, gpus, health_events, node_clocks, nodes
+from trimtab.store.transactions import write_transaction
 
 NOTE_EVERY_MS = 60_000  # a node's row is refreshed at least this often (heard_ms: "still sending")
 SKEW_CHANGE_MS = 1_000  # … and whenever its skew moved by more than this

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from trimtab.contract.readings import GPU_METRIC_NAMES, HOST_METRIC_NAMES, NVLINK_LINK_METRIC_NAMES, \
     STEP_BACK_MARGIN_MS, Batch, GpuInfo, NodeInfo
-from trimtab.store.engine import insert_for, sqlite_writer_turn
+from trimtab.store.inserts import insert_for
 from trimtab.store.models import (
     ROLLUP_STATE_ID,
     UNKNOWN_GPU_INDEX,
@@ -42,6 +42,7 @@ from trimtab.store.models import (
     nodes,
     rollup_state,
 )
+from trimtab.store.transactions import sqlite_writer_turn
 
 # What one BatchWriter remembers of the nodes and GPUs it filed (so a steady stream costs no lookups): at most this
 # many of each; past it, it forgets them all and looks up again the ones that still write. Host names that come and
@@ -215,7 +216,7 @@ class BatchWriter:
         self._ids: dict[str, int] = {}  # uuid → id of self._gpus, for the row loops
         self._inventory: tuple[Optional[int], list[GpuInfo]] = (None, [])  # the node and GPUs last filed
         dialect = engine.dialect
-        # SQLite: take the write lock first, like store.engine.write_transaction. psycopg begins by itself.
+        # SQLite: take the write lock first, like store.transactions.write_transaction. psycopg begins by itself.
         self._begin = "BEGIN IMMEDIATE" if dialect.name == "sqlite" else None
         self._pipelined = dialect.name == "postgresql"
         self._insert = {t.name: DriverStatement(insert_for(dialect, t).on_conflict_do_nothing(), dialect, _columns(t))

@@ -15,8 +15,9 @@ from sqlalchemy import Connection, Engine, bindparam, func, insert, select, upda
 
 from trimtab.contract.roles import RolePlacement, device_map_of
 from trimtab.contract.statuses import APPLIED, CANCELLED, PENDING, REFUSED, SUPERSEDED
-from trimtab.store.engine import insert_ignoring, write_transaction
+from trimtab.store.inserts import insert_ignoring
 from trimtab.store.models import api_tokens, gpu_processes, gpus, job_reports, jobs, knob_acks, knob_changes, nodes
+from trimtab.store.transactions import write_transaction
 
 MODES = ("auto", "advise", "off")
 

@@ -13,8 +13,9 @@ from typing import Optional
 
 from sqlalchemy import Connection, Engine, select, text, update
 
-from trimtab.store.engine import insert_ignoring, write_transaction
+from trimtab.store.inserts import insert_ignoring
 from trimtab.store.models import planner_lease
+from trimtab.store.transactions import write_transaction
 
 PLANNER = "planner"  # the row's name
 

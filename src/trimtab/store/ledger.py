@@ -9,9 +9,10 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from sqlalchemy import Engine, and_, case, func, or_, select, tuple_, union_all, update
 
-from trimtab.store.engine import insert_for, write_transaction
+from trimtab.store.inserts import insert_for
 from trimtab.store.models import (gpu_processes, gpu_samples, gpus, job_gpu_ledger, job_ledger_state, job_reports, jobs,
                                   nodes)
+from trimtab.store.transactions import write_transaction
 
 # What the ledger reads of a report: when it ended, how long it took, its phases, who ran it where.
 _PHASE_COLUMNS = tuple(c.name for c in job_reports.columns if c.name.endswith("_s") and c.name != "step_time_s")

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from sqlalchemy import BigInteger, Connection, Engine, bindparam, case, delete, func, literal_column, select, update
 
 from trimtab.contract.readings import ROLLUP_METRIC_NAMES
-from trimtab.store.engine import insert_for, write_transaction
+from trimtab.store.inserts import insert_for
 from trimtab.store.models import (
     HOUR_MS,
     MINUTE_MS,
@@ -31,6 +31,7 @@ from trimtab.store.models import (
     host_samples,
     rollup_state,
 )
+from trimtab.store.transactions import write_transaction
 
 log = logging.getLogger(__name__)
 DELETE_CHUNK_ROWS = 20_000  # rows per retention transaction: keeps SQLite's write lock short

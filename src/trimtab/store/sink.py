@@ -14,10 +14,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from trimtab.contract.readings import Batch, ahead_of_clock_message, first_ahead_of_clock
 from trimtab.contract.sink import BatchRefused, SinkMisconfigured, SinkUnavailable
 from trimtab.store.clocks import NOTE_EVERY_MS, ClockBook, store_now_ms
-from trimtab.store.engine import StoreError, is_disk_full, mask_url, migrate, permanent_reason, release_engine, \
-    relieve_full_disk, shared_engine
+from trimtab.store.engine import release_engine, shared_engine
+from trimtab.store.errors import StoreError, mask_url, permanent_reason
 from trimtab.store.ingest import BatchWriter
+from trimtab.store.migrate import migrate
 from trimtab.store.rollup import RetentionPolicy, Upkeep
+from trimtab.store.sqlite_wal import is_disk_full, relieve_full_disk
 
 log = logging.getLogger(__name__)
 UPKEEP_EVERY_S = 60.0  # rollups and retention: the first a period after the agent starts, then every period

@@ -11,8 +11,8 @@ from typing import Optional
 
 from sqlalchemy import Engine, bindparam, func, insert, select, update
 
-from trimtab.store.engine import write_transaction
 from trimtab.store.models import api_tokens
+from trimtab.store.transactions import write_transaction
 
 SCOPES = ("agent", "job", "admin")
 

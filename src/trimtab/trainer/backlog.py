@@ -1,4 +1,4 @@
-"""What the reporter has not sent yet, and the exact count of what became of every report.
+"""What the reporter has not sent yet: a bounded queue in memory with a spool on disk behind it.
 
 The training thread only appends to a bounded in-memory queue (``put``: a lock and a deque, never a disk or a
 socket). The reporter thread takes the oldest reports (``take``) and says how their POST went (``confirmed``,
@@ -8,22 +8,8 @@ while it answers, slower than the job reports) — apart from the reporter, beca
 request for its whole timeout while a fast job fills the queue. Order is kept: a failed POST's reports (the
 ``front``), then the spool, then memory; each report goes once it is confirmed, never before an older one.
 
-Counts, kept so that ``submitted + inherited == sent + rejected + dropped + unconfirmed + pending + left`` at every
-moment:
-
-* ``submitted``: reports the job handed over; ``inherited``: reports an earlier process of this job and rank left
-  on disk, picked up at start (sent first, in order);
-
-* ``sent``: the server confirmed them (``stored`` new by that answer, ``already_stored``: it had them — a POST whose
-  answer was lost, resent); ``late``: of those, the ones that waited out an outage (resent after a failed POST, or
-  read back from disk);
-* ``rejected``: the server refused them (422);
-* ``dropped``: lost without the server ever having them, by reason (``dropped_by``: ``queue_full`` — no spool, or
-  it could not keep up —, ``spool_full``, ``disk_error``, ``closed`` while some were still waiting);
-* ``unconfirmed``: lost after a POST that got no answer (a timeout, a 5xx): the server may have stored them;
-* ``pending``: still to send (memory, disk, in flight);
-* ``left``: still unsent at ``close``, left on disk for the next process of this job and rank (with no spool, or a
-  disk that refuses them, they are ``dropped``, ``closed``).
+Every report is counted (:class:`~trimtab.trainer.report_counts.ReportCounts`, ``counts``): what the server
+stored, refused, may have, what was dropped and why, what waits and what was left on disk for the next process.
 
 With the spool, the newest ``queue_max`` reports and the oldest ``spool_max_bytes`` survive any outage; a report
 is dropped only once both are full (the middle of the outage goes), and that is said once an outage. They also
@@ -42,6 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from trimtab.paths import state_dir
+from trimtab.trainer.report_counts import CLOSED, DISK_ERROR, QUEUE_FULL, SPOOL_FULL, ReportCounts
 from trimtab.trainer.report_spool import DOUBT, ReportSpool, open_spool, stable_dir_name
 
 log = logging.getLogger("trimtab.trainer")
@@ -50,7 +37,6 @@ RETRIED = 1  # a flag bit: a POST of the report failed once (it goes again)
 SPOOL_MAX_BYTES = 64 * 1024 * 1024  # ≈ 100 000 reports of a GPU job (300–700 bytes each): 80 min at 20 steps/s
 SPOOL_RETRY_S = 60.0  # after a disk error, the spool is tried again this long after
 SPOOL_MIN_ROOM_BYTES = 1024  # less room than this: the spool counts as full (no write attempted)
-QUEUE_FULL, SPOOL_FULL, DISK_ERROR, CLOSED = "queue_full", "spool_full", "disk_error", "closed"
 FRONT, SPOOL, MEMORY = "front", "spool", "memory"  # where the reports in flight came from
 
 
@@ -89,9 +75,7 @@ class Backlog:
         self._moving = 0  # reports on their way from memory to the spool
         self._closed = False
         self._said: set[str] = set()  # what was said this outage
-        self.submitted = self.sent = self.stored = self.already_stored = self.late = 0
-        self.rejected = self.unconfirmed = self.spooled = self.spool_errors = self.inherited = self.left = 0
-        self.dropped_by: dict[str, int] = {}
+        self.counts = ReportCounts()
         self._spill_wake = threading.Event()
         self._spiller: Optional[threading.Thread] = None
         if self.spool_max_bytes and (self.spool_dir / stable_dir_name(name)).is_dir():
@@ -105,9 +89,9 @@ class Backlog:
     def put(self, report: dict) -> int:
         """Queues ``report`` (the oldest goes when memory is full, counted); how many memory holds."""
         with self._lock:
-            self.submitted += 1
+            self.counts.submitted += 1
             if self._closed:
-                self._count_drop(0, CLOSED)
+                self.counts.lost(1, 0, CLOSED)
                 return 0
             if self._over(1):
                 self._drop_oldest()
@@ -150,16 +134,16 @@ class Backlog:
         flight = self._flight
         stored = max(0, min(int(stored), len(flight)))
         with self._lock:
-            self.sent += len(flight)
-            self.stored += stored
-            self.already_stored += len(flight) - stored
-            self.late += sum(1 for item in flight if self._flight_from == SPOOL or item[1] & RETRIED)
+            self.counts.sent += len(flight)
+            self.counts.stored += stored
+            self.counts.already_stored += len(flight) - stored
+            self.counts.late += sum(1 for item in flight if self._flight_from == SPOOL or item[1] & RETRIED)
         self._settle()
 
     def refused(self) -> None:
         """The server refused the reports in flight (422): it will never take them."""
         with self._lock:
-            self.rejected += len(self._flight)
+            self.counts.rejected += len(self._flight)
         self._settle()
 
     def failed(self, retried: bool, in_doubt: bool = False) -> None:
@@ -206,12 +190,11 @@ class Backlog:
                     self._spool_failed(exc)
                     spool = None
             with self._lock:
-                for item in waiting[kept:]:
-                    self._count_drop(item[1], CLOSED)
+                self.counts.lost(len(waiting) - kept, sum(1 for item in waiting[kept:] if item[1] & DOUBT), CLOSED)
             spool, self._spool = self._spool, None
             if spool is not None and spool.records:
                 with self._lock:
-                    self.left += spool.records
+                    self.counts.left += spool.records
                 self._spool_bytes_peak = max(self._spool_bytes_peak, spool.bytes_peak)
                 spool.leave()
                 log.info("trimtab: %d reports of %s wait on disk in %s for the next run of this job and rank",
@@ -240,10 +223,6 @@ class Backlog:
         return len(self._memory) + len(self._front)
 
     @property
-    def dropped(self) -> int:
-        return sum(self.dropped_by.values())
-
-    @property
     def spool_bytes(self) -> int:
         spool = self._spool
         return spool.bytes if spool is not None else 0
@@ -254,12 +233,12 @@ class Backlog:
         return max(self._spool_bytes_peak, spool.bytes_peak if spool is not None else 0)
 
     def stats(self) -> dict:
-        return {"submitted": self.submitted, "inherited": self.inherited, "left": self.left, "sent": self.sent,
-                "stored": self.stored,
-                "already_stored": self.already_stored, "late": self.late, "rejected": self.rejected,
-                "dropped": self.dropped, "dropped_by": dict(self.dropped_by), "unconfirmed": self.unconfirmed,
-                "pending": self.pending, "spooled": self.spooled, "spool_bytes": self.spool_bytes,
-                "spool_bytes_peak": self.spool_bytes_peak, "spool_errors": self.spool_errors}
+        c = self.counts
+        return {"submitted": c.submitted, "inherited": c.inherited, "left": c.left, "sent": c.sent, "stored": c.stored,
+                "already_stored": c.already_stored, "late": c.late, "rejected": c.rejected, "dropped": c.dropped,
+                "dropped_by": dict(c.dropped_by), "unconfirmed": c.unconfirmed, "pending": self.pending,
+                "spooled": c.spooled, "spool_bytes": self.spool_bytes, "spool_bytes_peak": self.spool_bytes_peak,
+                "spool_errors": c.spool_errors}
 
     def set_away(self, away: bool) -> None:
         """The reporter's word on the servers: ``away`` (none answers: spill sooner) or back. A full spool or a
@@ -314,7 +293,7 @@ class Backlog:
             except OSError as exc:
                 self._spool_failed(exc)
             with self._lock:
-                self.spooled += written
+                self.counts.spooled += written
                 self._memory.extendleft(reversed(items[written:]))
                 self._moving = 0
                 while len(self._memory) > self.queue_max:
@@ -354,13 +333,7 @@ class Backlog:
             why = DISK_ERROR
         else:  # the spool is full, or could not be written as fast as the job reports
             why = SPOOL_FULL if self._full else QUEUE_FULL
-        self._count_drop(item[1], why)
-
-    def _count_drop(self, flags: int, reason: str) -> None:
-        if flags & DOUBT:
-            self.unconfirmed += 1
-        else:
-            self.dropped_by[reason] = self.dropped_by.get(reason, 0) + 1
+        self.counts.lost(1, 1 if item[1] & DOUBT else 0, why)
 
     def _usable_spool(self) -> Optional[ReportSpool]:
         if self._spool is not None or time.monotonic() < self._spool_down_until:
@@ -378,7 +351,7 @@ class Backlog:
         """At start: the spool an earlier process of this job and rank left, sent before anything of this one."""
         spool = self._usable_spool()
         if spool is not None and spool.adopted:
-            self.inherited = spool.adopted
+            self.counts.inherited = spool.adopted
             log.warning("trimtab: %d reports an earlier run of %s left in %s are sent first", spool.adopted,
                         self._name, spool.directory)
 
@@ -392,7 +365,7 @@ class Backlog:
     def _spool_failed(self, exc: Exception) -> None:
         """A disk error (io lock held): what the spool held is lost (counted), reports wait in memory only for a
         while."""
-        self.spool_errors += 1
+        self.counts.spool_errors += 1
         self._spool_down_until = time.monotonic() + SPOOL_RETRY_S
         self._full = False
         spool, self._spool = self._spool, None
@@ -412,9 +385,7 @@ class Backlog:
                 doubtful -= sum(1 for item in self._flight if item[1] & DOUBT)
                 for item in self._flight:
                     item[1] |= RETRIED  # read back from disk: late, as the others
-            self.unconfirmed += doubtful
-            if lost - doubtful:
-                self.dropped_by[reason] = self.dropped_by.get(reason, 0) + lost - doubtful
+            self.counts.lost(lost, doubtful, reason)
         spool.remove()
         return lost
 

@@ -278,8 +278,8 @@ class Hook:
     def stats(self) -> dict:
         """Counters for logs and tests: what became of the step reports (sent, of them stored new, already
         stored and late; rejected; dropped and why; unconfirmed; pending; the spool's bytes — exact, see
-        ``backlog.py``), queued (reports and acks), the server in use, offline (every server away), auth_refused (a
-        server answered, and refused the token: not an outage), OOMs, the probe's baseline."""
+        ``report_counts.py``), queued (reports and acks), the server in use, offline (every server away),
+        auth_refused (a server answered, and refused the token: not an outage), OOMs, the probe's baseline."""
         r = self._reporter
         reports = r.stats() if r else {"sent": 0, "dropped": 0, "rejected": 0, "offline": False,
                                        "auth_refused": False}

@@ -10,10 +10,10 @@ No report is lost to a head outage of hours: what cannot go waits in memory (the
 half of that, on disk (:mod:`trimtab.trainer.backlog`, :mod:`trimtab.trainer.report_spool`; bounded by
 ``spool_max_bytes``, said in the "offline" line), and goes when a server answers again, oldest first. A resend is
 idempotent: the server stores a (job, step, rank) once and its answer says how many of a batch were new, so the
-counts (``Backlog``) are exact. Several servers (a list, or URLs separated by commas): a connection failure, a
-timeout or a 5xx moves to the next at once; only when every one has failed in a row does the reporter back off. A
-knob change two servers relay (they share one store) is one change id: the hook applies it once
-(:mod:`trimtab.trainer.knob_agreement`).
+counts (:mod:`trimtab.trainer.report_counts`) are exact. Several servers (a list, or URLs separated by commas): a
+connection failure, a timeout or a 5xx moves to the next at once; only when every one has failed in a row does the
+reporter back off. A knob change two servers relay (they share one store) is one change id: the hook applies it
+once (:mod:`trimtab.trainer.knob_agreement`).
 
 One report queued is one POST; several queued (steps shorter than a POST takes, or than ``min_interval_s``, 250 ms,
 between POSTs — a full batch of ``batch_max`` goes at once; a backlog after an outage) go in one POST of up to
@@ -157,18 +157,18 @@ class Reporter:
 
     @property
     def sent(self) -> int:
-        return self.backlog.sent
+        return self.backlog.counts.sent
 
     @property
     def dropped(self) -> int:
-        return self.backlog.dropped
+        return self.backlog.counts.dropped
 
     @property
     def rejected(self) -> int:
-        return self.backlog.rejected
+        return self.backlog.counts.rejected
 
     def stats(self) -> dict:
-        """The report counts (:class:`~trimtab.trainer.backlog.Backlog`), the server in use, whether every
+        """The report counts (:class:`~trimtab.trainer.report_counts.ReportCounts`), the server in use, whether every
         server is away and whether the server refuses the token (``auth_refused``: it answers; not an outage)."""
         return {**self.backlog.stats(), "server": self.server, "offline": self.offline,
                 "auth_refused": self.auth_refused is not None}
@@ -412,7 +412,7 @@ class Reporter:
             b = self.backlog
             log.warning("trimtab: server %s back online after %.0f s; %d reports wait to be sent (%d bytes on "
                         "disk), %d dropped and %d unconfirmed so far", self.server, away_s, b.pending,
-                        b.spool_bytes, b.dropped, b.unconfirmed)
+                        b.spool_bytes, b.counts.dropped, b.counts.unconfirmed)
             self._said_this_outage.clear()
         return OK
 

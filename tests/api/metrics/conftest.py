@@ -14,8 +14,9 @@ from trimtab.agent.sampler import Sampler
 from trimtab.agent.simulated import SimulatedNode
 from trimtab.api.context import ApiContext
 from trimtab.api.metrics import render_metrics
-from trimtab.store.engine import migrate, open_engine
+from trimtab.store.engine import open_engine
 from trimtab.store.ingest import BatchWriter
+from trimtab.store.migrate import migrate
 
 
 class Feeder:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import READ, get_ctx
 from trimtab.api.routes.gpus import node_query
-from trimtab.api.schemas import BalanceJobsOut, BalanceOut, BalanceReportOut, JobCheckOut
+from trimtab.api.balance_schemas import BalanceJobsOut, BalanceOut, BalanceReportOut, JobCheckOut
 from trimtab.contract.statuses import SEVERITY
 from trimtab.grading.job_report import live_job_summaries
 from trimtab.grading.node_report import node_reports

@@ -11,7 +11,7 @@ from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, READ, Page, get_ctx, page
 from trimtab.api.job_schemas import DecisionOut, DecisionsOut
 from trimtab.api.routes.jobs import find_job
-from trimtab.api.schemas import SLUG
+from trimtab.api.schemas_base import SLUG
 from trimtab.store import jobs as job_store
 from trimtab.store.decisions import list_decisions
 

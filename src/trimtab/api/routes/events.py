@@ -10,7 +10,8 @@ from trimtab.api.context import ApiContext
 from trimtab.api.deps import READ, Page, get_ctx, page
 from trimtab.api.errors import invalid
 from trimtab.api.routes.gpus import node_query
-from trimtab.api.schemas import EVENT_KIND, MAX_EPOCH_MS, EventOut, EventsOut
+from trimtab.api.schemas import EventOut, EventsOut
+from trimtab.api.schemas_base import EVENT_KIND, MAX_EPOCH_MS
 from trimtab.store.events import event_page
 from trimtab.store.jobs import only_simulated
 

@@ -14,7 +14,7 @@ from trimtab.api.deps import NOT_FOUND, READ, get_ctx
 from trimtab.api.errors import invalid
 from trimtab.api.ledger_schemas import GpuTimeCellOut, GpuTimeOut, GpuTimeTotalOut
 from trimtab.api.routes.jobs import find_job, job_name_path
-from trimtab.api.schemas import MAX_EPOCH_MS
+from trimtab.api.schemas_base import MAX_EPOCH_MS
 from trimtab.grading.ledger.compute import MAX_INTERVALS
 from trimtab.grading.ledger.model import BUSY
 from trimtab.grading.ledger.read import job_ledger

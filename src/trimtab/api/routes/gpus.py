@@ -12,8 +12,9 @@ from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, READ, get_ctx
 from trimtab.api.errors import invalid
 from trimtab.api.process_schemas import ProcessesOut, ProcessOut
-from trimtab.api.schemas import (MAX_EPOCH_MS, NO_CONTROL_CHARS, GpuOut, GpusOut, LatestOut, NodeOut, NodesOut,
-                                 PointOut, SamplesOut)
+from trimtab.api.schemas import GpuOut, GpusOut, LatestOut, NodeOut, NodesOut, PointOut, SamplesOut
+from trimtab.api.schemas_base import MAX_EPOCH_MS
+from trimtab.contract.kinds import NO_CONTROL_CHARS
 from trimtab.store.clocks import node_clocks_by_host
 from trimtab.store.processes import gpu_process_window
 from trimtab.store.queries import LatestSample, StoredGpu, gpu_window, list_gpus, list_nodes

@@ -19,7 +19,7 @@ from trimtab.api.deps import NOT_FOUND, READ, WRITE, Page, get_ctx, page, requir
 from trimtab.api.job_schemas import JobIn, JobOut, JobsOut, ModeIn, RoleOut
 from trimtab.api.planner_schemas import PlannerOut, planner_out
 from trimtab.api.errors import invalid
-from trimtab.api.schemas import SLUG
+from trimtab.api.schemas_base import SLUG
 from trimtab.contract.roles import RolePlacement, device_map_of, gpus_by_role, merge
 from trimtab.grading.end_state import job_end_state
 from trimtab.grading.job_report import job_summaries

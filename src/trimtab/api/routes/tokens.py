@@ -8,7 +8,7 @@ from trimtab.api.auth import create_token
 from trimtab.api.context import ApiContext
 from trimtab.api.deps import NOT_FOUND, WRITE, get_ctx, require_scope
 from trimtab.api.job_schemas import TokenCreatedOut, TokenIn, TokenOut, TokensOut
-from trimtab.api.schemas import MAX_INT32
+from trimtab.api.schemas_base import MAX_INT32
 from trimtab.store import tokens as token_store
 from trimtab.store.tokens import StoredToken
 

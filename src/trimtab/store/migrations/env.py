@@ -1,6 +1,6 @@
 """Alembic environment of the store.
 
-:func:`trimtab.store.engine.migrate` hands over its own connection (``config.attributes["connection"]``), so
+:func:`trimtab.store.migrate.migrate` hands over its own connection (``config.attributes["connection"]``), so
 no alembic.ini is needed. A developer writing a new revision can instead run Alembic against a scratch store
 named by ``TRIMTAB_STORE_URL`` (or ``sqlalchemy.url`` in an ini file of their own).
 """
