@@ -164,3 +164,16 @@ def test_a_learning_table_that_cannot_be_used_is_refused_with_its_key():
         RULES.with_overrides({"learning": {"kl_max": 3}})
     with pytest.raises(RulesError, match="learning.throughput_only"):
         RULES.with_overrides({"learning": {"throughput_only": "prefetch"}})
+
+
+def test_a_job_that_tolerates_more_clipping_loosens_the_bound_in_its_rules_override():
+    """The reference pipeline on the H100 (2026-12-06): prefetch 0 → 2 took the clip fraction 0.009 → 0.117 while
+    KL stayed under PPO's 0.01 and the effective sample size 0.998 → 0.984; the shipped bound (+0.05) rolls it back.
+    A job whose PPO tolerates that says so per job, and the same change is then kept."""
+    before = {"clip_fraction": 0.009, "kl": 0.001, "eff_sample_size": 0.998}
+    after = {"clip_fraction": 0.117, "kl": 0.008, "eff_sample_size": 0.984}
+    assert plan(prefetch_raise_measured(before, after), RULES).outcome == "rolled_back"
+    tolerant = RULES.with_overrides({"learning": {"clip_fraction_max_rise": 0.15}})
+    p = plan(prefetch_raise_measured(before, after), tolerant)
+    assert p.outcome == "kept", p.note
+    assert p.evidence["verdicts"]["learning"].startswith("held: clip_fraction 0.009 → 0.117")
