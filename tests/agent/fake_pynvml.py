@@ -56,6 +56,9 @@ class FakeNvml:
         self.activity_now_us = 0
         self.activity_busy: dict[int, list[tuple[int, int, int, float]]] = {}
         self.activity_delay_s: dict[str, float] = {}  # function name → seconds each call sleeps (a slow driver)
+        # True: a record is stamped at its process's last busy instant (≤ the read), as NVML stamps a process whose
+        # last sample was early; False: at the read's sampling instant (bench/nvml_process_window.py on the H100)
+        self.activity_stamp_last_busy = False
         self.freed: list[str] = []
         self.module = self._build_module()
 
@@ -201,6 +204,8 @@ class FakeNvml:
             if not spans:
                 continue
             stamp = now  # the read's sampling instant for every process (bench/nvml_process_window.py on the H100)
+            if self.activity_stamp_last_busy:
+                stamp = min(now, max(b for _, b, _ in spans))
             busy = sum((min(b, stamp) - max(a, last_seen_us)) * sm / 100 for a, b, sm in spans)
             record = ctype()
             record.pid, record.timeStamp = pid, stamp

@@ -285,3 +285,20 @@ def test_a_process_whose_last_sample_came_early_in_a_read_is_credited_the_whole_
     # covered (1.99, 11.99]: ten whole seconds, so 10 × 0.2 s and 10 × 0.5 s (less the 10 ms each read cuts off)
     assert sum(busy_s(r) for r in rows[first]) == pytest.approx(10 * 0.2, rel=0.02)
     assert sum(busy_s(r) for r in rows[second]) == pytest.approx(10 * 0.49 + 0.01, rel=0.02)
+
+
+def test_a_stale_baseline_does_not_hold_last_seen_seconds_behind_the_idle_reads(install):
+    """The baseline taken while the processes load (their last kernels 3 s before the read): the newest record
+    trails the wall clock by 3 s, which is staleness, not NVML's write delay. The idle reads after it still move
+    lastSeenTimeStamp to within the margin and ``LAG_MAX_US`` of each read, so the first busy record after them
+    covers about one read (on the H100 the first row after such a start read 2.5× the processes' own busy time)."""
+    fake = fk.FakeNvml(n_gpus=1)
+    fake.activity_stamp_last_busy = True
+    fake.activity_busy[0] = [(1000, T0, T0 + S, 100.0), (1000, T0 + 20 * S, T0 + 21 * S, 50.0)]
+    source = driven(install, fake)
+    read_at(source, fake, T0 + 4 * S)  # baseline: the record stamped T0 + 1 s, 3 s before the read
+    for k in range(5, 21):
+        read_at(source, fake, T0 + k * S)  # idle: NOT_FOUND
+    reader = source._gpus[0].activity
+    assert reader._lag_us == nvml_activity.LAG_MAX_US
+    assert reader.last_seen_us == T0 + 20 * S - nvml_activity.LAG_MAX_US - nvml_activity.NOT_FOUND_MARGIN_US

@@ -27,7 +27,11 @@ The rules, in the order they apply:
   came, less ``NOT_FOUND_MARGIN_US`` (a record stamped just before the call but not yet written must still fall
   after it), and ``lastSeenTimeStamp`` moves there — so a record after a long idle stretch still covers about one
   read, not the whole stretch. Only where NVML's clock proved to be the wall clock (records within
-  ``CLOCK_AGREES_US`` of it); otherwise it stays, and the idle time is covered by the next record.
+  ``CLOCK_AGREES_US`` of it); otherwise it stays, and the idle time is covered by the next record. The lag counts
+  at most ``LAG_MAX_US``: NVML's newest record trails the wall clock by its write delay and up to one 200 ms sampling
+  period when a process is busy, but by seconds when the newest is stale (the baseline taken while the processes
+  load their models: on the H100 the first row after 12 s of start-up read 2.5× the processes' own busy time, its
+  first records credited over seconds of idle that NVML's mean had not counted).
 * **Unknown is None, never 0**: NOT_SUPPORTED (or a function missing from the bindings or driver) leaves the GPU's
   process rows without activity for good; so does the time before the baseline, and an interval no read answered.
 * **Errors**: GPU_IS_LOST retires the GPU (its reads stop, the other GPUs go on); any other error is counted
@@ -56,6 +60,7 @@ log = logging.getLogger(__name__)
 METRIC = "process_utilization"
 PICK_CALLS = 3  # calls of each way timed at the first read (the cheapest of them counts)
 NOT_FOUND_MARGIN_US = 1_000_000
+LAG_MAX_US = 500_000
 CLOCK_AGREES_US = 10_000_000
 
 
@@ -140,7 +145,7 @@ class ProcessActivity:
             return
         newest = max(v[1] for v in values)
         lag = answered_us - newest
-        self._lag_us = int(max(0.0, lag)) if abs(lag) <= CLOCK_AGREES_US else None
+        self._lag_us = int(min(max(0.0, lag), LAG_MAX_US)) if abs(lag) <= CLOCK_AGREES_US else None
         if not last_seen:  # the baseline: what NVML held before the agent is no interval of ours
             self.last_seen_us = newest
             tally.start(newest / 1000)
