@@ -37,6 +37,7 @@ SMOKE = {
     "clock_steps.py": Smoke(("--ticks", "2", "--interval", "0.05"), "its clock is 3600 s behind"),
     "drifting_jobs.py": Smoke(("--smoke",), "% of the static batch"),
     "failing_plan.py": Smoke(("--seconds", "3"), "plans tried"),
+    "metrics_render.py": Smoke(("--nodes", "2", "--repeats", "1"), "generate_latest / trimtab's:"),
     "gpu_agreement.py": Smoke(("--help",), "--phase-s",
                               gpu="drives a known load on a real GPU against nvidia-smi dmon: its arguments only"),
     "failover.py": Smoke(("--smoke",), "decisions duplicated: same change 0, same window 0, two pending at once 0",
