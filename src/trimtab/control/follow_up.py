@@ -19,6 +19,7 @@ from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control import memory_follow
+from trimtab.control.bracket import REAPPLIED
 from trimtab.control.cadence import with_cadence
 from trimtab.control.composition import composition
 from trimtab.control.drain import drain_only, drain_read
@@ -308,7 +309,11 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
     # the noisy job's prefetch from its best (4) to 8 (−5 %): a ratchet, each move kept on a coin flip.
     likely = v.not_lower_pct >= (ctl.keep_in_bracket_likely_pct if _in_bracket(open_d) else
                                  ctl.keep_unproven_likely_pct)
-    if likely and v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct:
+    # A move made again after its loss was read as the host's slowdown (A, B, A′: ``REAPPLIED``) has one verdict that
+    # measured it worse already: one it cannot confirm now is no sign of a slope, the direction closes (the noisy
+    # prefetch job, seed 7: 4 → 6 read −14 % across the slowdown, +4 % "unconfirmed" again, and 6 → 8, −5 %, followed)
+    reapplied = bool(open_d.evidence.get(REAPPLIED)) if isinstance(open_d.evidence, dict) else False
+    if likely and v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct and not reapplied:
         # Not confirmed, but no sign of a flat top either: kept, and the next move this way is judged on its own.
         evidence.update(no_gain=True, unconfirmed_gain=True)
         return Plan(note=f"decision {open_d.id}: throughput {figures}: kept, no measurable gain (the estimate is "
