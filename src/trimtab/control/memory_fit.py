@@ -125,10 +125,14 @@ class MemoryFit:
 
     def length_ahead(self, ahead_s: float) -> Optional[float]:
         """Tokens per sample ``ahead_s`` seconds of step time from now: the trend where it grows, never less
-        than now (a shrinking length is waited for, not anticipated), and as far above it as one step's length has
-        run above the lengths' line lately (``length_spread``): the step a move lands on is one step, not the mean of
-        several — at ±3 % step-to-step lengths a batch sized at the mean of the newest three (94 % of the GPU) met a
-        step 7 % longer at the curriculum's turn, and OOMed after the raise."""
+        than now (a shrinking length is waited for, not anticipated). Where the trend does not grow (flat, shrinking
+        — or turning, before the lines show it), as far above now as one step's length has run above what was read
+        for it lately (``length_spread``, 0 where the trend grows by more than that over ``memory_trend_short_s``):
+        the step a move lands on is one step, not the mean of several. At ±3 %
+        step-to-step lengths a batch sized at the mean of the newest three (94 % of the GPU) met a step 7 % longer at
+        the curriculum's turn, the trend still read shrinking, and OOMed after the raise. Where the trend grows, the
+        move is sized for where it grows to, and the margin covers the steps around it (drift up: no OOM in 20 runs;
+        the spread on top cost 2–3 % of its throughput)."""
         if self.length_now is None:
             return None
         return self.length_now * (1.0 + self.length_spread) + max(0.0, self.length_per_s) * ahead_s
@@ -322,7 +326,7 @@ def _spread_above(steps: Sequence[JobStep], within_s: float, per_s: float) -> fl
     for each of the newest steps within ``within_s`` of step time (at least ``SPREAD_MIN_STEPS`` of them), its length
     over the mean of the ``NEWEST_STEPS`` steps before it — "now" as it was read the step before — carried on by the
     trend where it grows (``per_s``, tokens per sample per second of step time). 0 for lengths on a line or that
-    fall; a turn from falling to growing that the trend does not show yet reads as spread (the safe side)."""
+    only fall; a turn from falling to growing that the trend does not show yet reads as spread (the safe side)."""
     back = _lengths_back(steps, 0.0, within_s)
     need = SPREAD_MIN_STEPS + NEWEST_STEPS
     if len(back) < need:
@@ -378,6 +382,8 @@ def fit(steps: Sequence[JobStep], changes: Sequence[StoredChange], knob: str, no
     length_now, per_s = _length_trend(steps, ctl.memory_fit_half_life_s, ctl.memory_trend_short_s) if pts[0].length is not None else (None, 0.0)
     spread = _spread_above(steps, ctl.memory_trend_short_s, per_s) \
         if length_now is not None and not token_budget else 0.0
+    if length_now is not None and per_s * ctl.memory_trend_short_s > length_now * spread:
+        spread = 0.0  # a growth the steps' spread cannot make: sized for the trend, the margin covers the steps
     others = others_bytes(steps) or 0.0
     line = total * ctl.memory_line_pct / 100.0 - others
     mfit = MemoryFit(knob, base, per_sample, per_token, 0.0, 0.0, line, total, length_now, per_s, tuple(pts), model,
