@@ -8,7 +8,9 @@ and — the old setting being the one known to be good — a change it could not
 the dead band) that is not above the dead band: the top is flat between the two, the search ends there. A before window whose
 older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half. A gain that the before window's own trend could explain (the tail of a warm-up: it climbed by at least half as
 much) is re-measured — rolled back unjudged — not kept. Where the job's lengths drift, every step is read at the
-length of the setting the change left (``drift.py``): what the job would have done without the change.
+length of the setting the change left (``drift.py``): what the job would have done without the change. A prefetch
+raise read as a gain larger than hiding the step's rest behind generation could bring is the host's
+(``overlap_bound.py``): re-measured.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Optional
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control import memory_follow
 from trimtab.control.bracket import REAPPLIED
+from trimtab.control.holds import remeasured, same_move
+from trimtab.control.overlap_bound import beyond_overlap
 from trimtab.control.cadence import with_cadence
 from trimtab.control.composition import composition
 from trimtab.control.drain import drain_only, drain_read
@@ -296,6 +300,15 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
                f"the job's first move, and not surely above the end of the before window's own line (it climbed "
                f"{trend.change_pct:+.1f} % across it: the tail of a warm-up)")
         return _roll_back(state, open_d, change, f"not judged: {why}, to be re-measured", evidence, closed)
+    beyond = beyond_overlap(change, rules, before, v.ratio) if credited else None
+    if beyond is not None:  # more than hiding the step's rest behind generation could bring: the host's
+        again = any(remeasured(d) and same_move(d, open_d) for d in state.decisions if d.id != open_d.id)
+        evidence.update(beyond_overlap=beyond, **({"back_to_known": True} if again else {"remeasure": True}))
+        why = (f"{beyond['gain_pct']:+.1f} %, more than hiding the {beyond['outside_generation_pct']:.0f} % of the "
+               f"step outside generation could bring (+{beyond['most_gain_pct']:.1f} %)")
+        return _roll_back(state, open_d, change, f"not judged: {why}" + (": read so twice, back to the known setting"
+                                                                         if again else ", to be re-measured"),
+                          evidence, closed)
     # the periods' geometric means: the two figures the verdict compared (their ratio is its +x %)
     at = "" if length_model is None else f" at {length_model.ref_tokens:.0f} tokens per sample"
     figures = (f"{math.exp(b_sample.mean_log):.2f} → {math.exp(a_sample.mean_log):.2f} samples/s{at} "

@@ -1,0 +1,48 @@
+"""The most a raise of the queue knob (prefetch) can gain: it lets generation run ahead of the rest of the step and
+hides that rest behind it — it makes no phase faster. Where a job's phases lie on its step's path one after another
+(they add up to the step), the step cannot get shorter than its generation: a raise from a setting whose steps spend
+a share r outside generation gains at most 1 / (1 − r).
+
+Why: a host whose speed shifts in regimes (20 % for ~8 steps at a time) turned prefetch 2 → 4 on a job whose scoring
+was already hidden at 2 (generation 100 % of the step; the raise costs 2.4 %) into "+13 %, 100 % sure" and "+6 %, 97 %
+sure" (the regime-shifting bench job, seeds 4 and 7): a gain that no overlap could have brought, the host's own
+speed-up kept as the move's. Such a verdict is not judged: the move goes back to be measured again (once; a second
+such reading of the same move is the job's flat top, back to the known setting). Not read where the phases overlap
+the step (a worker's generation reported beside the trainer's wait: the bounded queues) — generation is then off the
+step's path and says nothing of its floor.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Optional, Sequence
+
+from trimtab.grading.rules import RuleSet
+from trimtab.grading.window import JobStep
+from trimtab.store.jobs import StoredChange
+
+ON_PATH_SLACK = 0.05  # phases that add up to at most this much over the step lie on its path (timer granularity)
+GENERATION = "generation"
+
+
+def beyond_overlap(change: StoredChange, rules: RuleSet, before: Sequence[JobStep], ratio: float) -> Optional[dict]:
+    """Where ``change`` raised the queue knob and the verdict's estimate (``ratio``, after / before) exceeds, by more
+    than the dead band, the most hiding the before window's non-generation share could bring: what it could bring
+    (for the evidence), else None (another knob, a lower, phases off the path, no generation reported)."""
+    ctl = rules.controller
+    if change.knob != ctl.queue_knob or change.previous_value is None or change.value is None \
+            or float(change.value) <= float(change.previous_value):
+        return None
+    timed = [s for s in before if s.step_time_s > 0 and s.phases_s.get(GENERATION) is not None]
+    if len(timed) < 2:
+        return None
+    on_path = statistics.fmean(sum(v for v in s.phases_s.values() if v is not None) / s.step_time_s for s in timed)
+    if on_path > 1.0 + ON_PATH_SLACK:
+        return None
+    rest = statistics.fmean(max(0.0, 1.0 - s.phases_s[GENERATION] / s.step_time_s) for s in timed)
+    most = 1.0 / (1.0 - rest) if rest < 1.0 else math.inf
+    if (ratio / most - 1.0) * 100.0 <= ctl.dead_band_pct:
+        return None
+    return {"outside_generation_pct": round(100.0 * rest, 1), "most_gain_pct": round(100.0 * (most - 1.0), 1),
+            "gain_pct": round(100.0 * (ratio - 1.0), 1)}

@@ -1,0 +1,40 @@
+"""A prefetch raise can only hide the rest of the step behind generation (src/trimtab/control/overlap_bound.py): a
+gain larger than the share of the step outside generation could bring is the host's, re-measured — not kept."""
+
+from __future__ import annotations
+
+from tests.support.plans import RULES, change, decision, job, state, steps
+from trimtab.control.controller import plan
+
+
+def raised(gen_before: float, after_s: float = 0.85, earlier=()):
+    """Prefetch 2 → 4 applied at step 20 on 1 s steps that spend ``gen_before`` s generating (the rest updating);
+    the steps after it take ``after_s``, their phases in the same proportions."""
+    history = (steps(0, 20, step_time=1.0, gen=gen_before, ev=None, comm=None)
+               + steps(20, 1, step_time=1.0, gen=gen_before, ev=None, comm=None)
+               + steps(21, 14, step_time=after_s, gen=gen_before * after_s, ev=None, comm=None))
+    d = decision(id=9, change_id=3, knob="prefetch", old=2, new=4)
+    return plan(state(history, job(prefetch=4), changes=[change(knob="prefetch", value=4, previous=2, applied_step=20)],
+                      decisions=[d, *earlier]), RULES)
+
+
+def test_a_gain_no_overlap_could_bring_is_re_measured_not_kept():
+    # generation is the whole step at prefetch 2 (the rest already hidden): 4 cannot make it 15 % shorter
+    p = raised(gen_before=1.0)
+    assert (p.outcome, p.rollback_to, p.rollback_knob) == ("rolled_back", 2, "prefetch"), p.note
+    assert p.evidence["verdict"]["result"] == "gain" and p.evidence["remeasure"] is True
+    assert p.evidence["beyond_overlap"]["most_gain_pct"] == 0.0 and "to be re-measured" in p.note
+
+
+def test_a_gain_the_hidden_share_can_bring_is_kept():
+    # 40 % of the step outside generation: hiding it could bring +67 %, the +18 % is the move's
+    p = raised(gen_before=0.6)
+    assert (p.outcome, p.rollback_to) == ("kept", None), p.note
+    assert "beyond_overlap" not in p.evidence
+
+
+def test_read_so_twice_the_move_goes_back_to_the_known_setting():
+    first = decision(id=5, change_id=2, knob="prefetch", old=2, new=4, outcome="rolled_back",
+                     evidence={"reading": {}, "remeasure": True})
+    p = raised(gen_before=1.0, earlier=[first])
+    assert p.outcome == "rolled_back" and p.evidence.get("back_to_known") is True and "remeasure" not in p.evidence
