@@ -9,7 +9,7 @@ the dead band) that is not above the dead band: the top is flat between the two,
 older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half. A gain that the before window's own trend could explain (the tail of a warm-up: it climbed by at least half as
 much) is re-measured — rolled back unjudged — not kept. Where the job's lengths drift, every step is read at the
 length of the setting the change left (``drift.py``): what the job would have done without the change. A prefetch
-raise read as a gain larger than hiding the step's rest behind generation could bring is the host's
+raise read as a gain surely larger than hiding the step's rest behind generation could bring is the host's
 (``overlap_bound.py``): re-measured.
 """
 
@@ -300,12 +300,13 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
                f"the job's first move, and not surely above the end of the before window's own line (it climbed "
                f"{trend.change_pct:+.1f} % across it: the tail of a warm-up)")
         return _roll_back(state, open_d, change, f"not judged: {why}, to be re-measured", evidence, closed)
-    beyond = beyond_overlap(change, rules, before, v.ratio) if credited else None
+    beyond = beyond_overlap(change, rules, before, v.ci_pct[0]) if credited else None
     if beyond is not None:  # more than hiding the step's rest behind generation could bring: the host's
         again = any(remeasured(d) and same_move(d, open_d) for d in state.decisions if d.id != open_d.id)
         evidence.update(beyond_overlap=beyond, **({"back_to_known": True} if again else {"remeasure": True}))
-        why = (f"{beyond['gain_pct']:+.1f} %, more than hiding the {beyond['outside_generation_pct']:.0f} % of the "
-               f"step outside generation could bring (+{beyond['most_gain_pct']:.1f} %)")
+        why = (f"{100 * (v.ratio - 1):+.1f} % (95 % interval from {beyond['gain_low_pct']:+.1f} %), more than hiding the "
+               f"{beyond['outside_generation_pct']:.0f} % of the step outside generation could bring "
+               f"(+{beyond['most_gain_pct']:.1f} %)")
         return _roll_back(state, open_d, change, f"not judged: {why}" + (": read so twice, back to the known setting"
                                                                          if again else ", to be re-measured"),
                           evidence, closed)

@@ -6,7 +6,9 @@ a share r outside generation gains at most 1 / (1 − r).
 Why: a host whose speed shifts in regimes (20 % for ~8 steps at a time) turned prefetch 2 → 4 on a job whose scoring
 was already hidden at 2 (generation 100 % of the step; the raise costs 2.4 %) into "+13 %, 100 % sure" and "+6 %, 97 %
 sure" (the regime-shifting bench job, seeds 4 and 7): a gain that no overlap could have brought, the host's own
-speed-up kept as the move's. Such a verdict is not judged: the move goes back to be measured again (once; a second
+speed-up kept as the move's. A verdict whose whole 95 % interval lies above what the move could bring is not judged
+(the interval, not the estimate: a raise that hides all of the rest gains exactly the most, and a fast regime
+reads it above — prefetch 0 → 2 there, +78 % true, read +83 % and +113 %): the move goes back to be measured again (once; a second
 such reading of the same move is the job's flat top, back to the known setting). Not read where the phases overlap
 the step (a worker's generation reported beside the trainer's wait: the bounded queues) — generation is then off the
 step's path and says nothing of its floor.
@@ -26,12 +28,11 @@ ON_PATH_SLACK = 0.05  # phases that add up to at most this much over the step li
 GENERATION = "generation"
 
 
-def beyond_overlap(change: StoredChange, rules: RuleSet, before: Sequence[JobStep], ratio: float) -> Optional[dict]:
-    """Where ``change`` raised the queue knob and the verdict's estimate (``ratio``, after / before) exceeds, by more
-    than the dead band, the most hiding the before window's non-generation share could bring: what it could bring
-    (for the evidence), else None (another knob, a lower, phases off the path, no generation reported)."""
-    ctl = rules.controller
-    if change.knob != ctl.queue_knob or change.previous_value is None or change.value is None \
+def beyond_overlap(change: StoredChange, rules: RuleSet, before: Sequence[JobStep], low_pct: float) -> Optional[dict]:
+    """Where ``change`` raised the queue knob and the verdict's whole interval (from ``low_pct``, its lower end, %)
+    lies above the most that hiding the before window's non-generation share could bring: what it could bring (for
+    the evidence), else None (another knob, a lower, phases off the path, no generation reported)."""
+    if change.knob != rules.controller.queue_knob or change.previous_value is None or change.value is None \
             or float(change.value) <= float(change.previous_value):
         return None
     timed = [s for s in before if s.step_time_s > 0 and s.phases_s.get(GENERATION) is not None]
@@ -42,7 +43,7 @@ def beyond_overlap(change: StoredChange, rules: RuleSet, before: Sequence[JobSte
         return None
     rest = statistics.fmean(max(0.0, 1.0 - s.phases_s[GENERATION] / s.step_time_s) for s in timed)
     most = 1.0 / (1.0 - rest) if rest < 1.0 else math.inf
-    if (ratio / most - 1.0) * 100.0 <= ctl.dead_band_pct:
+    if low_pct <= (most - 1.0) * 100.0:
         return None
     return {"outside_generation_pct": round(100.0 * rest, 1), "most_gain_pct": round(100.0 * (most - 1.0), 1),
-            "gain_pct": round(100.0 * (ratio - 1.0), 1)}
+            "gain_low_pct": round(low_pct, 1)}
