@@ -42,3 +42,20 @@ def test_read_so_twice_the_move_goes_back_to_the_known_setting():
                      evidence={"reading": {}, "remeasure": True})
     p = raised(gen_before=1.0, earlier=[first])
     assert p.outcome == "rolled_back" and p.evidence.get("back_to_known") is True and "remeasure" not in p.evidence
+
+
+def at_depth(gen: float):
+    """Prefetch 2 set at step 0 on 1 s steps spending ``gen`` s generating; the batch at its max: generation-bound,
+    the rule's next action is prefetch +2."""
+    history = steps(0, 20, step_time=1.0, gen=gen, ev=None, comm=None)
+    return plan(state(history, job(batch=64, batch_max=64, prefetch=2),
+                      changes=[change(knob="prefetch", value=2, previous=0, applied_step=0)]), RULES)
+
+
+def test_a_prefetch_raise_with_nothing_left_to_hide_is_not_made():
+    p = at_depth(gen=0.995)  # 0.5 % of the step outside generation: +0.5 % at most, under the dead band
+    assert p.change is None or p.change.knob != "prefetch", p.note
+    assert any("outside generation at prefetch=2" in s and "under the 2 % dead band" in s
+               for s in p.evidence.get("skipped", [])), p.evidence.get("skipped")
+    q = at_depth(gen=0.9)  # 10 % outside: up to +11 %, the raise is tried
+    assert q.change is not None and (q.change.knob, q.change.new_value) == ("prefetch", 4), q.note
