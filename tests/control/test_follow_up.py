@@ -218,3 +218,14 @@ def test_a_safety_change_is_not_rolled_back_for_throughput():
                decisions=[halved], gpus=[gpu(0, mem_pct=80.0), gpu(1)])
     p = plan(st, RULES)
     assert (p.close, p.outcome, p.rollback_to) == (7, "kept", None)
+
+
+def test_a_move_made_again_after_the_hosts_slowdown_closes_its_direction_on_an_unconfirmed_gain():
+    # the same +10 % the test cannot confirm, on a move that re-applies one sent back on a loss the known setting's
+    # own slowdown explained (A, B, A′): measured worse once, not confirmed now — kept, not pushed further
+    again = {"reading": {}, "reapplies_after_host_slowdown": {"decision": 5, "why": "the host slowed"}}
+    p = follow(after_change_long(45.0 / 1.10), evidence=again)
+    assert (p.close, p.outcome, p.rollback_to) == (7, "kept", None), p.note
+    assert p.evidence["verdict"]["result"] == "inconclusive"
+    assert p.evidence["no_gain"] is True and "unconfirmed_gain" not in p.evidence
+    assert "not pushed further" in p.note

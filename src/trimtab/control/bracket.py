@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Optional, Union
 from trimtab.contract.statuses import ADVISED, KEPT, PENDING, REFUSED, ROLLED_BACK
 from trimtab.grading.rules import Action, Rule, RuleSet
 from trimtab.grading.signals import Reading
-from trimtab.control.holds import evidence_of, host_slowed, known_unmeasured, remeasured, result_of, same_move, \
-    still_holds, verdict_ms
+from trimtab.control.holds import evidence_of, host_slowed, known_unmeasured, remeasured, \
+    result_of, same_move, still_holds, verdict_ms
+from trimtab.control.curve_levels import peak_between as _peak_between, \
+    tied_points as _tied_points, worth_a_move as _worth_a_move
 from trimtab.control.verdict import GAIN, Sample
 from trimtab.store.decisions import StoredDecision
 
@@ -135,39 +137,6 @@ def _between(a: float, b: float, action: Action, integer: bool, rules: RuleSet) 
     return mid, ""
 
 
-def _levels(state: "JobState", rules: RuleSet, knob: str, now: Optional[Sample]) -> dict[float, float]:
-    """The knob's values whose throughput the verdicts that still hold tie to the current value's, as log ratios
-    to it (0 for the current value): each verdict measured new/old side by side, and ratios chain."""
-    edges: dict[float, list[tuple[float, float]]] = {}
-    for d in state.decisions:  # newest first: the first verdict on a pair is the one that counts
-        ratio = (evidence_of(d).get("verdict") or {}).get("ratio") if d.knob == knob else None
-        if not isinstance(ratio, (int, float)) or ratio <= 0 or d.old_value is None or d.new_value is None:
-            continue
-        if d.outcome not in (KEPT, ROLLED_BACK) or remeasured(d) or not still_holds(state, rules, d, now):
-            continue
-        old, new, log_ratio = float(d.old_value), float(d.new_value), math.log(ratio)
-        edges.setdefault(old, []).append((new, log_ratio))
-        edges.setdefault(new, []).append((old, -log_ratio))
-    levels = {float(state.job.knobs[knob]["value"]): 0.0}
-    queue = list(levels)
-    while queue:
-        at = queue.pop(0)
-        for other, log_ratio in edges.get(at, []):
-            if other not in levels:
-                levels[other] = levels[at] + log_ratio
-                queue.append(other)
-    return levels
-
-
-def _peak_between(points: list[tuple[float, float]]) -> Optional[float]:
-    """The top of the parabola through three (x, level) points, the middle one highest; None if they do not bend
-    down."""
-    (a, fa), (b, fb), (c, fc) = points
-    num = (b - a) ** 2 * (fb - fc) - (b - c) ** 2 * (fb - fa)
-    den = (b - a) * (fb - fc) - (b - c) * (fb - fa)
-    return None if den <= 0 else b - 0.5 * num / den
-
-
 def _top_side(state: "JobState", rules: RuleSet, action: Action, behind: float, current: float, ahead: float,
               now: Optional[Sample]) -> Optional[tuple[int, float]]:
     """Which side of the current value the top lies on (+1 ahead, −1 behind, in the action's direction) and where,
@@ -179,42 +148,6 @@ def _top_side(state: "JobState", rules: RuleSet, action: Action, behind: float, 
         return None
     where = top if action.op == "add" else math.exp(top)
     return (1 if (where - current) * action.direction >= 0 else -1), where
-
-
-def _tied_points(state: "JobState", rules: RuleSet, action: Action, behind: float, current: float, ahead: float,
-                 now: Optional[Sample]) -> Optional[list[tuple[float, float]]]:
-    """The three values (on the log scale for ×/÷ steps), lowest first, with their levels as the verdicts that
-    still hold tie them to the current value's; None when they do not tie all three."""
-    levels = _levels(state, rules, action.knob, now)
-    if behind not in levels or ahead not in levels or min(behind, current, ahead) <= 0 and action.op != "add":
-        return None
-    scale = (lambda v: v) if action.op == "add" else math.log
-    return [(scale(x), levels[x]) for x in sorted((behind, current, ahead))]
-
-
-def _worth_a_move(state: "JobState", rules: RuleSet, action: Action, behind: float, current: float, ahead: float,
-                  value: float, now: Optional[Sample]) -> Optional[str]:
-    """Why a bracket move to ``value`` of an additive step is not worth making, else None: the parabola through the
-    three tied levels puts ``value`` less than the dead band above the current value — a gain no verdict could
-    confirm (one within the dead band is "no measurable gain"), while the move's trial costs a window at a setting
-    that is as likely worse. The eval-bound prefetch job: 2 → 4 read +25 %, 4 → 6 −3 % (sure): the parabola puts 5
-    at +1.4 % over 4 (true +0.6 %), and the trial of 5 went back in half the runs — a second rollback of the knob
-    for nothing. On ×/÷ steps only where the three values lie within one rung of the action (×4 for the batch), on
-    the log scale: across more (4, 16, 64) a curve with a kink is no parabola — 4, 16 and 64 put 32 at −14 % where
-    it is +11 % (the non-monotone curve then stood at 16, 87 %); within one (16, 25, 32 near its peak) it is, and
-    the trial of 28 there went back in every run, a second rollback of the knob."""
-    if action.op != "add" and (min(behind, ahead) <= 0 or max(behind, ahead) / min(behind, ahead) > action.by):
-        return None
-    points = _tied_points(state, rules, action, behind, current, ahead, now)
-    if points is None:
-        return None
-    x = value if action.op == "add" else math.log(value)
-    level = sum(fy * math.prod((x - ox) / (fx - ox) for ox, _ in points if ox != fx) for fx, fy in points)
-    gain_pct = math.expm1(level) * 100.0  # the current value's level is 0
-    if gain_pct >= rules.controller.dead_band_pct:
-        return None
-    return (f"the levels measured at {behind:g}, {current:g} and {ahead:g} put {value:g} at {gain_pct:+.1f} % over "
-            f"{current:g}: under the {rules.controller.dead_band_pct:g} % dead band, no gain a verdict could confirm")
 
 
 def _flat_once(state: "JobState", d: StoredDecision) -> bool:
@@ -325,8 +258,8 @@ def bracket(state: "JobState", rules: RuleSet, action: Action, new: float, integ
         return back, f"bracket search, the other side: {top}: {back:g}"
     if forward is None:
         return None, f"{where}: {why}"
-    small = _worth_a_move(state, rules, action, behind.value, current, ahead.value, forward, now) \
-        if behind is not None else None
+    small = _worth_a_move(state, rules, action, None if behind is None else behind.value, current, ahead.value,
+                          forward, now)
     if small is not None:
         return None, f"{where}: {small}"
     return forward, f"bracket search {where}: {forward:g}"

@@ -17,6 +17,7 @@ from trimtab.control.holds import result_of
 from trimtab.control.memory_fit import GIB
 from trimtab.control.plan import JobState
 from trimtab.control.queue_use import queue_unused
+from trimtab.control.overlap_bound import nothing_to_hide
 from trimtab.control.stride import paid_rung
 from trimtab.control.verdict import GAIN, Sample
 from trimtab.grading.rules import Action, Rule, RuleSet
@@ -135,7 +136,8 @@ def choose(rule: Rule, state: JobState, rules: RuleSet, readings: dict[str, Read
         # rung past a step that gained nothing; an additive one (prefetch +2) does not
         ladder = action.op in ("mul", "div") and readings[rule.name].fires and (rule.strong_above is None or strong)
         why = (blocked(state, rules, action, new, now, firing=ladder, strong=strong, fires=fires)
-               or queue_unused(state, rules, action.knob, current, new))
+               or queue_unused(state, rules, action.knob, current, new)
+               or nothing_to_hide(state, rules, action.knob, current, new))
         if why is None and action.needs_memory_headroom and new > current:
             new, why = _memory_step(state, rules, readings, action, spec, new, policy)
         if why is not None:

@@ -8,7 +8,9 @@ and — the old setting being the one known to be good — a change it could not
 the dead band) that is not above the dead band: the top is flat between the two, the search ends there. A before window whose
 older half measured surely differently from its newer half (a slowdown began inside it) is cut to the newer half. A gain that the before window's own trend could explain (the tail of a warm-up: it climbed by at least half as
 much) is re-measured — rolled back unjudged — not kept. Where the job's lengths drift, every step is read at the
-length of the setting the change left (``drift.py``): what the job would have done without the change.
+length of the setting the change left (``drift.py``): what the job would have done without the change. A prefetch
+raise read as a gain surely larger than hiding the step's rest behind generation could bring is the host's
+(``overlap_bound.py``): re-measured.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Optional
 
 from trimtab.contract.statuses import APPLIED, CANCELLED, KEPT, REFUSED, ROLLED_BACK, SUPERSEDED
 from trimtab.control import memory_follow
+from trimtab.control.bracket import REAPPLIED
+from trimtab.control.holds import remeasured, same_move
+from trimtab.control.overlap_bound import beyond_overlap
 from trimtab.control.cadence import with_cadence
 from trimtab.control.composition import composition
 from trimtab.control.drain import drain_only, drain_read
@@ -295,6 +300,16 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
                f"the job's first move, and not surely above the end of the before window's own line (it climbed "
                f"{trend.change_pct:+.1f} % across it: the tail of a warm-up)")
         return _roll_back(state, open_d, change, f"not judged: {why}, to be re-measured", evidence, closed)
+    beyond = beyond_overlap(change, rules, before, v.ci_pct[0]) if credited else None
+    if beyond is not None:  # more than hiding the step's rest behind generation could bring: the host's
+        again = any(remeasured(d) and same_move(d, open_d) for d in state.decisions if d.id != open_d.id)
+        evidence.update(beyond_overlap=beyond, **({"back_to_known": True} if again else {"remeasure": True}))
+        why = (f"{100 * (v.ratio - 1):+.1f} % (95 % interval from {beyond['gain_low_pct']:+.1f} %), more than hiding the "
+               f"{beyond['outside_generation_pct']:.0f} % of the step outside generation could bring "
+               f"(+{beyond['most_gain_pct']:.1f} %)")
+        return _roll_back(state, open_d, change, f"not judged: {why}" + (": read so twice, back to the known setting"
+                                                                         if again else ", to be re-measured"),
+                          evidence, closed)
     # the periods' geometric means: the two figures the verdict compared (their ratio is its +x %)
     at = "" if length_model is None else f" at {length_model.ref_tokens:.0f} tokens per sample"
     figures = (f"{math.exp(b_sample.mean_log):.2f} → {math.exp(a_sample.mean_log):.2f} samples/s{at} "
@@ -308,7 +323,11 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
     # the noisy job's prefetch from its best (4) to 8 (−5 %): a ratchet, each move kept on a coin flip.
     likely = v.not_lower_pct >= (ctl.keep_in_bracket_likely_pct if _in_bracket(open_d) else
                                  ctl.keep_unproven_likely_pct)
-    if likely and v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct:
+    # A move made again after its loss was read as the host's slowdown (A, B, A′: ``REAPPLIED``) has one verdict that
+    # measured it worse already: one it cannot confirm now is no sign of a slope, the direction closes (the noisy
+    # prefetch job, seed 7: 4 → 6 read −14 % across the slowdown, +4 % "unconfirmed" again, and 6 → 8, −5 %, followed)
+    reapplied = bool(open_d.evidence.get(REAPPLIED)) if isinstance(open_d.evidence, dict) else False
+    if likely and v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct and not reapplied:
         # Not confirmed, but no sign of a flat top either: kept, and the next move this way is judged on its own.
         evidence.update(no_gain=True, unconfirmed_gain=True)
         return Plan(note=f"decision {open_d.id}: throughput {figures}: kept, no measurable gain (the estimate is "

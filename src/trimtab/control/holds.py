@@ -54,13 +54,20 @@ def remeasured(d: StoredDecision) -> bool:
     return bool(evidence_of(d).get("remeasure"))
 
 
+def other_knob_moved(state: "JobState", d: StoredDecision) -> bool:
+    """Another knob of the job moved since ``d``'s verdict: a different job now (its levels; the curve's shape of
+    ``d``'s knob may still be the same)."""
+    current = {k: float(v["value"]) for k, v in state.job.knobs.items()}
+    return any(k != d.knob and k in current and current[k] != v for k, v in left_at(d).items())
+
+
 def still_holds(state: "JobState", rules: RuleSet, d: StoredDecision, now: Optional[Sample]) -> bool:
     """See the module docstring. A verdict holds until the job's level at its setting moved by more than the
     effect it measured (at least the dead band), surely: a job that drifted 3 % does not make a value measured
     34 % worse worth another try, nor re-open a bracket that said nothing is left on a side."""
     current = {k: float(v["value"]) for k, v in state.job.knobs.items()}
     then = left_at(d)
-    if any(k != d.knob and k in current and current[k] != v for k, v in then.items()):
+    if other_knob_moved(state, d):
         return False  # another knob moved since: a different job now
     if current.get(d.knob) != then[d.knob]:
         return True
