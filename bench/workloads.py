@@ -27,8 +27,8 @@ of it at a step drawn from the run's random seed; scored by ``neighbour_score`` 
 after the first, steps until the batch fits under the line beside it, throughput against the best static setting
 safe beside it),
 a noisy two-rank communication-bound job, a noisy non-monotone batch curve, a host that slows ×1.3 at the step the
-first move lands, and a mix (batch and sync, a neighbour). The jobs are in ``bench/job_models.py``. A smoke run (no
-goal, a few seconds):
+first move lands, and a mix (batch and sync, a neighbour). The jobs are named in ``bench/job_models.py``. A smoke
+run (no goal, a few seconds):
 ``python bench/workloads.py --seeds 1 --max-steps 40``.
 """
 
@@ -45,7 +45,8 @@ from typing import Optional
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bench/
-from bench.job_models import GIB, GOAL_STEPS, LIMIT_GIB, WORKLOADS, Workload, learning_declaration  # noqa: E402
+from bench.job_models import WORKLOADS  # noqa: E402
+from bench.synthetic_job import GIB, GOAL_STEPS, LIMIT_GIB, Workload, learning_declaration  # noqa: E402
 from bench.live_api import _seeds, local_api  # noqa: E402
 from trimtab.control.bracket import REAPPLIED  # noqa: E402
 

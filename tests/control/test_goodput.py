@@ -13,7 +13,7 @@ from tests.support.plans import NOW, SHIPPED_RULES as RULES, change, decision, j
 from trimtab.control.controller import plan
 from trimtab.control.goodput import blind_to_learning, guards
 from trimtab.grading.learning_rules import advised_only
-from trimtab.grading.rules import RulesError
+from trimtab.grading.rules_parse import RulesError
 
 
 def learning(steps_, **signals):

@@ -149,7 +149,8 @@ def test_a_raise_being_measured_is_cut_short_when_the_forecast_fires():
 
 
 def test_to_memory_fit_is_for_lowering_actions_only(tmp_path):
-    from trimtab.grading.rules import RulesError, load_rules
+    from trimtab.grading.rules import load_rules
+    from trimtab.grading.rules_parse import RulesError
 
     bad = tmp_path / "rules.toml"
     bad.write_text('[rules.memory_forecast]\n'

@@ -11,7 +11,8 @@ from dataclasses import replace
 from tests.support.plans import RULES, change, decision, job, state, steps
 from trimtab.control.controller import plan
 from trimtab.control.persistence import persistence
-from trimtab.grading.rules import RulesError, load_rules
+from trimtab.grading.rules import load_rules
+from trimtab.grading.rules_parse import RulesError
 
 import pytest
 

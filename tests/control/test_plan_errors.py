@@ -115,6 +115,6 @@ def test_an_oom_step_in_a_real_jobs_rows_is_planned_not_a_zero_division(sqlite_e
 
 @pytest.mark.parametrize("key,value", [("plan_retry_min_s", 0.0), ("plan_retry_max_s", 0.5)])
 def test_a_backoff_that_would_loop_or_shrink_is_refused(key, value):
-    from trimtab.grading.rules import RulesError
+    from trimtab.grading.rules_parse import RulesError
     with pytest.raises(RulesError, match="plan_retry"):
         default_rules().with_overrides({"controller": {key: value}})

@@ -189,7 +189,8 @@ def test_a_gain_followed_through_to_the_knob_s_bound_goes_on_with_the_rule_s_nex
 def test_follow_above_is_data_and_must_lie_under_the_act_line():
     import pytest
 
-    from trimtab.grading.rules import RulesError, load_rules
+    from trimtab.grading.rules import load_rules
+    from trimtab.grading.rules_parse import RulesError
 
     assert load_rules().__getitem__("communication_bound").follow_above == 5.0
     assert load_rules().__getitem__("generation_bound").follow_above == 25.0

@@ -290,7 +290,7 @@ def test_a_step_longer_than_the_job_has_existed_is_refused_naming_step_time_s(sq
 def test_the_new_window_limits_are_checked_when_the_rules_load():
     import pytest
 
-    from trimtab.grading.rules import RulesError
+    from trimtab.grading.rules_parse import RulesError
 
     with pytest.raises(RulesError, match="steps_read_max ≥ 2 × window_enough_steps"):
         load_rules(overrides={"controller": {"steps_read_max": 10}})

@@ -116,7 +116,7 @@ def test_a_job_whose_lengths_drift_is_decided_on_within_30_steps_and_beats_the_s
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_neighbour_that_takes_memory_mid_run_costs_one_oom_at_most_and_the_batch_stays_under_the_lowered_line(
         sqlite_api, seed):
-    """Another process takes part of the GPU mid-run (``bench/job_models.py: neighbour``): the job reports the free
+    """Another process takes part of the GPU mid-run (``bench/job_memory_models.py: neighbour``): the job reports the free
     memory it sees, the line comes down by what the neighbour holds, and after the OOM its arrival may cause (the
     hook halves the batch) no raise goes back into a second one; the batch fits under the line within 5 steps of
     the arrival, at ≥ 90 % of the best static setting that is safe beside the neighbour."""

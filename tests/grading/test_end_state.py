@@ -7,7 +7,8 @@ import pytest
 
 from trimtab.grading.end_state import (ABOVE, AT_END_STATE, BELOW, IN, NOT_YET, UNKNOWN, GpuBand, band_of,
                                        scaling_of, steps_of, verdict)
-from trimtab.grading.rules import RulesError, default_rules, load_rules
+from trimtab.grading.rules import default_rules, load_rules
+from trimtab.grading.rules_parse import RulesError
 
 CTL = default_rules().controller
 

@@ -16,7 +16,8 @@ from trimtab.api.context import ApiContext
 from trimtab.cli.main import cli
 from trimtab.contract.statuses import SEVERITY
 from trimtab.grading.grading import job_checks, node_rules
-from trimtab.grading.rules import RulesError, load_rules
+from trimtab.grading.rules import load_rules
+from trimtab.grading.rules_parse import RulesError
 from trimtab.grading.signals import gpu_reading
 from trimtab.store.engine import open_engine
 from trimtab.store.migrate import migrate

@@ -8,7 +8,9 @@ import textwrap
 
 import pytest
 
-from trimtab.grading.rules import Action, RulesError, RuleSet, load_rules, thresholds
+from trimtab.grading.rule_types import Action
+from trimtab.grading.rules import RuleSet, load_rules, thresholds
+from trimtab.grading.rules_parse import RulesError
 
 SHIPPED_ORDER = ["oom", "memory", "memory_forecast", "fragmentation", "collective_latency", "pcie", "communication_bound",
                  "generation_bound", "rollout_wait_bound", "evaluation_bound", "utilization_spread",

@@ -31,7 +31,7 @@ class CheckError(Exception):
 
 def _load_rules(rules_file):
     """The rules the daemon grades jobs by: the shipped file, --rules-file, then trimtab.toml's tables."""
-    from trimtab.grading.rules import RulesError
+    from trimtab.grading.rules_parse import RulesError
 
     try:
         return configured_rules(rules_file)

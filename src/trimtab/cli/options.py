@@ -30,7 +30,7 @@ def misconfigured(message: str) -> click.ClickException:
 def configured_rules(rules_file):
     """The rules the daemon grades jobs by: the shipped file, ``--rules-file``, then trimtab.toml's ``[controller]``
     and ``[rules.<name>]`` tables — one reading for ``serve``/``up`` and ``check``, so the two grade alike. Raises
-    :class:`trimtab.grading.rules.RulesError`; each command says it its own way."""
+    :class:`trimtab.grading.rules_parse.RulesError`; each command says it its own way."""
     from trimtab.grading.rules import load_rules
 
     obj = click.get_current_context().find_root().obj or {}

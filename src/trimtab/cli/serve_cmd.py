@@ -48,7 +48,7 @@ def rebalancer_options(f):
 def _load_rules(rules_file):
     """The rules, loaded before anything starts: a file that cannot be read or parsed, or a value it may not hold,
     stops start-up with the file, line and reason, exit 78 (waiting cannot fix it: no restart loop under systemd)."""
-    from trimtab.grading.rules import RulesError
+    from trimtab.grading.rules_parse import RulesError
 
     try:
         return configured_rules(rules_file)

@@ -27,7 +27,8 @@ from sqlalchemy import Engine
 from trimtab.grading.grading import rules_for
 from trimtab.grading.ledger.read import job_gpu_keys
 from trimtab.grading.ledger.timeline import role_of
-from trimtab.grading.rules import ControllerSettings, RuleSet
+from trimtab.grading.rule_types import ControllerSettings
+from trimtab.grading.rules import RuleSet
 from trimtab.store import ledger as ledger_store
 from trimtab.store import steps as step_store
 from trimtab.store.jobs import StoredJob

@@ -15,7 +15,9 @@ from typing import Callable, Optional, Sequence
 
 from trimtab.contract.statuses import ACT, NO_DATA, OK, SEVERITY, UNSUPPORTED, WATCH
 from trimtab.contract.step_report import PHASES
-from trimtab.grading.rules import Rule, RuleSet, RulesError
+from trimtab.grading.rule_types import Rule
+from trimtab.grading.rules import RuleSet
+from trimtab.grading.rules_parse import RulesError
 from trimtab.grading.signals import (GpuGrade, GpuWindow, JobContext, Reading, alloc_retries, grade_gpus,
                                        job_reading, time_base_words)
 from trimtab.grading.window import JobStep

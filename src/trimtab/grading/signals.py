@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from trimtab.contract.statuses import NO_DATA
 from trimtab.contract.step_report import GPU_PHASES, NAMED_PHASES, OTHER_PHASE
-from trimtab.grading.rules import Rule
+from trimtab.grading.rule_types import Rule
 from trimtab.grading.window import JobStep
 
 GPU_TIME, WALL_TIME = "gpu", "wall"  # what a window's phase shares are measured on

@@ -23,7 +23,8 @@ from trimtab.api.schemas_base import SLUG
 from trimtab.contract.roles import RolePlacement, device_map_of, gpus_by_role, merge
 from trimtab.grading.end_state import job_end_state
 from trimtab.grading.job_report import job_summaries
-from trimtab.grading.rules import RulesError, check_job_overrides
+from trimtab.grading.rules import check_job_overrides
+from trimtab.grading.rules_parse import RulesError
 from trimtab.store import jobs as job_store
 from trimtab.store import plan_status
 from trimtab.store.jobs import StoredJob
