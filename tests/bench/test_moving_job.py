@@ -39,7 +39,9 @@ def test_the_cpu_smoke_follows_the_length_without_an_oom_above_150_pct_of_the_be
     assert result["ooms"] == 0 and result["of_static_pct"] >= 150.0, result
     # a batch bound by memory follows its line both ways (control/memory_follow.py): its lowers as the length grows
     lowers = [d for d in result["decisions"] if d["rule"] == "memory_forecast" and d["change"][1] < d["change"][0]]
-    assert len(lowers) >= 5 and all(d["outcome"] == "kept" for d in lowers)
+    # all kept; the newest may still be waiting for its verdict (or its step) when the run's steps run out
+    assert len(lowers) >= 5 and all(d["outcome"] == "kept" for d in lowers[:-1])
+    assert lowers[-1]["outcome"] in ("kept", "pending")
     assert all(d["memory"]["tokens_per_sample_at"] >= d["memory"]["tokens_per_sample_now"] for d in lowers)
     batches = [p["batch"] for p in result["path"]]
     assert max(batches) > 2 * result["static_batch"] and batches[-1] <= result["static_batch"]
