@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.process_activity import agent_attribution, driver_rule, report, share_times_util, sm_times_dt
+from bench.process_activity import agent_attribution, report
+from bench.process_estimators import driver_rule, share_times_util, sm_times_dt
 
 PERIOD_US = 200_000  # NVML's sampling period on the H100 (0.201 s measured)
 

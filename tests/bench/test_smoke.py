@@ -94,6 +94,7 @@ SMOKE = {
     "process_activity.py": Smoke(("--help",), "--seconds",
                                  gpu="two CUDA processes on one GPU against the agent's per-process attribution: its "
                                      "arguments only (without a GPU it exits 2 with one line)"),
+    "process_estimators.py": Smoke(("--help",), "--seconds", via="process_activity.py"),
     "pipeline_grid.py": Smoke(("--config", "smoke", "--batch-sizes", "1,4", "--prefetch", "0", "--sync-every", "1",
                                "--steps", "1", "--warmup", "0"), "the default"),
     "plan_cost.py": Smoke(("--rates", "21", "--seconds", "2"), "ratio"),
