@@ -124,6 +124,27 @@ def test_a_gain_on_the_tail_of_a_warm_up_is_re_measured_not_kept():
                              RULES.controller) is None
 
 
+def test_a_first_move_on_a_short_before_window_with_a_chance_trend_is_kept_once_its_after_window_stands_above():
+    """The bench's prefetch-then-sync job (seed 6): a first move, prefetch 0 → 2, on a before window of 5 steps that
+    ran a chance +9 % ("99.3 % sure" on 3 degrees of freedom), read +12 %. Its after window no longer climbs and
+    stands surely above where the before window's line ended: kept, not re-measured 16 steps later. The same short
+    window followed by an after window that still climbs (a warm-up going on) is re-measured as before."""
+    rates = [math.exp(x) for x in (2.9062, 2.9034, 2.9366, 2.9592, 2.9864)]  # samples/s of the bench's steps 0–4
+    before = timed([16 / r for r in rates], samples=16)
+    rng = random.Random(6)
+    flat = timed([16 / (21.2 * (1 + rng.uniform(-0.035, 0.035))) for _ in range(12)], first=5, samples=16)
+    p = plan(state(before + flat, job(batch=4), changes=[change(applied_step=5)], decisions=[decision(old=1, new=4)]),
+             RULES)
+    assert (p.close, p.outcome) == (7, "kept"), p.note
+    assert p.evidence["verdict"]["result"] == "gain" and "remeasure" not in p.evidence
+    assert p.evidence["past_a_short_trend"]["periods"] == 5
+    climbing = timed([16 / (20.0 * 1.01 ** i * (1 + rng.uniform(-0.01, 0.01))) for i in range(12)], first=5,
+                     samples=16)
+    again = plan(state(before + climbing, job(batch=4), changes=[change(applied_step=5)],
+                       decisions=[decision(old=1, new=4)]), RULES)
+    assert (again.close, again.outcome) == (7, "rolled_back") and again.evidence["remeasure"] is True, again.note
+
+
 # -- a known loser --------------------------------------------------------------------------------------------------
 
 def sample(level: float) -> dict:

@@ -38,7 +38,7 @@ from trimtab.control.plan import (JobState, Plan, Wait, before_window, leading, 
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import JobContext, job_reading
 from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Trend, changed_level, compare, gain_within_trend,
-                                        unsettled)
+                                     past_a_short_trend, unsettled)
 from trimtab.grading.window import JobStep, as_period
 from trimtab.store.decisions import StoredDecision
 from trimtab.store.jobs import StoredChange, number
@@ -288,6 +288,9 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
     credited = v.result == GAIN or (v.result == INCONCLUSIVE and (v.ratio - 1.0) * 100.0 >= ctl.dead_band_pct)
     every_before = _old_period(state, rules, change)
     drift = _explained_by_trend(before, every_before, v.ratio, rules) if credited else None
+    if drift is not None and past_a_short_trend(before, every_before, grown, every, a_sample, ctl):
+        evidence["past_a_short_trend"] = drift.evidence()
+        drift = None
     line_end = (gain_within_trend(before, every_before, a_sample, ctl)
                 if credited and drift is None and _first_move(state, change) else None)
     if drift is not None or line_end is not None:
