@@ -106,7 +106,9 @@ def test_generation_scoring_and_update_are_phases_that_cover_the_step(grpo_run):
         named = r["generation_s"] + r["evaluation_s"] + r["update_s"]
         # TRL times its training_step itself (step_time): our phases cover it, and the step's rest is small.
         assert named >= grpo_run["trl_logs"][step]["step_time"] * 0.95
-        assert r["other_s"] < r["step_time_s"] / 3
+        # the rest is small: under a third of the step, or of a step that does not generate (~15 ms) a few ms of
+        # TRL's and the hook's bookkeeping, which a loaded machine stretched to 5.2 ms of 15 ms once under xdist
+        assert r["other_s"] < max(r["step_time_s"] / 3, 0.02), r
     # The steps alternate because generating and scoring happen every other step: what a step spends besides its
     # update (the phase whose CPU time a loaded machine stretches most: 0.20 s against 0.50 s under xdist at load 5)
     # is longer on a generating step than on the step after it.
