@@ -15,6 +15,7 @@ raise read as a gain surely larger than hiding the step's rest behind generation
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from typing import Optional
@@ -213,8 +214,9 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
     state = replace(state, steps=at_length)
     every = period(state.job, rules, state.steps)
     first = own_verdict_from(change, rules, state.steps)
+    known = functools.cache(lambda: persistence(state, rules))  # read once: by a drain's one-period side, the verdict
     drained = drain_read(change, rules, state.steps, first, every,  # a bank its own steps show drained (drain.py)
-                         lambda: persistence(state, rules).step_noise)
+                         lambda: known().step_noise)
     first = first if drained is None else max(first, int(drained["to"]))
     after_steps = [s for s in state.steps if s.step >= first]
     # a first climb: judged from a window as short as the one before it
@@ -226,7 +228,7 @@ def _by_throughput(state: JobState, rules: RuleSet, open_d: StoredDecision) -> P
                                         wctl.window_enough_steps))
     if not complete or (drained is None and drain_only(change, rules, after_steps, first, every)):
         return measuring
-    state = replace(state, persistence=persistence(state, rules))  # a verdict's spreads widen by it (persistence.py)
+    state = replace(state, persistence=known())  # a verdict's spreads widen by it (persistence.py)
     # While the test cannot tell, the after window grows (see _after_bound), then "no measurable gain".
     bound_steps, bound_s = _after_bound(rules, every, after_steps)
     grown, at_bound = leading(after_steps, bound_steps, bound_s, every, _after_enough(rules, bound_steps))
