@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 ON_PATH_SLACK = 0.05  # phases that add up to at most this much over the step lie on its path (timer granularity)
 GENERATION = "generation"
+BARRIERS = ("communication",)  # phases that pause generation: no queue depth hides them
 
 
 def beyond_overlap(change: StoredChange, rules: RuleSet, before: Sequence[JobStep], low_pct: float) -> Optional[dict]:
@@ -51,16 +52,21 @@ def beyond_overlap(change: StoredChange, rules: RuleSet, before: Sequence[JobSte
 
 
 def most_gain(steps: Iterable[JobStep]) -> Optional[float]:
-    """The most (a ratio) that hiding the share of these steps outside generation could bring, where their phases lie
-    on the step's path; None where they overlap it or no generation is reported (on fewer than two steps)."""
+    """The most (a ratio) that hiding the share of these steps outside generation and the weight sync could bring,
+    where their phases lie on the step's path; None where they overlap it or no generation is reported (on fewer than
+    two steps)."""
     timed = [s for s in steps if s.step_time_s > 0 and s.phases_s.get(GENERATION) is not None]
     if len(timed) < 2:
         return None
     on_path = statistics.fmean(sum(v for v in s.phases_s.values() if v is not None) / s.step_time_s for s in timed)
     if on_path > 1.0 + ON_PATH_SLACK:
         return None
-    rest = statistics.fmean(max(0.0, 1.0 - s.phases_s[GENERATION] / s.step_time_s) for s in timed)
+    rest = statistics.fmean(max(0.0, 1.0 - (s.phases_s[GENERATION] + _barrier_s(s)) / s.step_time_s) for s in timed)
     return 1.0 / (1.0 - rest) if rest < 1.0 else math.inf
+
+
+def _barrier_s(step: JobStep) -> float:
+    return sum(step.phases_s.get(name) or 0.0 for name in BARRIERS)
 
 
 def nothing_to_hide(state: "JobState", rules: RuleSet, knob: str, current: float, new: float) -> Optional[str]:
@@ -77,5 +83,6 @@ def nothing_to_hide(state: "JobState", rules: RuleSet, knob: str, current: float
     most = most_gain(s for s in state.steps if s.step >= since)
     if most is None or (most - 1.0) * 100.0 >= ctl.dead_band_pct:
         return None
-    return (f"{100.0 * (1.0 - 1.0 / most):.1f} % of the step is outside generation at {knob}={current:g}: hiding all "
+    return (f"{100.0 * (1.0 - 1.0 / most):.1f} % of the step is outside generation and the weight sync at {knob}={current:g}: "
+            f"hiding all "
             f"of it would bring +{100.0 * (most - 1.0):.1f} %, under the {ctl.dead_band_pct:g} % dead band")
