@@ -43,12 +43,17 @@ def _scored(api, key: str, rules, job: str, seed: int = 11):
     return s
 
 
+def _decisions(api, job: str) -> list[dict]:
+    return api.http.get("/v1/decisions", params={"job": job, "limit": 200}).json()["decisions"]
+
+
 def test_a_sync_move_after_a_prefetch_raise_waits_out_the_drain_and_costs_a_job_without_one_only_the_wait(sqlite_api):
     """The settle after a prefetch raise (control/settle.py) on two knobs in series. A job whose raise leaves a
     bank that drains (the H200's pattern, modelled: 8 steps 15 % fast after 0 → 2): without the settle the sync
     trial is measured against the drain; with it the job reaches its best static's level with no false gain. A
-    job without a bank: the wait only delays the sync move (the goal's 60 steps are missed either way: at its
-    best, 2/8, the job is still generation-bound and the rule tries prefetch 4, worse, before it stays)."""
+    job without a bank: the wait only delays the sync move (at its best, 2/8, the job is still generation-bound; the
+    rule's prefetch 4, worse, is not tried since 2026-12-06: the weight sync is all that is left outside generation,
+    overlap_bound.py)."""
     rules = sqlite_api.ctx.rules
     off = rules.with_overrides({"controller": {"queue_raise_settle_steps": 0}})
     banked, banked_off = _scored(sqlite_api, "queue_bank", rules, "bank-on"), _scored(sqlite_api, "queue_bank", off,
@@ -64,15 +69,18 @@ def test_two_knobs_in_series_meet_the_goal_where_the_job_reports_its_queue_mark(
     """The two-knob job (prefetch, then sync) as the reference pipeline now reports it, with its queue's high-water
     mark (never above 1: generation is the slower side): after 0 → 2 and the sync ladder the job is still
     generation-bound, and the rule's next prefetch raise (2 → 4, 8 % slower) is not made — the goal met, no
-    rollback. Without the queue-fill check the same job tries it after the ladder: a rollback, and within 5 % later
-    (past the 60 steps before the sync ladder's larger rungs, step_noise.py/stride.py; later than with it since)."""
+    rollback. Two checks each hold it back: the queue never filled (queue_use.py), and all of the step outside
+    generation is the weight sync, which pauses generation (overlap_bound.py). With the queue-fill check off, the
+    second still says why and the job still holds (until 2026-12-06 it tried 2 → 4 then, and rolled it back)."""
     rules = sqlite_api.ctx.rules
     off = rules.with_overrides({"controller": {"queue_raise_needs_fill": False}})
     held = _scored(sqlite_api, "queue_sync_mark", rules, "mark-on")
     tried = _scored(sqlite_api, "queue_sync_mark", off, "mark-off")
-    assert held.rollbacks == 0 and held.within is not None and held.within <= GOAL_STEPS, held.line()
-    assert held.final == {"prefetch": 2, "sync_every": 8}, held.line()
-    assert tried.rollbacks >= 1 and (tried.within is None or tried.within > held.within), tried.line()
+    for s in (held, tried):
+        assert s.rollbacks == 0 and s.within is not None and s.within <= GOAL_STEPS, s.line()
+        assert s.final == {"prefetch": 2, "sync_every": 8}, s.line()
+    skipped = [why for d in _decisions(sqlite_api, "mark-off") for why in d["evidence"].get("skipped", [])]
+    assert any("outside generation and the weight sync at prefetch=2" in why for why in skipped), skipped
 
 
 def test_a_queue_that_never_fills_is_not_made_deeper_and_one_that_fills_now_and_then_still_may_be(sqlite_api):
