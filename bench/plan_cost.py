@@ -26,6 +26,7 @@ KNOBS = {"batch_size": {"value": 1, "min": 1, "max": 64}}
 def run(rate: float, ranks: int, seconds: float, cadence: str, seed: int = 1) -> dict:
     """One simulated job on a fresh store; ``cadence`` "step" (evaluate every completed step) or "window"."""
     from trimtab.control.service import Rebalancer
+    from trimtab.store import changes as change_store
     from trimtab.store import jobs as job_store
     from trimtab.store.engine import open_engine
     from trimtab.store.migrate import migrate
@@ -43,7 +44,7 @@ def run(rate: float, ranks: int, seconds: float, cadence: str, seed: int = 1) ->
             for c in pending:  # applied at this boundary on every rank, then acknowledged
                 batch = int(c.value)
                 for rank in range(ranks):
-                    job_store.ack_change(engine, job.id, c.id, rank, i)
+                    change_store.ack_change(engine, job.id, c.id, rank, i)
             t = (1 + rng.uniform(-0.05, 0.05)) / rate
             gen = t * (0.75 - 0.004 * batch)  # generation-bound until the max batch
             for rank in range(ranks):
@@ -59,7 +60,7 @@ def run(rate: float, ranks: int, seconds: float, cadence: str, seed: int = 1) ->
                 else:
                     rb.after_report(fresh, i, t)
                 plan_cpu += time.thread_time() - t0
-            pending = [c for c in job_store.list_changes(engine, job.id, limit=5, offset=0) if c.status == "pending"]
+            pending = [c for c in change_store.list_changes(engine, job.id, limit=5, offset=0) if c.status == "pending"]
         final = job_store.get_job(engine, "bench").knobs["batch_size"]["value"]
         health = rb.health()
         engine.dispose()

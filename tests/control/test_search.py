@@ -8,7 +8,7 @@ import math
 
 from tests.support.plans import NOW, RULES, acts, decision, job, nothing, state, steps
 from trimtab.control.controller import plan
-from trimtab.store.jobs import StoredChange
+from trimtab.store.changes import StoredChange
 
 GEN_BOUND = dict(step_time=1.0, gen=0.9, ev=0.01, comm=0.01)  # generation 90 % of the step: the rule raises
 

@@ -11,6 +11,7 @@ import pytest
 from tests.support.jobs_in_a_store import ack, changes, decisions, register, report
 from trimtab.control import service as service_mod
 from trimtab.control.service import Rebalancer
+from trimtab.store import changes as change_store
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 
@@ -178,10 +179,10 @@ def test_the_loop_rereads_a_job_only_when_something_came_in(sqlite_engine):
 def test_the_store_never_queues_a_change_outside_the_jobs_bounds(sqlite_engine):
     job = register(sqlite_engine)
     for knob, value in (("sync_every", 0), ("sync_every", 9), ("lr", 1)):
-        with pytest.raises(job_store.KnobOutOfBounds):
-            job_store.queue_change(sqlite_engine, job.id, knob, value, "test")
+        with pytest.raises(change_store.KnobOutOfBounds):
+            change_store.queue_change(sqlite_engine, job.id, knob, value, "test")
         decision = decision_store.add_decision(sqlite_engine, job.id, "r", {}, outcome="pending")
-        with pytest.raises(job_store.KnobOutOfBounds):  # the rollback path: nothing closed, nothing queued
+        with pytest.raises(change_store.KnobOutOfBounds):  # the rollback path: nothing closed, nothing queued
             decision_store.close_decision(sqlite_engine, decision, "rolled_back", {}, rollback=(job.id, knob, value, "x"))
     assert changes(sqlite_engine, job) == []
     assert all(d.outcome == "pending" for d in decision_store.list_decisions(sqlite_engine, job.id, 10, 0))

@@ -8,11 +8,13 @@ from sqlalchemy import create_engine
 from sqlalchemy.exc import IntegrityError
 
 from trimtab.contract.readings import NodeInfo
+from trimtab.store import changes as change_store
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store import steps as step_store
 from trimtab.store.ingest import BatchWriter
 from trimtab.store.queries import StoreHealth, store_health
+from trimtab.store.wall_clock import now_ms
 from tests.store.conftest import T0_MS, make_batch
 
 KNOBS = {"batch_size": {"value": 4, "min": 1, "max": 64}}
@@ -101,7 +103,7 @@ def test_whether_any_job_reported_lately(store_engine):
     assert not step_store.any_report_since(store_engine, 0)
     report(store_engine, job(store_engine, "a", 1).id, 0, 0)
     assert step_store.any_report_since(store_engine, 0)
-    assert not step_store.any_report_since(store_engine, job_store.now_ms() + 60_000)
+    assert not step_store.any_report_since(store_engine, now_ms() + 60_000)
 
 
 def test_decisions_and_changes_are_counted_by_job_rule_outcome_and_by_job_source_status(store_engine):
@@ -109,12 +111,12 @@ def test_decisions_and_changes_are_counted_by_job_rule_outcome_and_by_job_source
     for outcome in ("kept", "kept", "advised"):
         decision_store.add_decision(store_engine, a.id, "generation_bound", {}, outcome=outcome)
     decision_store.decide_change(store_engine, a.id, "generation_bound", {}, "batch_size", 8, "gen-bound")
-    job_store.queue_change(store_engine, a.id, "batch_size", 16, "by hand")  # supersedes the rebalancer's
+    change_store.queue_change(store_engine, a.id, "batch_size", 16, "by hand")  # supersedes the rebalancer's
     assert sorted(decision_store.decision_counts(store_engine)) == [
         ("a", "generation_bound", "advised", 1), ("a", "generation_bound", "kept", 2),
         ("a", "generation_bound", "pending", 1)]
-    assert sorted(job_store.change_counts(store_engine)) == [("a", "manual", "pending", 1),
-                                                             ("a", "rebalancer", "superseded", 1)]
+    assert sorted(change_store.change_counts(store_engine)) == [("a", "manual", "pending", 1),
+                                                                ("a", "rebalancer", "superseded", 1)]
 
 
 def test_the_health_question_is_answered_even_when_the_store_is_gone(store_engine):
@@ -152,11 +154,11 @@ def test_a_change_decided_after_the_job_left_auto_is_filed_as_advice_and_never_q
     job_store.set_mode(store_engine, "a", "advise")
     decision_id, change = decision_store.decide_change(store_engine, a.id, "generation_bound", {"reading": {}},
                                                        "batch_size", 8, "gen-bound", advice="raise it")
-    assert change is None and job_store.pending_changes(store_engine, a.id) == []
+    assert change is None and change_store.pending_changes(store_engine, a.id) == []
     d = next(d for d in decision_store.list_decisions(store_engine, a.id, 10, 0) if d.id == decision_id)
     assert (d.outcome, d.change_id, d.knob, d.new_value) == ("advised", None, "batch_size", 8)
     assert d.old_value == KNOBS["batch_size"]["value"]
     assert d.advice == "gen-bound (not applied: the job's mode is advise). raise it"
     job_store.set_mode(store_engine, "a", "auto")
     _, change = decision_store.decide_change(store_engine, a.id, "generation_bound", {}, "batch_size", 8, "gen-bound")
-    assert change is not None and [c.id for c in job_store.pending_changes(store_engine, a.id)] == [change.id]
+    assert change is not None and [c.id for c in change_store.pending_changes(store_engine, a.id)] == [change.id]

@@ -3,6 +3,7 @@ service tests: two ranks, the three knobs a job declares."""
 
 from __future__ import annotations
 
+from trimtab.store import changes as change_store
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 
@@ -28,11 +29,11 @@ def report(engine, job, first: int, n: int, step_time: float, gen: float, sample
 
 def ack(engine, job, change_id: int, step: int) -> None:
     for rank in range(RANKS):
-        assert job_store.ack_change(engine, job.id, change_id, rank, step) is not None
+        assert change_store.ack_change(engine, job.id, change_id, rank, step) is not None
 
 
 def changes(engine, job):
-    return job_store.list_changes(engine, job.id, limit=100, offset=0)  # newest first
+    return change_store.list_changes(engine, job.id, limit=100, offset=0)  # newest first
 
 
 def decisions(engine, job):

@@ -9,8 +9,9 @@ from typing import Optional
 from trimtab.control.controller import JobState, Plan
 from trimtab.grading.rules import load_rules
 from trimtab.grading.window import JobStep
+from trimtab.store.changes import StoredChange
 from trimtab.store.decisions import StoredDecision
-from trimtab.store.jobs import StoredChange, StoredJob
+from trimtab.store.jobs import StoredJob
 from trimtab.store.queries import GpuAggregate
 
 T0 = 1_700_000_000_000

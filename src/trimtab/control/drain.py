@@ -27,7 +27,7 @@ from trimtab.control.settle import drain_end
 from trimtab.control.verdict import WORSE, Sample, compare
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep
-from trimtab.store.jobs import StoredChange
+from trimtab.store.changes import StoredChange
 
 
 def _drain_periods_end(change: StoredChange, rules: RuleSet, first: int, every: int) -> Optional[int]:

@@ -41,8 +41,8 @@ from trimtab.grading.signals import JobContext, job_reading
 from trimtab.control.verdict import (GAIN, INCONCLUSIVE, WORSE, Trend, changed_level, compare, gain_within_trend,
                                      past_a_short_trend, unsettled)
 from trimtab.grading.window import JobStep, as_period
+from trimtab.store.changes import StoredChange, number
 from trimtab.store.decisions import StoredDecision
-from trimtab.store.jobs import StoredChange, number
 
 
 def _at_old_setting(state: JobState, rules: RuleSet, change: StoredChange) -> list[JobStep]:

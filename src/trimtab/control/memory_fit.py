@@ -32,7 +32,7 @@ from trimtab.contract.knobs import is_token_budget
 from trimtab.contract.statuses import APPLIED
 from trimtab.grading.rules import ControllerSettings
 from trimtab.grading.window import JobStep
-from trimtab.store.jobs import StoredChange
+from trimtab.store.changes import StoredChange
 
 GIB = 2**30
 RECENT_WEIGHT = 0.25  # the fit's miss is read on stretches at least this recent (two half-lives)

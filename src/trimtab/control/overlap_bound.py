@@ -25,7 +25,7 @@ from trimtab.control.plan import last_applied
 from trimtab.control.settle import settled_from
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep
-from trimtab.store.jobs import StoredChange
+from trimtab.store.changes import StoredChange
 
 if TYPE_CHECKING:
     from trimtab.control.plan import JobState

@@ -14,8 +14,9 @@ from trimtab.grading.balance import GpuWindow
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.signals import Reading
 from trimtab.grading.window import JobStep, as_period, throughput
+from trimtab.store.changes import StoredChange
 from trimtab.store.decisions import StoredDecision
-from trimtab.store.jobs import StoredChange, StoredJob
+from trimtab.store.jobs import StoredJob
 
 GpuFetch = Callable[[int, int], Sequence[GpuWindow]]  # (start_ms, end_ms) → the job's GPUs' window aggregates
 

@@ -47,11 +47,13 @@ from trimtab.control.plan import Cadence, period, steps_needed
 from trimtab.control.waste_cite import with_waste
 from trimtab.grading.rules import RuleSet, default_rules
 from trimtab.grading.window import first_probes, load_steps, steps_since
+from trimtab.store import changes as change_store
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 from trimtab.store import plan_status
-from trimtab.store.jobs import StoredJob, now_ms
+from trimtab.store.jobs import StoredJob
 from trimtab.store.steps import completes_a_step
+from trimtab.store.wall_clock import now_ms
 
 log = logging.getLogger("trimtab.control")
 # The most of its time the planning thread spends planning (CPU time, its own or the planning process's); it rests
@@ -353,7 +355,7 @@ class Rebalancer:
         baseline = statistics.median(probes) if len(probes) >= rules.controller.probe_baseline_steps else None
         # As many steps as the windows can need (a fast job's 4 s are 800 steps), bounded by steps_read_max.
         return JobState(job=job, steps=load_steps(engine, job.id, job.ranks, limit=steps_needed(rules, period(job, rules))),
-                        changes=job_store.list_changes(engine, job.id, limit=50, offset=0),
+                        changes=change_store.list_changes(engine, job.id, limit=50, offset=0),
                         decisions=decision_store.list_decisions(engine, job.id, limit=200, offset=0),
                         gpus=gpus, probe_baseline_us=baseline, now_ms=now_ms(), has_gpus=bool(gpu_indices))
 

@@ -28,7 +28,7 @@ import math
 from typing import Optional
 
 from trimtab.grading.rules import RuleSet
-from trimtab.store.jobs import StoredChange
+from trimtab.store.changes import StoredChange
 
 
 def settled_from(change: StoredChange, rules: RuleSet) -> int:

@@ -13,9 +13,10 @@ from typing import Any, Callable, Mapping, Optional
 from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from trimtab.contract.statuses import ADVISED, PENDING
-from trimtab.store.jobs import StoredChange, now_ms, number, queue_change_in
+from trimtab.store.changes import StoredChange, number, queue_change_in
 from trimtab.store.models import decisions, jobs
 from trimtab.store.transactions import write_transaction
+from trimtab.store.wall_clock import now_ms
 
 Fence = Optional[Callable[[Connection], None]]
 

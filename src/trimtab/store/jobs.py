@@ -1,30 +1,25 @@
-"""Training jobs in the store: registration (ranks, device map, knobs with bounds), step reports, and the knob
-changes handed to a job's hook with their per-rank acknowledgements.
+"""Training jobs in the store: registration (ranks, device map, knobs with bounds, mode, owner, roles), the step
+reports each rank sends, and the host names whose data is simulated.
 
-The API fills these tables now; the rebalancer queues its changes through :func:`queue_change` and records why in
-:mod:`trimtab.store.decisions`. A job has at most one change in flight (a partial unique index says so too).
+A job's knob changes and their per-rank acknowledgements are :mod:`trimtab.store.changes`; a registration or a
+mode switch cancels there the pending changes it no longer allows.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
 
 from trimtab.contract.roles import RolePlacement, device_map_of
-from trimtab.contract.statuses import APPLIED, CANCELLED, PENDING, REFUSED, SUPERSEDED
+from trimtab.store.changes import cancel_disallowed
 from trimtab.store.inserts import insert_ignoring
-from trimtab.store.models import api_tokens, gpu_processes, gpus, job_reports, jobs, knob_acks, knob_changes, nodes
+from trimtab.store.models import api_tokens, gpu_processes, gpus, job_reports, jobs, nodes
 from trimtab.store.transactions import write_transaction
+from trimtab.store.wall_clock import now_ms
 
 MODES = ("auto", "advise", "off")
-
-
-class KnobOutOfBounds(ValueError):
-    """A change to a value outside the job's current [min, max]: the hook would refuse it, and it would hold the
-    job's one in-flight slot, so the store never queues one."""
 
 
 class JobOwnedElsewhere(PermissionError):
@@ -49,42 +44,7 @@ class StoredJob:
     roles: tuple[RolePlacement, ...] = ()  # where its roles run (found by the job's adapter, or declared)
 
 
-@dataclass(frozen=True)
-class StoredAck:
-    rank: int
-    applied_at_step: int
-    acked_ms: int
-
-
-@dataclass(frozen=True)
-class StoredChange:
-    id: int
-    job_id: int
-    knob: str
-    value: float
-    previous_value: Optional[float]
-    reason: str
-    source: str  # manual | rebalancer
-    status: str
-    created_ms: int
-    applied_step: Optional[int]
-    applied_ms: Optional[int]
-    acks: tuple[StoredAck, ...] = field(default=())
-    refused_reason: Optional[str] = None  # status "refused": why the code that owns the knob could not apply it
-
-
 REPORT_COLUMNS = tuple(c.name for c in job_reports.columns if c.name not in ("id", "job_id"))
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def number(value: Optional[float]):
-    """A knob value as the job declared it: integral values come back as int (batch sizes, depths)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 def _job(row, last_report_ms: Optional[int] = None) -> StoredJob:
@@ -126,7 +86,7 @@ def _last_report(job_id) -> Any:
 
 
 # The statements of the report path (each report reads its job, its newest step and its pending changes —
-# _PENDING, below with the changes' statements — and inserts one row: insert_ignoring), built once: a statement
+# trimtab.store.changes' _PENDING — and inserts one row: insert_ignoring), built once: a statement
 # built per call costs SQLAlchemy its construction and cache key every time, which was most of a report's store
 # time (issue 20, report latency). Parameters come at execution.
 _JOB_BY_NAME = select(jobs, _last_report(jobs.c.id)).where(jobs.c.name == bindparam("name"))
@@ -175,7 +135,7 @@ def register_job(engine: Engine, name: str, ranks: int, device_map: Mapping[str,
             if not token_is_admin:
                 values["owner_token_id"] = token_id
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
-            _cancel_disallowed(conn, job_id, values["knobs"], mode)
+            cancel_disallowed(conn, job_id, values["knobs"], mode)
         row = conn.execute(select(jobs, _last_report(jobs.c.id)).where(jobs.c.id == job_id)).one()
         job = _with_process_gpus(conn, _job(row, row.last_report_ms))
     return job, created
@@ -186,14 +146,6 @@ def _token_active(conn: Connection, token_id: int) -> bool:
     return revoked is not None and revoked[0] is None
 
 
-def _cancel_disallowed(conn: Connection, job_id: int, knobs: Mapping[str, Mapping[str, float]], mode: str) -> None:
-    c = knob_changes.c
-    for change in conn.execute(select(c.id, c.knob, c.value).where(c.job_id == job_id, c.status == PENDING)).all():
-        bounds = knobs.get(change.knob)
-        if mode == "off" or bounds is None or not bounds["min"] <= change.value <= bounds["max"]:
-            conn.execute(update(knob_changes).where(c.id == change.id).values(status=CANCELLED))
-
-
 def set_mode(engine: Engine, name: str, mode: str) -> Optional[StoredJob]:
     """Switch how the rebalancer treats the job; ``off`` also cancels a change still pending."""
     with write_transaction(engine) as conn:
@@ -201,7 +153,7 @@ def set_mode(engine: Engine, name: str, mode: str) -> Optional[StoredJob]:
         if row is None:
             return None
         conn.execute(update(jobs).where(jobs.c.id == row.id).values(mode=mode, updated_ms=now_ms()))
-        _cancel_disallowed(conn, row.id, row.knobs, mode)
+        cancel_disallowed(conn, row.id, row.knobs, mode)
     return get_job(engine, name)
 
 
@@ -253,127 +205,6 @@ def list_reports(engine: Engine, job_id: int, limit: int, offset: int) -> list[d
              .order_by(r.step.desc(), r.rank, r.id).limit(limit).offset(offset))
     with engine.connect() as conn:
         return [dict(m) for m in conn.execute(query).mappings()]
-
-
-# -- knob changes --------------------------------------------------------------------------------------------
-
-_CHANGE_COLUMNS = tuple(knob_changes.c)
-_PENDING = (select(*_CHANGE_COLUMNS).where(knob_changes.c.job_id == bindparam("job_id"),
-                                           knob_changes.c.status == PENDING).order_by(knob_changes.c.id))
-
-
-def _change(row, acks: tuple[StoredAck, ...] = ()) -> StoredChange:
-    return StoredChange(row.id, row.job_id, row.knob, number(row.value), number(row.previous_value), row.reason,
-                        row.source, row.status, row.created_ms, row.applied_step, row.applied_ms, acks,
-                        row.refused_reason)
-
-
-def queue_change(engine: Engine, job_id: int, knob: str, value: float, reason: str,
-                 source: str = "manual") -> StoredChange:
-    """Queue a change for the job's hook. A change still pending is superseded by this one (one in flight)."""
-    with write_transaction(engine) as conn:
-        return queue_change_in(conn, job_id, knob, value, reason, source)
-
-
-def queue_change_in(conn: Connection, job_id: int, knob: str, value: float, reason: str,
-                    source: str = "manual") -> StoredChange:
-    """:func:`queue_change` inside the caller's transaction (the rebalancer files its decision in the same one)."""
-    knobs = conn.execute(select(jobs.c.knobs).where(jobs.c.id == job_id)).scalar_one()
-    if knob not in knobs or not knobs[knob]["min"] <= value <= knobs[knob]["max"]:
-        raise KnobOutOfBounds(f"{knob}={value} is outside the job's declared bounds {knobs.get(knob)}")
-    previous = knobs.get(knob, {}).get("value")
-    conn.execute(update(knob_changes).where(knob_changes.c.job_id == job_id, knob_changes.c.status == PENDING)
-                 .values(status=SUPERSEDED))
-    row = conn.execute(insert(knob_changes).values(
-        job_id=job_id, knob=knob, value=value, previous_value=previous, reason=reason, source=source,
-        status=PENDING, created_ms=now_ms()).returning(*_CHANGE_COLUMNS)).one()
-    return _change(row)
-
-
-def pending_changes(engine: Engine, job_id: int) -> list[StoredChange]:
-    with engine.connect() as conn:
-        return [_change(r) for r in conn.execute(_PENDING, {"job_id": job_id})]
-
-
-# An ack's statements (every rank acknowledges every change; the first ack of a change writes four rows), built
-# once as the report path's are: acks arrive in bursts when many jobs apply their changes together, and a burst of
-# acks built statement by statement was where the slow reports of the report-latency bench clustered (issue 20).
-_CHANGE_OF_JOB = select(*_CHANGE_COLUMNS).where(knob_changes.c.id == bindparam("b_change"),
-                                                knob_changes.c.job_id == bindparam("b_job"))
-_ACKS_OF = (select(knob_acks.c.rank, knob_acks.c.applied_at_step, knob_acks.c.acked_ms)
-            .where(knob_acks.c.change_id == bindparam("b_change")).order_by(knob_acks.c.rank))
-_MARK_APPLIED = (update(knob_changes).where(knob_changes.c.id == bindparam("b_change"))
-                 .values(status=APPLIED, applied_step=bindparam("b_step"), applied_ms=bindparam("b_ms")))
-_JOB_KNOBS = select(jobs.c.knobs).where(jobs.c.id == bindparam("b_job"))
-_SET_KNOBS = (update(jobs).where(jobs.c.id == bindparam("b_job"))
-              .values(knobs=bindparam("b_knobs", type_=jobs.c.knobs.type), updated_ms=bindparam("b_ms")))
-
-
-def ack_change(engine: Engine, job_id: int, change_id: int, rank: int, applied_at_step: int) -> Optional[StoredChange]:
-    """Record that ``rank`` applied the change at ``applied_at_step``. The first ack marks the change applied and
-    moves the job's knob to the new value; a repeated ack of the same rank keeps the first. None: no such change
-    for this job."""
-    now = now_ms()
-    ids = {"b_change": change_id, "b_job": job_id}
-    with write_transaction(engine) as conn:
-        row = conn.execute(_CHANGE_OF_JOB, ids).first()
-        if row is None:
-            return None
-        conn.execute(insert_ignoring(conn.dialect, knob_acks), {"change_id": change_id, "rank": rank,
-                                                                "applied_at_step": applied_at_step, "acked_ms": now})
-        if row.status != APPLIED:
-            conn.execute(_MARK_APPLIED, {"b_change": change_id, "b_step": applied_at_step, "b_ms": now})
-            knobs = conn.execute(_JOB_KNOBS, ids).scalar_one()
-            if row.knob in knobs:
-                knobs = {**knobs, row.knob: {**knobs[row.knob], "value": number(row.value)}}
-                conn.execute(_SET_KNOBS, {"b_job": job_id, "b_knobs": knobs, "b_ms": now})
-    return _one_change(engine, job_id, change_id)
-
-
-def refuse_change(engine: Engine, job_id: int, change_id: int, rank: int, reason: str) -> Optional[StoredChange]:
-    """Record that ``rank``'s knob owner could not apply the change: it ends "refused" with the reason, and the
-    job's knob keeps its value. A change another rank already applied stays applied (that rank runs with it; its
-    refusal is kept in the reason for the record only when nothing else is). None: no such change for this job."""
-    c = knob_changes.c
-    with write_transaction(engine) as conn:
-        row = conn.execute(_CHANGE_OF_JOB, {"b_change": change_id, "b_job": job_id}).first()
-        if row is None:
-            return None
-        if row.status in (PENDING, SUPERSEDED, CANCELLED):
-            conn.execute(update(knob_changes).where(c.id == change_id)
-                         .values(status=REFUSED, refused_reason=f"rank {rank}: {reason}"[:1024]))
-    return _one_change(engine, job_id, change_id)
-
-
-def _one_change(engine: Engine, job_id: int, change_id: int) -> StoredChange:
-    """One change of the job with its per-rank acks (as :func:`list_changes` gives it)."""
-    with engine.connect() as conn:
-        row = conn.execute(_CHANGE_OF_JOB, {"b_change": change_id, "b_job": job_id}).one()
-        acks = tuple(StoredAck(a.rank, a.applied_at_step, a.acked_ms)
-                     for a in conn.execute(_ACKS_OF, {"b_change": change_id}))
-    return _change(row, acks)
-
-
-def list_changes(engine: Engine, job_id: int, limit: int, offset: int) -> list[StoredChange]:
-    """Newest first, each with its per-rank acks."""
-    c, a = knob_changes.c, knob_acks.c
-    query = select(*_CHANGE_COLUMNS).where(c.job_id == job_id)
-    with engine.connect() as conn:
-        rows = conn.execute(query.order_by(c.id.desc()).limit(limit).offset(offset)).all()
-        acks: dict[int, list[StoredAck]] = {r.id: [] for r in rows}
-        if rows:
-            for ack in conn.execute(select(a.change_id, a.rank, a.applied_at_step, a.acked_ms)
-                                    .where(a.change_id.in_(list(acks))).order_by(a.rank)):
-                acks[ack.change_id].append(StoredAck(ack.rank, ack.applied_at_step, ack.acked_ms))
-    return [_change(r, tuple(acks[r.id])) for r in rows]
-
-
-def change_counts(engine: Engine) -> list[tuple[str, str, str, int]]:
-    """(job, source, status, changes) over every knob change in the store: one GROUP BY."""
-    c = knob_changes.c
-    query = select(jobs.c.name, c.source, c.status, func.count()).join_from(knob_changes, jobs)
-    with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(query.group_by(jobs.c.name, c.source, c.status))]
 
 
 SIMULATED_SUFFIX = "-sim"  # a simulated node is stored as '<host>-sim' (trimtab.agent.sampler)

@@ -13,9 +13,9 @@ from typing import Any, Iterable, Mapping, Optional
 
 from sqlalchemy import Engine, insert, select, update
 
-from trimtab.store.jobs import now_ms
 from trimtab.store.models import job_events, job_plan_status, jobs
 from trimtab.store.transactions import write_transaction
+from trimtab.store.wall_clock import now_ms
 
 FAILED, RECOVERED = "planning_failed", "planning_recovered"
 

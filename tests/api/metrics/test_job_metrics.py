@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 
 from trimtab.api.metrics import render_metrics
+from trimtab.store import changes as change_store
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
 
@@ -86,8 +87,9 @@ def test_help_and_type_of_every_family(ctx):
     job = register(ctx)
     report(ctx, job, range(8), latency=10.0)
     decision_store.add_decision(ctx.engine, job.id, "generation_bound", {}, outcome="advised")
-    job_store.ack_change(ctx.engine, job.id, job_store.queue_change(ctx.engine, job.id, "prefetch", 3, "op").id, 0, 5)
-    job_store.queue_change(ctx.engine, job.id, "prefetch", 4, "op")
+    first = change_store.queue_change(ctx.engine, job.id, "prefetch", 3, "op")
+    change_store.ack_change(ctx.engine, job.id, first.id, 0, 5)
+    change_store.queue_change(ctx.engine, job.id, "prefetch", 4, "op")
     text = render_metrics(ctx).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in GAUGES:
@@ -136,8 +138,8 @@ def test_decisions_and_changes_are_counters_of_settled_outcomes(ctx):
     decision_store.add_decision(e, job.id, "fragmentation", {}, outcome="kept")
     decision_id, change = decision_store.decide_change(e, job.id, "evaluation_bound", {}, "prefetch", 4, "r")
     decision_store.add_decision(e, other.id, "pcie", {}, outcome="advised")  # a job not reporting: counted too
-    manual = job_store.queue_change(e, other.id, "prefetch", 1, "op")
-    job_store.ack_change(e, other.id, manual.id, 0, 7)
+    manual = change_store.queue_change(e, other.id, "prefetch", 1, "op")
+    change_store.ack_change(e, other.id, manual.id, 0, 7)
     got = scrape(ctx)
     decided = {(lab["job"], lab["rule"], lab["outcome"]): v for lab, v in got["trimtab_rebalancer_decisions_total"]}
     assert decided == {("grpo", "generation_bound", "advised"): 2, ("grpo", "generation_bound", "kept"): 1,
@@ -150,7 +152,7 @@ def test_decisions_and_changes_are_counters_of_settled_outcomes(ctx):
     assert of(got, "trimtab_rebalancer_decisions_pending", job="other") == {}  # gauges: live jobs only
 
     # the change is applied and the decision kept: the counters move up, the pending gauges to 0
-    job_store.ack_change(e, job.id, change.id, 0, 4)
+    change_store.ack_change(e, job.id, change.id, 0, 4)
     decision_store.close_decision(e, decision_id, "kept", {})
     got = scrape(ctx)
     decided = {(lab["job"], lab["rule"], lab["outcome"]): v for lab, v in got["trimtab_rebalancer_decisions_total"]}

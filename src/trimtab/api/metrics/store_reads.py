@@ -26,6 +26,7 @@ def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
     """The jobs, their newest steps, the probe baselines not known yet, the simulated hosts, and the decision and
     change counts (the store's GROUP BYs)."""
     from trimtab.grading.job_report import LIVE_JOB_S, job_summaries
+    from trimtab.store import changes as change_store
     from trimtab.store import jobs as job_store
     from trimtab.store.decisions import decision_counts
     from trimtab.store.plan_status import error_totals
@@ -36,7 +37,7 @@ def read_jobs(engine, rules, now_ms: Optional[int] = None) -> JobScrape:
     live = [j for j in every if j.last_report_ms is not None and j.last_report_ms >= since]
     simulated_hosts = job_store.simulated_hostnames(engine)
     summaries = job_summaries(engine, live, rules, now, decisions=0, simulated_hosts=simulated_hosts, planner=False)
-    return JobScrape(summaries=summaries, decisions=decision_counts(engine), changes=job_store.change_counts(engine),
+    return JobScrape(summaries=summaries, decisions=decision_counts(engine), changes=change_store.change_counts(engine),
                      simulated_jobs={j.name for j in every if any(h in simulated_hosts for h in j.hostnames)},
                      plan_errors=error_totals(engine))
 

@@ -17,9 +17,12 @@ from trimtab.api.job_schemas import (AckIn, AckOut, ChangeIn, ChangeOut, Changes
                                      ReportOut, ReportsOut)
 from trimtab.api.routes.jobs import find_job, job_for_write, job_name_path
 from trimtab.contract.step_report import MAX_REPORTS_PER_BATCH, to_columns, untime_if_ahead
+from trimtab.store import changes as change_store
 from trimtab.store import jobs as job_store
-from trimtab.store.jobs import StoredChange, StoredJob, now_ms
+from trimtab.store.changes import StoredChange
+from trimtab.store.jobs import StoredJob
 from trimtab.store.tokens import StoredToken
+from trimtab.store.wall_clock import now_ms
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -110,7 +113,7 @@ def _store_report(body: ReportIn, name: str, ctx: ApiContext, check: TokenCheck)
 
 def _pending(ctx: ApiContext, job: StoredJob) -> list[PendingChangeOut]:
     """The job's pending knob changes, as every report's answer carries them (none in mode off)."""
-    pending = [] if job.mode == "off" else job_store.pending_changes(ctx.engine, job.id)
+    pending = [] if job.mode == "off" else change_store.pending_changes(ctx.engine, job.id)
     return [PendingChangeOut(change_id=c.id, knob=c.knob, value=c.value, reason=c.reason) for c in pending]
 
 
@@ -187,7 +190,7 @@ async def ack(body: AckIn, name: str = job_name_path(), ctx: ApiContext = Depend
 
 def _store_ack(body: AckIn, name: str, ctx: ApiContext, check: TokenCheck) -> ChangeOut:
     job = _rank_of(ctx, name, check(), body.rank)  # the token first, on the pool's thread (as for reports)
-    change = job_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
+    change = change_store.ack_change(ctx.engine, job.id, body.change_id, body.rank, body.applied_at_step)
     return change_out(_known(change, name, body.change_id))
 
 
@@ -210,7 +213,7 @@ def _known(change: Optional[StoredChange], name: str, change_id: int) -> StoredC
 def refuse(body: RefusalIn, name: str = job_name_path(), ctx: ApiContext = Depends(get_ctx),
            token: StoredToken = Depends(require_scope("job"))) -> ChangeOut:
     job = _rank_of(ctx, name, token, body.rank)
-    change = _known(job_store.refuse_change(ctx.engine, job.id, body.change_id, body.rank, body.reason), name,
+    change = _known(change_store.refuse_change(ctx.engine, job.id, body.change_id, body.rank, body.reason), name,
                     body.change_id)
     if ctx.after_refusal is not None:
         ctx.after_refusal(job)  # the rebalancer closes the decision at once (on its own thread), not at the next report
@@ -236,7 +239,7 @@ def queue_change(body: ChangeIn, name: str = job_name_path(), ctx: ApiContext = 
                                          f"fractional values")
     if job.mode == "off":
         raise HTTPException(409, f"job {name!r} is in mode off: no changes are delivered to it")
-    return change_out(job_store.queue_change(ctx.engine, job.id, body.knob, body.value, body.reason, "manual"))
+    return change_out(change_store.queue_change(ctx.engine, job.id, body.knob, body.value, body.reason, "manual"))
 
 
 @router.get("/{name}/changes", response_model=ChangesOut, responses={**READ, **NOT_FOUND},
@@ -246,5 +249,5 @@ def queue_change(body: ChangeIn, name: str = job_name_path(), ctx: ApiContext = 
 def list_changes(name: str = job_name_path(), pages: Page = Depends(page),
                  ctx: ApiContext = Depends(get_ctx)) -> ChangesOut:
     job = find_job(ctx, name)
-    rows, next_offset = pages.cut(job_store.list_changes(ctx.engine, job.id, pages.fetch(), pages.offset))
+    rows, next_offset = pages.cut(change_store.list_changes(ctx.engine, job.id, pages.fetch(), pages.offset))
     return ChangesOut(changes=[change_out(c) for c in rows], next_offset=next_offset)
