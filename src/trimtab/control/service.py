@@ -50,7 +50,6 @@ from trimtab.grading.window import first_probes, load_steps, steps_since
 from trimtab.store import changes as change_store
 from trimtab.store import decisions as decision_store
 from trimtab.store import jobs as job_store
-from trimtab.store import plan_status
 from trimtab.store.jobs import StoredJob
 from trimtab.store.steps import completes_a_step
 from trimtab.store.wall_clock import now_ms

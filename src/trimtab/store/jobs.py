@@ -19,8 +19,6 @@ from trimtab.store.models import api_tokens, gpu_processes, gpus, job_reports, j
 from trimtab.store.transactions import write_transaction
 from trimtab.store.wall_clock import now_ms
 
-MODES = ("auto", "advise", "off")
-
 
 class JobOwnedElsewhere(PermissionError):
     """A job token tried to re-register a job that another, still active, job token registered."""

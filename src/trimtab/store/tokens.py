@@ -5,7 +5,6 @@ Hashing and secret generation belong to :mod:`trimtab.api.auth`; this module fil
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -13,6 +12,7 @@ from sqlalchemy import Engine, bindparam, func, insert, select, update
 
 from trimtab.store.models import api_tokens
 from trimtab.store.transactions import write_transaction
+from trimtab.store.wall_clock import now_ms as wall_ms
 
 SCOPES = ("agent", "job", "admin")
 
@@ -35,14 +35,11 @@ _COLUMNS = (api_tokens.c.id, api_tokens.c.name, api_tokens.c.scope, api_tokens.c
             api_tokens.c.last_used_ms, api_tokens.c.revoked_ms)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
 
 def add_token(engine: Engine, name: str, scope: str, secret_sha256: str) -> StoredToken:
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
-    now = _now_ms()
+    now = wall_ms()
     with write_transaction(engine) as conn:
         token_id = conn.execute(insert(api_tokens).values(name=name, scope=scope, secret_sha256=secret_sha256,
                                                           created_ms=now).returning(api_tokens.c.id)).scalar_one()
@@ -72,7 +69,7 @@ def touch(engine: Engine, token_id: int, now_ms: Optional[int] = None) -> None:
     """Record a use of the token (callers throttle this: it is a write)."""
     with write_transaction(engine) as conn:
         conn.execute(update(api_tokens).where(api_tokens.c.id == token_id)
-                     .values(last_used_ms=now_ms if now_ms is not None else _now_ms()))
+                     .values(last_used_ms=now_ms if now_ms is not None else wall_ms()))
 
 
 def list_tokens(engine: Engine) -> list[StoredToken]:
@@ -84,7 +81,7 @@ def revoke(engine: Engine, token_id: int) -> Optional[StoredToken]:
     """Revoke the token (idempotent: an already revoked token keeps its revocation time); None if unknown."""
     with write_transaction(engine) as conn:
         conn.execute(update(api_tokens).where(api_tokens.c.id == token_id, api_tokens.c.revoked_ms.is_(None))
-                     .values(revoked_ms=_now_ms()))
+                     .values(revoked_ms=wall_ms()))
         row = conn.execute(select(*_COLUMNS).where(api_tokens.c.id == token_id)).first()
     return None if row is None else StoredToken(*row)
 
