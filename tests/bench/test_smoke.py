@@ -90,6 +90,8 @@ SMOKE = {
                                 "sleep", "--hz", "50", "--activity-calls", "3"),
                                ("nvmlDeviceGetProcessUtilization (one C call)", "cheapest: "), via="nvml_tick.py"),
     "learning_staleness.py": Smoke(("--seeds", "1", "--budget-s", "40"), "stale-hurts: 1/1 rolled back citing a signal"),
+    "pipeline_memory.py": Smoke(("--config", "smoke", "--steps", "2", "--every", "1"),
+                                "steps in", gpu="the GPU's figures (NVML, torch's allocator): here n/a, the loop runs"),
     "pipeline_ledger.py": Smoke(("--config", "smoke", "--steps", "3"), "GET /v1/jobs/ppo-ledger/gpu-time"),
     "process_activity.py": Smoke(("--help",), "--seconds",
                                  gpu="two CUDA processes on one GPU against the agent's per-process attribution: its "
