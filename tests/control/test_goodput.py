@@ -177,3 +177,43 @@ def test_a_job_that_tolerates_more_clipping_loosens_the_bound_in_its_rules_overr
     p = plan(prefetch_raise_measured(before, after), tolerant)
     assert p.outcome == "kept", p.note
     assert p.evidence["verdicts"]["learning"].startswith("held: clip_fraction 0.009 → 0.117")
+
+
+def raise_after_another_change(before_steps: int, after_signal=lambda step: 0.04, earlier=()):
+    """Prefetch 0 → 2 applied at step 10 and kept for throughput (+12.5 %, 78 % sure), sync_every changed at step
+    ``10 - before_steps`` (so only that many steps ran the old setting), clip fraction 0.04 on every step before and
+    ``after_signal(step)`` after (None: not reported)."""
+    before = learning(steps(0, 10), clip_fraction=0.04)
+    after = learning(steps(10, 14, step_time=40.0, gen=39.0), clip_fraction=after_signal)
+    after = [replace(s, start_ms=s.start_ms - (s.step - 9) * 5000, end_ms=s.end_ms - (s.step - 9) * 5000)
+             for s in after]
+    changes = [change(id=1, knob="sync_every", value=1, previous=2, applied_step=10 - before_steps),
+               change(knob="prefetch", value=2, previous=0, applied_step=10)]
+    return state(before + after, job(batch=64, prefetch=2), changes=changes,
+                 decisions=[decision(knob="prefetch", old=0, new=2), *earlier])
+
+
+def test_a_learning_knob_change_is_not_kept_unjudged_where_a_change_came_just_before_it():
+    # with 10 steps at the old setting the same raise is kept, its guard judged
+    judged = plan(raise_after_another_change(10), RULES)
+    assert judged.outcome == "kept" and judged.evidence["verdicts"]["learning"].startswith("held: clip_fraction")
+    # 2 steps at the old setting: no guard can be judged and that side cannot grow — back, to be re-measured
+    p = plan(raise_after_another_change(2), RULES)
+    assert (p.outcome, p.rollback_knob, p.rollback_to) == ("rolled_back", "prefetch", 0), p.note
+    assert p.evidence["remeasure"] is True and p.evidence["learning_not_judged"]["need"] == 4
+    assert p.evidence["verdicts"]["learning"].startswith("not judged: ") and "re-measured" in p.note
+
+
+def test_a_move_re_measured_once_for_its_learning_is_kept_unjudged_the_second_time():
+    first = decision(id=5, change_id=2, knob="prefetch", old=0, new=2, outcome="rolled_back",
+                     evidence={"reading": {}, "remeasure": True, "learning_not_judged": {"need": 4}})
+    p = plan(raise_after_another_change(2, earlier=[first]), RULES)
+    assert p.outcome == "kept", p.note
+    assert p.evidence["verdicts"]["learning"] == "not judged: fewer than 4 steps of a signal on a side"
+
+
+def test_a_kept_throughput_verdict_waits_for_the_learning_signal_after_the_change():
+    # the job reports its clip fraction on only the first two steps after the raise (a signal logged every k steps)
+    p = plan(raise_after_another_change(10, after_signal=lambda step: 0.04 if step < 12 else None), RULES)
+    assert p.close is None and p.outcome is None, p.note
+    assert "learning not judged yet (2 of 4 steps of a signal after the change)" in p.note

@@ -112,8 +112,11 @@ def test_a_staleness_raise_is_rolled_back_citing_the_signal_verl_logged(served, 
                 assert r.status_code in (200, 201), r.text
                 closed = eventually(lambda: [
                     d for d in api.get("/v1/decisions", job=job).json()["decisions"]
-                    if d["knob"] == "prefetch" and d["outcome"] in ("kept", "rolled_back")], timeout_s=150)
-                seen["decision"] = min(closed, key=lambda d: d["id"])  # the first raise's verdict
+                    if d["knob"] == "prefetch" and d["outcome"] in ("kept", "rolled_back")
+                    and not d["evidence"].get("remeasure")], timeout_s=150)
+                # the first raise's verdict (on a loaded host the first raise can come too soon after the operator's
+                # change for a learning baseline: it goes back to be re-measured, goodput._unjudged, and is made again)
+                seen["decision"] = min(closed, key=lambda d: d["id"])
             finally:  # the data ends here (what the rebalancer said, for a failure's message)
                 seen["said"] = (api.get("/v1/decisions", job=job).json()["decisions"],
                                 (api.get(f"/v1/jobs/{job}").json().get("planner") or {}).get("note"))

@@ -16,7 +16,11 @@ alone would keep a +20 % staleness raise while the policy's importance ratios bl
   rolls back only what surely slowed it.
 
 A guard that breaks rolls the change back at once — while the throughput verdict is still measuring too — with the
-signal named in the reason. A job that reports no learning signal gets advice, not an automatic change, on these
+signal named in the reason. A change is never kept for throughput with no guard judged on a job that reports
+learning (:func:`_unjudged`): too few steps of a signal after it, it is measured on; too few before it (another change
+came just before, so that side cannot grow), it goes back to be re-measured, once a move. Under load (two CPU burners)
+verl's fully-async test job kept a staleness raise "+175 % (77 % sure)" with its learning "not judged: fewer than 4
+steps of a signal on a side" in 2 runs of 3: an operator's change had come three steps before it. A job that reports no learning signal gets advice, not an automatic change, on these
 knobs (``[learning] without_signals = "advise"``, shipped: :func:`blind_to_learning`); a knob the job declares
 ``throughput_only`` is judged on samples/s alone, and ``without_signals = "throughput"`` judges every such knob so.
 """
@@ -29,9 +33,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from trimtab.contract.learning import SIGNAL_NAMES
-from trimtab.contract.statuses import APPLIED, ROLLED_BACK
+from trimtab.contract.statuses import APPLIED, KEPT, ROLLED_BACK
 from trimtab.control.follow_up import _at_old_setting
-from trimtab.control.plan import JobState, Plan
+from trimtab.control.holds import same_move
+from trimtab.control.plan import JobState, Plan, Wait
 from trimtab.grading.learning_rules import LearningSettings, advised_only
 from trimtab.grading.rules import RuleSet
 from trimtab.grading.window import JobStep
@@ -181,6 +186,42 @@ def learning_words(shown: dict[str, Any], broken: Optional[Broken], min_steps: i
     return f"not judged: fewer than {min_steps} steps of a signal on a side"
 
 
+UNJUDGED_AFTER_X = 10  # a side after the change this many times guard_min_steps long with too few signals: kept unjudged
+
+
+def _signal_steps(steps: Sequence[JobStep]) -> int:
+    """The most steps any one learning signal is reported on."""
+    return max((len(_values(steps, name)) for name in SIGNAL_NAMES), default=0)
+
+
+def _unjudged(state: JobState, rules: RuleSet, open_d: StoredDecision, change: Any, plan: Plan,
+              before: Sequence[JobStep], after: Sequence[JobStep], evidence: dict[str, Any],
+              roll_back: RollBack) -> Optional[Plan]:
+    """The plan for a change kept for throughput that no learning guard could judge, on a job that reports learning:
+    measured on while the side after it has fewer than ``guard_min_steps`` steps of a signal (until it is
+    ``UNJUDGED_AFTER_X`` times that long); rolled back to be re-measured where the side before it has too few (it
+    ran only a few steps at the old setting: it cannot grow), once a move. None: kept unjudged, as words say."""
+    need = rules.learning.guard_min_steps
+    n_before, n_after = _signal_steps(before), _signal_steps(after)
+    if n_after < need and len(after) < UNJUDGED_AFTER_X * need:
+        return Plan(note=f"decision {open_d.id}: throughput {throughput_words(plan.evidence or {}, plan.outcome)}; "
+                         f"learning not judged yet ({n_after} of {need} steps of a signal after the change): "
+                         f"measuring on", applied_step=change.applied_step,
+                    measuring=open_d.id if open_d.applied_step is None else None, wait=Wait(steps=need - n_after))
+    again = any(same_move(d, open_d) and "learning_not_judged" in (d.evidence or {})
+                for d in state.decisions if d.id != open_d.id)
+    if n_before >= need or n_after < need or again:
+        return None
+    counts = {"need": need, "before": n_before, "after": n_after}
+    closed = dict(close=open_d.id, throughput_after=plan.throughput_after, applied_step=change.applied_step)
+    out = roll_back(state, open_d, change, f"not judged on learning: {n_before} of {need} steps of a signal before "
+                                           f"it (a change came just before), to be re-measured",
+                    {**evidence, "remeasure": True, "learning_not_judged": counts}, closed)
+    out.evidence = _with_verdicts(out.evidence, None, f"not judged: {n_before} of {need} steps of a signal before "
+                                                      f"the change, to be re-measured")
+    return out
+
+
 def _with_verdicts(evidence: dict[str, Any], outcome: Optional[str], learning: str) -> dict[str, Any]:
     """``evidence`` with both verdicts of a learning knob's decision in words (``check``, the API and the
     dashboards show them as they are stored)."""
@@ -206,6 +247,10 @@ def judge_learning(state: JobState, rules: RuleSet, open_d: StoredDecision, plan
     if not shown and not reports_learning(after):
         return plan
     evidence = {**(plan.evidence or open_d.evidence or {}), "learning_guards": shown}
+    if broken is None and not shown and plan.close is not None and plan.outcome == KEPT:
+        waiting = _unjudged(state, rules, open_d, change, plan, before, after, evidence, roll_back)
+        if waiting is not None:
+            return waiting
     if broken is None:
         if plan.close is not None:  # a verdict: it keeps the guards' figures; a plan still measuring has none
             plan.evidence = _with_verdicts(evidence, plan.outcome, learning_words(shown, None,
