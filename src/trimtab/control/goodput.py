@@ -208,10 +208,9 @@ def _unjudged(state: JobState, rules: RuleSet, open_d: StoredDecision, change: A
                          f"learning not judged yet ({n_after} of {need} steps of a signal after the change): "
                          f"measuring on", applied_step=change.applied_step,
                     measuring=open_d.id if open_d.applied_step is None else None, wait=Wait(steps=need - n_after))
-    again = any(same_move(d, open_d) and "learning_not_judged" in (d.evidence or {})
-                for d in state.decisions if d.id != open_d.id)
-    if n_before >= need or n_after < need or again:
-        return None
+    if n_before >= need or n_after < need or any(same_move(d, open_d) and "learning_not_judged" in (d.evidence or {})
+                                                 for d in state.decisions if d.id != open_d.id):
+        return None  # judged enough, or this move was re-measured for its learning once already
     counts = {"need": need, "before": n_before, "after": n_after}
     closed = dict(close=open_d.id, throughput_after=plan.throughput_after, applied_step=change.applied_step)
     out = roll_back(state, open_d, change, f"not judged on learning: {n_before} of {need} steps of a signal before "
